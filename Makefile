@@ -1,0 +1,63 @@
+# pdserve developer entry points. Every target works on a fresh machine: `setup` runs first
+# and is a no-op (well under a second) once done.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+PYTHON := .venv/bin/python
+PDSERVE := .venv/bin/pdserve
+PYTEST_FLAGS ?= -q -ra --durations=10
+TEST_DIRS := $(wildcard tests/unit tests/e2e)
+DEMO_PROMPT ?= Explain in two sentences why the sky is blue.
+BENCH_ARGS ?=
+
+# Runs pytest on the given dirs; exit 5 ("no tests collected") is reported, not failed.
+define run_pytest
+	rc=0; $(PYTHON) -m pytest $(PYTEST_FLAGS) $(1) || rc=$$?; \
+	if [[ $$rc -eq 5 ]]; then echo "pytest: no tests collected in $(1)"; rc=0; fi; \
+	exit $$rc
+endef
+
+.PHONY: help setup test test-unit test-e2e run bench-offline convert proto clean
+
+help:
+	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
+	@echo "make test           all tests: unit first, then e2e"
+	@echo "make test-unit      fast unit tests only"
+	@echo "make test-e2e       end-to-end tests with the real SmolLM2 model"
+	@echo "make run            demo: generate with the offline engine"
+	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
+	@echo "make convert        convert the default GGUF model to a HF folder"
+	@echo "make proto          regenerate gRPC stubs from proto/"
+	@echo "make clean          remove caches and build outputs (keeps .venv)"
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup proto
+	@$(call run_pytest,$(TEST_DIRS))
+
+test-unit: setup proto
+	@$(call run_pytest,$(wildcard tests/unit))
+
+test-e2e: setup proto
+	@$(call run_pytest,$(wildcard tests/e2e))
+
+run: setup
+	$(PDSERVE) offline --chat "$(DEMO_PROMPT)"
+
+bench-offline: setup
+	$(PYTHON) -m benchmarks.offline $(BENCH_ARGS)
+
+convert: setup
+	$(PDSERVE) convert
+
+proto: setup
+	@if [[ -f scripts/gen_proto.py ]]; then $(PYTHON) scripts/gen_proto.py; \
+	else echo "proto: scripts/gen_proto.py not present yet; nothing to generate"; fi
+
+clean:
+	find . -path ./.venv -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+	rm -rf .pytest_cache build *.egg-info bench-results

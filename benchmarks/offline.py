@@ -1,0 +1,243 @@
+"""Offline throughput benchmark: pdserve's LLM vs transformers' generate, same token ids.
+
+Run by `make bench-offline` (`python -m benchmarks.offline [flags]`). Builds a fixed set of
+prompts from common English words (random lengths in [128, 256] tokens, fixed seed), runs
+pdserve's offline engine on all of them at once, then transformers' `generate` in left-padded
+batches of 16, greedy with EOS ignored, and prints throughput, KV memory and output agreement.
+"""
+
+import argparse
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+COMMON_WORDS = (
+    "the people time year way day man thing woman life child world school state family student "
+    "group country problem hand part place case week company system program question work "
+    "government number night point home water room mother area money story fact month lot right "
+    "study book eye job word business issue side kind head house service friend father power hour "
+    "game line end member law car city community name president team minute idea kid body "
+    "information back parent face others level office door health person art war history party "
+    "result change morning reason research girl guy moment air teacher force education good new "
+    "first last long great little own other old big high different small large next early young "
+    "important few public bad same able make know take see come think look want give use find "
+    "tell ask seem feel try leave call keep let begin show hear play run move live believe bring "
+    "happen write sit stand lose pay meet include continue learn lead understand watch follow stop "
+    "create speak read spend grow open walk win teach offer remember love consider appear buy wait "
+    "serve die send build stay fall cut reach kill remain river mountain garden window light music"
+).split()
+
+MIN_PROMPT_LEN = 128
+MAX_PROMPT_LEN = 256
+BASELINE_BATCH_SIZE = 16
+MIB = 1024 * 1024
+
+
+@dataclass
+class RunResult:
+    """Timing of one engine over the whole prompt set."""
+
+    name: str
+    wall_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.wall_s
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.num_prompt_tokens + self.num_output_tokens) / self.wall_s
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128, help="new tokens per prompt")
+    parser.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    return parser.parse_args()
+
+
+def build_prompt_ids(tokenizer: Any, num_prompts: int, seed: int) -> list[list[int]]:
+    """Token id lists of common English words, each of a length drawn in [128, 256]."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(num_prompts):
+        target_len = rng.randint(MIN_PROMPT_LEN, MAX_PROMPT_LEN)
+        token_ids: list[int] = []
+        while len(token_ids) < target_len:
+            words = " ".join(rng.choice(COMMON_WORDS) for _ in range(target_len))
+            token_ids += tokenizer.encode(" " + words, add_special_tokens=False)
+        prompts.append(token_ids[:target_len])
+    return prompts
+
+
+def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
+    """Times LLM.generate on all prompts at once (after a 2-prompt warm-up).
+
+    Returns (RunResult, per-prompt output token ids, the LLM for its KV usage).
+    """
+    from shared.engine import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), dtype=args.dtype)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    warmup_params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.generate([ids[:16] for ids in prompt_ids[:2]], warmup_params)
+    started = time.perf_counter()
+    outputs = llm.generate(prompt_ids, params)
+    wall_s = time.perf_counter() - started
+    # One result per prompt: a completion, or a RequestOutput wrapping it in `.outputs`.
+    completions = [output.outputs[0] if hasattr(output, "outputs") else output for output in outputs]
+    output_ids = [list(completion.token_ids) for completion in completions]
+    result = RunResult("pdserve", wall_s, sum(map(len, prompt_ids)), sum(map(len, output_ids)))
+    return result, output_ids, llm
+
+
+def left_padded_batch(batch_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) with every row left-padded to the batch's longest prompt."""
+    width = max(map(len, batch_ids))
+    input_ids = torch.full((len(batch_ids), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch_ids), width), dtype=torch.long)
+    for row, ids in enumerate(batch_ids):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        attention_mask[row, width - len(ids):] = 1
+    return input_ids, attention_mask
+
+
+def hf_generate(model: Any, batch_ids: list[list[int]], pad_id: int, output_len: int) -> list[list[int]]:
+    """Greedy transformers generate of exactly `output_len` new tokens per prompt."""
+    input_ids, attention_mask = left_padded_batch(batch_ids, pad_id)
+    generated = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=output_len,
+        min_new_tokens=output_len,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
+    return generated[:, input_ids.shape[1]:].tolist()
+
+
+def run_transformers(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
+    """Times transformers on the same ids in batches of 16. Returns (RunResult, output ids)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    pad_id = model.generation_config.eos_token_id
+    pad_id = pad_id[0] if isinstance(pad_id, list) else pad_id
+    hf_generate(model, [ids[:16] for ids in prompt_ids[:2]], pad_id, 8)
+    output_ids: list[list[int]] = []
+    started = time.perf_counter()
+    for start in range(0, len(prompt_ids), BASELINE_BATCH_SIZE):
+        batch = prompt_ids[start:start + BASELINE_BATCH_SIZE]
+        output_ids += hf_generate(model, batch, pad_id, args.output_len)
+    wall_s = time.perf_counter() - started
+    result = RunResult("transformers", wall_s, sum(map(len, prompt_ids)), sum(map(len, output_ids)))
+    return result, output_ids
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, float]:
+    """How many outputs match token for token, and the mean length of the common prefix."""
+    prefix_lens = []
+    for a, b in zip(ours, theirs):
+        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix_lens.append(common)
+    num_identical = sum(a == b for a, b in zip(ours, theirs))
+    return {"num_identical": num_identical, "num_compared": len(prefix_lens),
+            "mean_common_prefix_tokens": sum(prefix_lens) / max(1, len(prefix_lens))}
+
+
+def kv_memory_report(llm: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Paged KV use at peak vs static max-length allocations, in MiB."""
+    usage = llm.kv_usage()
+    max_model_len = llm.engine.max_model_len
+    per_token = usage.bytes_per_token
+    slots_at_peak = usage.peak_num_blocks_used * usage.block_size
+    max_request_len = MAX_PROMPT_LEN + args.output_len
+    return {
+        "block_size": usage.block_size,
+        "num_blocks_total": usage.num_blocks_total,
+        "bytes_per_token": per_token,
+        "peak_tokens_held": usage.peak_num_tokens_held,
+        "peak_slots_allocated": slots_at_peak,
+        "peak_tokens_held_mib": usage.peak_num_tokens_held * per_token / MIB,
+        "peak_slots_allocated_mib": slots_at_peak * per_token / MIB,
+        "max_model_len": max_model_len,
+        "static_max_model_len_mib": args.num_prompts * max_model_len * per_token / MIB,
+        "static_max_request_len": max_request_len,
+        "static_max_request_len_mib": args.num_prompts * max_request_len * per_token / MIB,
+    }
+
+
+def print_throughput(results: list[RunResult]) -> None:
+    print(f"{'engine':<14}{'wall s':>10}{'output tok/s':>15}{'total tok/s':>14}")
+    for result in results:
+        print(f"{result.name:<14}{result.wall_s:>10.2f}{result.output_tokens_per_s:>15.1f}"
+              f"{result.total_tokens_per_s:>14.1f}")
+    if len(results) == 2:
+        ours, theirs = results
+        print(f"{'pdserve/hf':<14}{theirs.wall_s / ours.wall_s:>9.2f}x"
+              f"{ours.output_tokens_per_s / theirs.output_tokens_per_s:>14.2f}x"
+              f"{ours.total_tokens_per_s / theirs.total_tokens_per_s:>13.2f}x")
+
+
+def print_kv_memory(kv: dict[str, float], num_prompts: int) -> None:
+    print(f"\nKV cache ({kv['bytes_per_token']} bytes/token, block size {kv['block_size']}, "
+          f"{kv['num_blocks_total']} blocks):")
+    print(f"  peak tokens held          {kv['peak_tokens_held']:>9} tokens {kv['peak_tokens_held_mib']:>9.1f} MiB")
+    print(f"  peak KV slots allocated   {kv['peak_slots_allocated']:>9} slots  "
+          f"{kv['peak_slots_allocated_mib']:>9.1f} MiB")
+    print(f"  static {num_prompts} x max_model_len ({kv['max_model_len']})".ljust(44)
+          + f"{kv['static_max_model_len_mib']:>9.1f} MiB")
+    print(f"  static {num_prompts} x max request ({kv['static_max_request_len']})".ljust(44)
+          + f"{kv['static_max_request_len_mib']:>9.1f} MiB")
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(2)
+    from transformers import AutoTokenizer
+
+    from shared.model.default_model import resolve_model
+
+    model_dir = resolve_model(None)
+    prompt_ids = build_prompt_ids(AutoTokenizer.from_pretrained(model_dir), args.num_prompts, args.seed)
+    print(f"{args.num_prompts} prompts, {sum(map(len, prompt_ids))} prompt tokens, "
+          f"{args.output_len} output tokens each, dtype {args.dtype}, {torch.get_num_threads()} threads")
+    ours, our_ids, llm = run_pdserve(model_dir, prompt_ids, args)
+    results = [ours]
+    report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    if not args.skip_baseline:
+        theirs, their_ids = run_transformers(model_dir, prompt_ids, args)
+        results.append(theirs)
+        report["agreement"] = agreement(our_ids, their_ids)
+    print_throughput(results)
+    report["runs"] = [asdict(r) | {"output_tokens_per_s": r.output_tokens_per_s,
+                                   "total_tokens_per_s": r.total_tokens_per_s} for r in results]
+    report["kv_memory"] = kv_memory_report(llm, args)
+    print_kv_memory(report["kv_memory"], args.num_prompts)
+    if "agreement" in report:
+        match = report["agreement"]
+        print(f"\ngreedy outputs identical to transformers: {match['num_identical']}/{match['num_compared']} "
+              f"(mean common prefix {match['mean_common_prefix_tokens']:.1f} tokens)")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

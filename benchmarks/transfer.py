@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""KV block transfer throughput between two processes: ours vs raw ucxx vs a local memcpy.
+
+    .venv/bin/python benchmarks/transfer.py                      # both UCX_TLS settings
+    .venv/bin/python benchmarks/transfer.py --tls sm,self,tcp --tokens 512 4096 --iterations 3
+
+Layout: SmolLM2-135M in bf16 (30 layers, 3 KV heads, head dim 64, block size 16), i.e.
+368,640 bytes per block. For each prompt length the sender process pushes that many tokens'
+blocks (random, scattered source and destination block ids) to a receiver process:
+  ours crc / ours   KVSender.send -> KVReceiver with / without the CRC-32 (gather, header,
+                    ack, payload, verify, scatter, ack; timed on the sender until COMPLETED)
+  raw               one ucxx send of the same number of bytes from a reused buffer + 1-byte ack
+  memcpy            torch copy_ of the same number of bytes between two reused buffers, one process
+Each UCX_TLS setting runs in fresh processes (UCX reads it once per process). Medians of
+--iterations runs after one warm-up run. Target: ours/raw >= 0.70.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from shared.kv_cache.layout import KVCacheLayout  # noqa: E402
+
+TLS_CHOICES = ("tcp,self", "sm,self,tcp")
+DEFAULT_TOKENS = (128, 512, 1024, 2048, 4096)
+NUM_CACHE_BLOCKS = 272  # 4096 tokens / 16 + spare, so ids are scattered
+LAYOUT = KVCacheLayout(
+    num_layers=30, num_blocks=NUM_CACHE_BLOCKS, block_size=16, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16
+)
+MAX_BYTES = LAYOUT.bytes_per_block * (max(DEFAULT_TOKENS) // LAYOUT.block_size)
+WAIT_TIMEOUT_S = 120.0
+
+
+# ---- receiver process --------------------------------------------------------------------
+
+class RawReceiver:
+    """Raw ucxx baseline: receives `num_bytes` into one reused buffer, answers with 1 byte."""
+
+    def __init__(self):
+        import numpy as np
+        self.buffer = np.ones(MAX_BYTES, dtype=np.uint8)  # touched up front: no page faults later
+        self.ack = np.zeros(1, dtype=np.uint8)
+        self.num_bytes = 0
+
+    async def serve(self, endpoint) -> None:
+        from shared.transfer.ucx_env import ucxx
+        try:
+            while True:
+                await endpoint.recv(self.buffer[: self.num_bytes])
+                await endpoint.send(self.ack)
+        except ucxx.exceptions.UCXError:
+            return
+
+
+async def run_receiver_service() -> None:
+    """Receiver side: JSON commands on stdin ("expect" or "raw"), one JSON answer line each."""
+    from shared.transfer.ucx_env import ucxx
+    from shared.transfer.ucx_receiver import KVReceiver
+    receiver = KVReceiver(LAYOUT.allocate(), LAYOUT)
+    raw = RawReceiver()
+    raw_listener = ucxx.create_listener(raw.serve, port=0)
+    await receiver.start()
+    answer({"address": receiver.address, "raw_address": f"127.0.0.1:{raw_listener.port}"})
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        command = json.loads(line)
+        if command["op"] == "raw":
+            raw.num_bytes = command["num_bytes"]
+            answer({"ready": True})
+            continue
+        for request_id, dst_block_ids in command["transfers"]:
+            receiver.expect(request_id, dst_block_ids)
+        answer({"ready": True})
+        for request_id, _ in command["transfers"]:
+            await receiver.wait(request_id, WAIT_TIMEOUT_S)
+        answer({"done": True})
+    await receiver.close()
+    raw_listener.close()
+
+
+def answer(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+# ---- sender process ----------------------------------------------------------------------
+
+class ReceiverProcess:
+    """The receiver service as a child process, spoken to in JSON lines."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--role", "receiver"], text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        self.addresses = json.loads(self.process.stdout.readline())
+
+    async def ask(self, command: dict) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return await self.read()
+
+    async def read(self) -> dict:
+        return json.loads(await asyncio.to_thread(self.process.stdout.readline))
+
+    def stop(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+async def time_ours(sender, receiver: ReceiverProcess, kv_cache, num_blocks: int, runs: int, label: str) -> list[float]:
+    """Seconds per KVSender.send of `num_blocks` scattered blocks, `runs` times."""
+    rng = random.Random(num_blocks)
+    plan = [(f"{label}-{num_blocks}-{i}", rng.sample(range(NUM_CACHE_BLOCKS), num_blocks)) for i in range(runs)]
+    await receiver.ask({"op": "expect", "transfers": plan})
+    seconds = []
+    for request_id, dst_block_ids in plan:
+        src_block_ids = rng.sample(range(NUM_CACHE_BLOCKS), num_blocks)
+        started = time.perf_counter()
+        await sender.send(receiver.addresses["address"], request_id, kv_cache, LAYOUT, src_block_ids, dst_block_ids)
+        seconds.append(time.perf_counter() - started)
+    await receiver.read()  # "done": the receiver saw every transfer complete
+    return seconds
+
+
+async def time_raw(endpoint, receiver: ReceiverProcess, buffer, num_bytes: int, runs: int) -> list[float]:
+    """Seconds per raw ucxx send of `num_bytes` plus its 1-byte ack."""
+    import numpy as np
+    await receiver.ask({"op": "raw", "num_bytes": num_bytes})
+    ack, seconds = np.zeros(1, dtype=np.uint8), []
+    for _ in range(runs):
+        started = time.perf_counter()
+        await endpoint.send(buffer[:num_bytes])
+        await endpoint.recv(ack)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def time_memcpy(num_bytes: int, runs: int) -> list[float]:
+    source, destination = torch.ones(num_bytes, dtype=torch.uint8), torch.zeros(num_bytes, dtype=torch.uint8)
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        destination.copy_(source)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def gbps(num_bytes: int, seconds: list[float]) -> float:
+    """GB/s of the median run, the first (warm-up) run left out."""
+    return num_bytes / statistics.median(seconds[1:]) / 1e9
+
+
+async def benchmark_one_tls(tokens: list[int], iterations: int) -> list[dict]:
+    """All measurements for the UCX_TLS already in this process's environment."""
+    import numpy as np
+    from shared.transfer.ucx_env import ucxx
+    from shared.transfer.ucx_sender import KVSender, parse_address
+    receiver = ReceiverProcess()
+    senders = {"ours crc": KVSender(use_checksum=True, timeout_s=WAIT_TIMEOUT_S),
+               "ours": KVSender(use_checksum=False, timeout_s=WAIT_TIMEOUT_S)}
+    kv_cache = torch.randn(LAYOUT.shape).to(LAYOUT.dtype)
+    raw_endpoint = await ucxx.create_endpoint(*parse_address(receiver.addresses["raw_address"]))
+    raw_buffer, rows, runs = np.ones(MAX_BYTES, dtype=np.uint8), [], iterations + 1
+    for num_tokens in tokens:
+        num_blocks = num_tokens // LAYOUT.block_size
+        num_bytes = num_blocks * LAYOUT.bytes_per_block
+        row = {"tokens": num_tokens, "blocks": num_blocks, "MB": num_bytes / 1e6}
+        for label, sender in senders.items():
+            row[label] = gbps(num_bytes, await time_ours(sender, receiver, kv_cache, num_blocks, runs, label.replace(" ", "-")))
+        row["raw"] = gbps(num_bytes, await time_raw(raw_endpoint, receiver, raw_buffer, num_bytes, runs))
+        row["memcpy"] = gbps(num_bytes, time_memcpy(num_bytes, runs))
+        rows.append(row)
+    for sender in senders.values():
+        await sender.close()
+    await raw_endpoint.close()
+    receiver.stop()
+    return rows
+
+
+def print_table(tls: str, rows: list[dict]) -> None:
+    print(f"\nUCX_TLS={tls}  (GB/s, median; ratio = ours / raw)")
+    print(f"{'tokens':>6} {'blocks':>6} {'MB':>7} {'ours crc':>9} {'ours':>7} {'raw':>7} {'memcpy':>7} "
+          f"{'ratio crc':>9} {'ratio':>6}")
+    for row in rows:
+        print(f"{row['tokens']:>6} {row['blocks']:>6} {row['MB']:>7.1f} {row['ours crc']:>9.2f} {row['ours']:>7.2f} "
+              f"{row['raw']:>7.2f} {row['memcpy']:>7.2f} {row['ours crc'] / row['raw']:>9.2f} "
+              f"{row['ours'] / row['raw']:>6.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["driver", "receiver"], default="driver")
+    parser.add_argument("--tls", help="one UCX_TLS setting; default: each of " + " | ".join(TLS_CHOICES))
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
+    parser.add_argument("--iterations", type=int, default=5)
+    args = parser.parse_args()
+    if args.role == "receiver":
+        asyncio.run(run_receiver_service())
+        return
+    if args.tls is None:  # one fresh process pair per setting
+        for tls in TLS_CHOICES:
+            subprocess.run([sys.executable, __file__, "--tls", tls, "--iterations", str(args.iterations),
+                            "--tokens", *map(str, args.tokens)], check=True)
+        return
+    os.environ["UCX_TLS"] = args.tls  # before ucxx is first imported; the receiver child inherits it
+    print_table(args.tls, asyncio.run(benchmark_one_tls(args.tokens, args.iterations)))
+
+
+if __name__ == "__main__":
+    main()

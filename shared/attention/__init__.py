@@ -1,0 +1,3 @@
+from shared.attention.metadata import AttentionMetadata
+
+__all__ = ["AttentionMetadata"]

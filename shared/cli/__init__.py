@@ -1,0 +1,1 @@
+"""The `pdserve` command line: one module per subcommand, wired together by `main`."""

@@ -1,0 +1,48 @@
+"""Entry point of the `pdserve` console script (declared in pyproject.toml).
+
+`main` builds one argparse parser; each subcommand lives in its own module that exposes
+`add_parser(subparsers)` (registers its flags and sets `run`) and `run(args) -> int`.
+Subcommand modules import heavy libraries (torch, transformers) inside `run`, so
+`pdserve --help` stays instant.
+"""
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from shared.cli import convert_command, offline_command
+from shared.errors import InvalidRequestError
+
+SUBCOMMAND_MODULES = (convert_command, offline_command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser; tests call it to check flags without running anything."""
+    parser = argparse.ArgumentParser(
+        prog="pdserve",
+        description="pdserve: LLM inference serving with prefill/decode disaggregation.",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level (default: WARNING)")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMAND_MODULES:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses `argv` (default: sys.argv), runs the chosen subcommand, returns its exit code.
+
+    Bad input (InvalidRequestError) is reported on stderr with exit code 2, like argparse.
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args)
+    except InvalidRequestError as error:
+        print(f"pdserve {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`pdserve offline PROMPT... [options]`: generate with the in-process offline engine.
+
+Runs `shared.engine.LLM` on the given prompts (raw completion, or chat with --chat) and
+prints each completion on stdout; a throughput summary goes to stderr.
+"""
+
+import argparse
+import sys
+import time
+from typing import Any
+
+DTYPE_CHOICES = ("bfloat16", "float32")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Called by shared.cli.main.build_parser to register this subcommand."""
+    parser = subparsers.add_parser("offline", help="generate text with the offline engine")
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
+    parser.add_argument("--model", help="HF folder or GGUF file (default: bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user chat message")
+    parser.set_defaults(run=run)
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """SamplingParams keyword arguments from the parsed flags (seed only when given)."""
+    kwargs: dict[str, Any] = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+    }
+    if args.seed is not None:
+        kwargs["seed"] = args.seed
+    return kwargs
+
+
+def run(args: argparse.Namespace) -> int:
+    """Loads the model, generates for every prompt, prints the completions."""
+    from shared.engine import LLM, SamplingParams
+    from shared.model.default_model import resolve_model
+
+    params = SamplingParams(**sampling_kwargs(args))
+    llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype)
+    started = time.perf_counter()
+    if args.chat:
+        conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]
+        outputs = llm.chat(conversations, params)
+    else:
+        outputs = llm.generate(list(args.prompts), params)
+    elapsed_s = time.perf_counter() - started
+    print_outputs(args.prompts, outputs)
+    num_tokens = sum(len(completion_of(output).token_ids) for output in outputs)
+    print(f"[{num_tokens} tokens in {elapsed_s:.2f} s, {num_tokens / elapsed_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def print_outputs(prompts: list[str], outputs: list[Any]) -> None:
+    """One block per prompt: the prompt, then its completion."""
+    for index, (prompt, output) in enumerate(zip(prompts, outputs)):
+        if len(prompts) > 1:
+            print(f"=== [{index}] {prompt}")
+        print(completion_of(output).text)
+
+
+def completion_of(output: Any) -> Any:
+    """The completion (`.text`, `.token_ids`) in one per-prompt result of LLM.generate/chat.
+
+    Accepts either a completion itself or a RequestOutput that wraps it in `.outputs`.
+    """
+    return output.outputs[0] if hasattr(output, "outputs") else output

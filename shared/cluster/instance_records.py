@@ -1,0 +1,72 @@
+"""What an engine instance tells the cluster about itself: identity (InstanceInfo) and
+current load (InstanceLoad), plus their flat Redis-hash encoding (plain string fields).
+
+InstanceRegistry writes and reads these; gateways use them to pick instances.
+"""
+
+from dataclasses import asdict, dataclass, fields
+
+from shared.cluster.keys import validate_name
+from shared.errors import InvalidRequestError
+
+ROLES = ("prefill", "decode", "colocated")
+
+
+def validate_role(role: object) -> str:
+    """Check an instance role; return it unchanged."""
+    if role not in ROLES:
+        raise InvalidRequestError("role", f"must be one of {ROLES}, got {role!r}")
+    return role
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """Identity of one engine instance; fixed for its lifetime."""
+
+    instance_id: str
+    role: str
+    grpc_address: str
+    ucx_address: str
+    model: str
+
+    def __post_init__(self) -> None:
+        validate_name("instance_id", self.instance_id)
+        validate_role(self.role)
+        if not isinstance(self.grpc_address, str) or not self.grpc_address:
+            raise InvalidRequestError("grpc_address", "must be a non-empty string")
+        if not isinstance(self.ucx_address, str):
+            raise InvalidRequestError("ucx_address", "must be a string (empty if none)")
+        validate_name("model", self.model)
+
+
+@dataclass(frozen=True)
+class InstanceLoad:
+    """Load of one instance at its last heartbeat."""
+
+    queue_depth: int = 0
+    num_running_requests: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequestError(field.name, f"must be an int >= 0, got {value!r}")
+        if self.num_free_blocks > self.num_total_blocks:
+            raise InvalidRequestError(
+                "num_free_blocks",
+                f"{self.num_free_blocks} exceeds num_total_blocks {self.num_total_blocks}",
+            )
+
+
+def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
+    """Flat hash fields for one instance (every value a string)."""
+    return {name: str(value) for name, value in {**asdict(info), **asdict(load)}.items()}
+
+
+def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, InstanceLoad]:
+    """Inverse of encode_instance. Raises KeyError/ValueError on a malformed hash."""
+    info = InstanceInfo(**{f.name: hash_fields[f.name] for f in fields(InstanceInfo)})
+    load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in fields(InstanceLoad)})
+    return info, load

@@ -1,0 +1,108 @@
+"""Block leases of one decode instance: which request holds which KV blocks, until when.
+
+The decode instance grants a lease when it reserves blocks for a request whose KV is
+being transferred from a prefill instance; it releases the lease when the transfer
+finishes (or the request is aborted). Its scheduler polls `expired(now)` and frees the
+blocks of each expired lease (then `release`s it), so a lost prefill never leaks blocks.
+
+This table is the source of truth and is purely local and synchronous. If a LeaseMirror
+is given, every grant/release is also queued for mirroring into Redis (best effort, for
+`pdserve status`); the serving path never waits on Redis.
+"""
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from shared.cluster.keys import validate_name
+from shared.cluster.lease_mirror import LeaseMirror
+from shared.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class BlockLeaseRecord:
+    """One lease: `request_id` holds `block_ids` on `instance_id` until `expires_at`.
+
+    `expires_at` is on the owning LeaseTable's clock (time.monotonic by default).
+    """
+
+    request_id: str
+    instance_id: str
+    block_ids: tuple[int, ...]
+    expires_at: float
+
+
+def _validate_block_ids(block_ids: Iterable[int]) -> tuple[int, ...]:
+    ids = tuple(block_ids)
+    if not ids:
+        raise InvalidRequestError("block_ids", "must not be empty")
+    for block_id in ids:
+        if isinstance(block_id, bool) or not isinstance(block_id, int) or block_id < 0:
+            raise InvalidRequestError("block_ids", f"must be ints >= 0, got {block_id!r}")
+    if len(set(ids)) != len(ids):
+        raise InvalidRequestError("block_ids", f"contains duplicates: {list(ids)}")
+    return ids
+
+
+def _validate_ttl_s(ttl_s: float) -> None:
+    is_number = isinstance(ttl_s, (int, float)) and not isinstance(ttl_s, bool)
+    if not is_number or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise InvalidRequestError("ttl_s", f"must be a finite number > 0, got {ttl_s!r}")
+
+
+class LeaseTable:
+    """In-process lease table of one instance."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        clock: Callable[[], float] = time.monotonic,
+        mirror: LeaseMirror | None = None,
+    ):
+        self.instance_id = validate_name("instance_id", instance_id)
+        self.clock = clock
+        self.mirror = mirror
+        self._leases: dict[str, BlockLeaseRecord] = {}
+        self._owner_by_block_id: dict[int, str] = {}
+
+    def grant(self, request_id: str, block_ids: Iterable[int], ttl_s: float) -> BlockLeaseRecord:
+        """Lease blocks to a request for ttl_s seconds from now."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id", "must be a non-empty string")
+        if request_id in self._leases:
+            raise InvalidRequestError("request_id", f"{request_id!r} already holds a lease")
+        ids = _validate_block_ids(block_ids)
+        _validate_ttl_s(ttl_s)
+        taken = {b: self._owner_by_block_id[b] for b in ids if b in self._owner_by_block_id}
+        if taken:
+            raise InvalidRequestError("block_ids", f"already leased (block -> request): {taken}")
+        record = BlockLeaseRecord(request_id, self.instance_id, ids, self.clock() + ttl_s)
+        self._leases[request_id] = record
+        self._owner_by_block_id.update(dict.fromkeys(ids, request_id))
+        if self.mirror is not None:
+            self.mirror.publish(record, ttl_s)
+        return record
+
+    def release(self, request_id: str) -> BlockLeaseRecord | None:
+        """End a request's lease; return it, or None if the request held none."""
+        record = self._leases.pop(request_id, None)
+        if record is None:
+            return None
+        for block_id in record.block_ids:
+            del self._owner_by_block_id[block_id]
+        if self.mirror is not None:
+            self.mirror.retract(record)
+        return record
+
+    def expired(self, now: float | None = None) -> list[BlockLeaseRecord]:
+        """Leases with expires_at <= now (default: clock()), oldest first; not removed."""
+        now = self.clock() if now is None else now
+        found = [record for record in self._leases.values() if record.expires_at <= now]
+        return sorted(found, key=lambda record: (record.expires_at, record.request_id))
+
+    def get(self, request_id: str) -> BlockLeaseRecord | None:
+        return self._leases.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._leases)

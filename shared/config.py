@@ -1,0 +1,44 @@
+"""Engine settings, grouped by the component that reads them."""
+
+from dataclasses import dataclass, field
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = DEFAULT_BLOCK_SIZE
+    # Memory for the KV block pool; the number of blocks follows from it.
+    kv_cache_memory_bytes: int = 1 << 30
+    # Overrides the memory budget when set (tests use tiny pools).
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    # "sha256" (default) or "blake2b" for the chained block hashes.
+    prefix_hash_algo: str = "sha256"
+
+
+@dataclass
+class SchedulerConfig:
+    # Most sequences running at once (the decode batch size bound).
+    max_num_seqs: int = 128
+    # Most tokens one step computes, decodes and prompt chunks together.
+    max_num_batched_tokens: int = 2048
+    # Split long prompts across steps instead of waiting for a step with room.
+    enable_chunked_prefill: bool = True
+    # Cap on one prompt's chunk per step (0 = the whole budget), so that several
+    # prompts can share a step's budget.
+    long_prefill_token_threshold: int = 0
+
+
+@dataclass
+class EngineConfig:
+    # An HF Llama folder, a .gguf file, or None for the packaged default model.
+    model: str | None = None
+    dtype: str = "bfloat16"
+    # None = the model's own limit.
+    max_model_len: int | None = None
+    # Threads for torch's intra-op pool; None leaves torch's choice.
+    num_threads: int | None = None
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,78 @@
+"""A request as the scheduler sees it: tokens, progress, status."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from shared.kv_cache.block_hash import BlockHash
+from shared.sampling.params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.value if self.is_finished else None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    # Tokens that end generation unless params.ignore_eos (the model's EOS ids).
+    eos_token_ids: tuple[int, ...] = ()
+    # Most tokens this request may generate (max_tokens clipped to the model and cache).
+    max_output_tokens: int = 16
+    # Extra prefix-cache keys (e.g. a tenant salt).
+    cache_salt: str | None = None
+    # For n > 1: the sibling whose computed prompt blocks this one shares.
+    prompt_parent: "Request | None" = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose KV is in the cache; catches up with num_tokens step by step.
+    num_computed_tokens: int = 0
+    # Prompt tokens served from the prefix cache when first scheduled.
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)

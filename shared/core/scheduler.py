@@ -1,0 +1,200 @@
+"""Continuous batching: which requests compute which tokens in the next step.
+
+One model for every kind of work: each request's computed-token count catches up with its
+token count. A step first gives one token to every running decode (low inter-token latency),
+then continues partially computed prompts, then admits waiting requests, all within the
+step's token budget. Long prompts are chunked across steps; when the cache runs out the
+newest request is preempted and later recomputed.
+"""
+
+import logging
+from collections import deque
+
+from shared.config import SchedulerConfig
+from shared.core.request import Request, RequestStatus
+from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared.core.stop_checks import token_stop_status
+from shared.kv_cache.manager import KVCacheManager
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int):
+        self.config = config
+        self.kv = kv_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """End a request (stop, length or abort) and free its blocks at once."""
+        if request.is_finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.add(request.request_id)
+
+    def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None:
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = set()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(output, budget)
+        if not output.preempted_request_ids:
+            self._schedule_waiting(output, budget)
+        output.scheduled.sort(key=lambda item: not item.is_decode)
+        return output
+
+    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+        scheduled: set[str] = set()
+        decodes_first = sorted(self.running, key=lambda r: r.num_tokens_to_compute > 1)
+        for request in decodes_first:
+            if budget <= 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._chunk_size(request, budget)
+            if not self._allocate_or_preempt(request, num_new, scheduled, output):
+                continue
+            output.scheduled.append(self._make_scheduled(request, num_new))
+            scheduled.add(request.request_id)
+            budget -= num_new
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, scheduled: set[str],
+                             output: SchedulerOutput) -> bool:
+        """Allocate, preempting the newest not-yet-scheduled request until it fits.
+        False when `request` itself was the newest and got preempted."""
+        while not self.kv.allocate(request, num_new):
+            candidates = [r for r in self.running if r.request_id not in scheduled]
+            victim = max(candidates, key=lambda r: r.arrival_time)
+            self._preempt(victim)
+            output.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        logger.debug("preempted %s", request.request_id)
+
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if self._waits_for_parent(request):
+                break
+            prefix_blocks = self._reusable_prefix(request)
+            num_reused = len(prefix_blocks) * self.kv.block_size
+            num_new = self._chunk_size(request, budget, num_reused)
+            if num_new < request.num_tokens_to_compute - num_reused and not self.config.enable_chunked_prefill:
+                break
+            if not self.kv.allocate(request, num_new, prefix_blocks):
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens += num_reused
+            if request.num_preemptions == 0:
+                request.num_cached_prompt_tokens = num_reused
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            output.scheduled.append(self._make_scheduled(request, num_new))
+            budget -= num_new
+
+    def _waits_for_parent(self, request: Request) -> bool:
+        parent = request.prompt_parent
+        if parent is None or parent.is_finished or request.num_computed_tokens > 0:
+            return False
+        return parent.num_computed_tokens < parent.num_prompt_tokens
+
+    def _reusable_prefix(self, request: Request):
+        if request.num_computed_tokens > 0:
+            return []
+        parent = request.prompt_parent
+        if parent is not None and parent.status == RequestStatus.RUNNING:
+            return self.kv.shared_prompt_blocks(parent, request)
+        return self.kv.find_cached_prefix(request)
+
+    def _chunk_size(self, request: Request, budget: int, num_reused: int = 0) -> int:
+        num_new = min(request.num_tokens_to_compute - num_reused, budget)
+        if self.config.long_prefill_token_threshold > 0:
+            num_new = min(num_new, self.config.long_prefill_token_threshold)
+        return num_new
+
+    def _make_scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        params = request.sampling_params
+        targets = None
+        if params.prompt_logprobs is not None and start + 1 < request.num_prompt_tokens:
+            targets = request.prompt_token_ids[start + 1 : min(end + 1, request.num_prompt_tokens)]
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start:end],
+            start_position=start,
+            block_ids=self.kv.block_ids(request.request_id),
+            sampling_params=params if end == request.num_tokens else None,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            stop_and_eos_token_ids=self._suppressed_ids(request),
+            prompt_logprob_targets=targets,
+            num_prompt_logprobs=params.prompt_logprobs or 0,
+        )
+
+    def _suppressed_ids(self, request: Request) -> tuple[int, ...]:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            return ()
+        eos = () if params.ignore_eos else request.eos_token_ids
+        return tuple(eos) + tuple(params.stop_token_ids)
+
+    # ---- results -------------------------------------------------------------------------
+
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
+        """Advance each scheduled request; append sampled tokens and finish on token-level
+        stops. Returns the requests that received a token this step."""
+        updated = []
+        for item in output.scheduled:
+            request = self.requests.get(item.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted or preempted after scheduling
+            request.num_computed_tokens += item.num_tokens
+            self.kv.cache_computed_blocks(request)
+            if item.sampling_params is None:
+                continue
+            request.append_output_token(sampled_token_ids[item.request_id])
+            updated.append(request)
+            status = token_stop_status(request, self.max_model_len)
+            if status is not None:
+                self.finish(request, status)
+        return updated

@@ -1,0 +1,54 @@
+"""What one engine step computes: the scheduler's decision handed to the executor.
+
+Plain data, so a multi-process executor can ship it to workers unchanged in meaning.
+"""
+
+from dataclasses import dataclass, field
+
+from shared.sampling.params import SamplingParams
+
+
+@dataclass
+class ScheduledRequest:
+    request_id: str
+    # Tokens whose KV this step computes: positions start_position .. +len(token_ids)-1.
+    token_ids: list[int]
+    start_position: int
+    # The request's whole block table after this step's allocation.
+    block_ids: list[int]
+    # Set when this chunk reaches the request's last known token: a token is sampled.
+    sampling_params: SamplingParams | None
+    # References to the request's tokens (penalties, min_tokens, prompt logprobs targets).
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    # Ids suppressed while the output is shorter than min_tokens.
+    stop_and_eos_token_ids: tuple[int, ...] = ()
+    # The token following each scheduled position, when prompt logprobs are wanted.
+    prompt_logprob_targets: list[int] | None = None
+    # Top alternatives wanted per prompt position (with prompt_logprob_targets).
+    num_prompt_logprobs: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == 1
+
+
+@dataclass
+class SchedulerOutput:
+    # Single-token rows first (decodes), then prompt chunks.
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    # Requests that ended since the last step; workers drop their per-request state.
+    finished_request_ids: set[str] = field(default_factory=set)
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

@@ -1,0 +1,8 @@
+"""The engine's public API: the offline `LLM`, the step-driven `LLMEngine`, their outputs."""
+
+from shared.engine.llm import LLM
+from shared.engine.llm_engine import LLMEngine
+from shared.engine.outputs import CompletionOutput, RequestOutput
+from shared.sampling.params import SamplingParams
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -1,0 +1,80 @@
+"""The offline Python API: `LLM().generate(prompts, SamplingParams(...))`."""
+
+from collections.abc import Sequence
+from dataclasses import fields
+
+from shared.config import CacheConfig, EngineConfig, SchedulerConfig
+from shared.engine.llm_engine import LLMEngine
+from shared.engine.outputs import RequestOutput
+from shared.engine.stats import KVUsage
+from shared.errors import InvalidRequestError
+from shared.sampling.params import SamplingParams
+
+Prompt = str | list[int]
+
+
+def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> EngineConfig:
+    """Route flat keyword arguments (vLLM style) to the config section that owns them."""
+    sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig()}
+    config = EngineConfig(model=model, dtype=dtype, cache=sections["cache"], scheduler=sections["scheduler"])
+    for name, value in kwargs.items():
+        owner = next((section for section in (config, *sections.values())
+                      if name in {f.name for f in fields(section)}), None)
+        if owner is None or name in ("cache", "scheduler"):
+            raise InvalidRequestError(name, "is not an engine setting")
+        setattr(owner, name, value)
+    return config
+
+
+class LLM:
+    def __init__(self, model: str | None = None, dtype: str = "bfloat16", **engine_kwargs):
+        self.engine = LLMEngine.from_config(engine_config_from_kwargs(model, dtype, **engine_kwargs))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        request_ids = [self.engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+        return self._run(request_ids)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        from shared.tokenization.chat import apply_chat_template
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [apply_chat_template(self.tokenizer, conversation) for conversation in conversations]
+        return self.generate(prompts, sampling_params)
+
+    def kv_usage(self) -> KVUsage:
+        return self.engine.stats.kv_usage()
+
+    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+        finally:
+            for request_id in request_ids:
+                if request_id not in finished:
+                    self.engine.abort_request(request_id)
+        return [finished[request_id] for request_id in request_ids]
+
+
+def _is_single_prompt(prompts) -> bool:
+    return isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+
+
+def _params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise InvalidRequestError("sampling_params", f"{len(params)} given for {num_prompts} prompts")
+    return params

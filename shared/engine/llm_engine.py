@@ -1,0 +1,122 @@
+"""The engine's step API: add requests, step, abort, read outputs.
+
+Services drive it from one thread; the offline `LLM` wraps it in a loop. No transport code.
+"""
+
+import itertools
+import logging
+from dataclasses import replace
+
+import torch
+
+from shared.config import EngineConfig
+from shared.core.request import Request, RequestStatus
+from shared.core.scheduler import Scheduler
+from shared.engine.admission import max_output_tokens, validate_prompt_tokens
+from shared.engine.outputs import RequestOutput
+from shared.engine.output_processor import OutputProcessor
+from shared.engine.stats import EngineStats
+from shared.errors import InvalidRequestError
+from shared.executor.base import Executor
+from shared.kv_cache.block_pool import BlockPool
+from shared.kv_cache.manager import KVCacheManager
+from shared.model.config import ModelConfig
+from shared.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, executor: Executor,
+                 tokenizer=None, model_key: str = ""):
+        self.config = config
+        self.model_config = model_config
+        self.executor = executor
+        self.tokenizer = tokenizer
+        layout = executor.kv_cache_layout
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                 model_config.max_position_embeddings)
+        self.block_pool = BlockPool(layout.num_blocks)
+        self.kv_manager = KVCacheManager(self.block_pool, layout.block_size, config.cache.enable_prefix_caching,
+                                         config.cache.prefix_hash_algo, model_key)
+        self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
+                                 bytes_per_token=layout.bytes_per_block // layout.block_size)
+        self._children: dict[str, list[Request]] = {}
+        self._request_counter = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLMEngine":
+        from shared.engine.loading import build_engine_parts
+        return cls(config, *build_engine_parts(config))
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", "text prompts need a tokenizer; pass token ids")
+            from shared.tokenization.tokenizer import encode_prompt
+            return encode_prompt(self.tokenizer, prompt)
+        return list(prompt)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, cache_salt: str | None = None) -> str:
+        """Validate and queue a request; returns its id. Raises InvalidRequestError."""
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else str(next(self._request_counter))
+        if request_id in self._children:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        token_ids = self.tokenize(prompt)
+        validate_prompt_tokens(token_ids, self.model_config.vocab_size, self.max_model_len)
+        params.validate(self.model_config.vocab_size)
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        layout = self.executor.kv_cache_layout
+        max_out = max_output_tokens(len(token_ids), params, self.max_model_len, layout.num_blocks, layout.block_size)
+        children = self._make_children(request_id, token_ids, params, max_out, cache_salt)
+        self._children[request_id] = children
+        self.output_processor.add_group(request_id, children)
+        for child in children:
+            self.scheduler.add_request(child)
+        return request_id
+
+    def _make_children(self, request_id, token_ids, params, max_out, cache_salt) -> list[Request]:
+        children = []
+        for index in range(params.n):
+            child_params = params
+            if index > 0 and params.seed is not None:
+                child_params = replace(params, seed=params.seed + index)
+            children.append(Request(
+                request_id if params.n == 1 else f"{request_id}#{index}", token_ids, child_params,
+                eos_token_ids=tuple(self.model_config.eos_token_ids), max_output_tokens=max_out,
+                cache_salt=cache_salt, prompt_parent=children[0] if children else None))
+        return children
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks at once; returns its final output, if it was live."""
+        children = self._children.pop(request_id, None)
+        if children is None:
+            return None
+        self.scheduler.abort([child.request_id for child in children])
+        return self.output_processor.abort_group(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._children)
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduler_output = self.scheduler.schedule()
+        self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
+        runner_output = self.executor.execute_model(scheduler_output)
+        updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
+        outputs, stopped = self.output_processor.process(updated, runner_output)
+        for request in stopped:
+            self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        self.stats.record_tokens(len(updated))
+        for output in outputs:
+            if output.finished:
+                self._children.pop(output.request_id, None)
+        return outputs

@@ -1,0 +1,59 @@
+"""Builds what an engine needs from its config: model, tokenizer, KV cache, executor."""
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from shared.config import EngineConfig
+from shared.errors import InvalidRequestError
+from shared.executor.in_process import InProcessExecutor
+from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
+from shared.model.config import ModelConfig
+from shared.model.default_model import resolve_model
+from shared.model.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise InvalidRequestError("dtype", f"{name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def build_engine_parts(config: EngineConfig):
+    """(model_config, executor, tokenizer, model_key) for LLMEngine."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    dtype = parse_dtype(config.dtype)
+    folder = resolve_model(config.model)
+    started = time.perf_counter()
+    model, model_config = load_model(folder, dtype)
+    tokenizer = load_tokenizer_if_present(folder)
+    layout = kv_cache_layout(config, model_config, dtype)
+    logger.info("loaded %s (%s) in %.2fs; KV cache %d blocks of %d tokens", folder, config.dtype,
+                time.perf_counter() - started, layout.num_blocks, layout.block_size)
+    return model_config, InProcessExecutor(model, layout), tokenizer, str(folder.name)
+
+
+def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> KVCacheLayout:
+    probe = KVCacheLayout(model_config.num_layers, 1, config.cache.block_size,
+                          model_config.num_kv_heads, model_config.head_dim, dtype)
+    num_blocks = config.cache.num_blocks or num_blocks_for_budget(
+        config.cache.kv_cache_memory_bytes, probe.bytes_per_block)
+    if num_blocks < 1:
+        raise InvalidRequestError("kv_cache_memory_bytes", "too small for a single KV block")
+    return KVCacheLayout(model_config.num_layers, num_blocks, config.cache.block_size,
+                         model_config.num_kv_heads, model_config.head_dim, dtype)
+
+
+def load_tokenizer_if_present(folder: Path):
+    if not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from shared.tokenization.tokenizer import load_tokenizer
+    return load_tokenizer(folder)

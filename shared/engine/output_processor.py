@@ -1,0 +1,123 @@
+"""Turns sampled tokens into per-request outputs: text, stop strings, logprobs, n > 1 groups.
+
+The engine calls `process` after every step with the requests that received a token.
+"""
+
+from dataclasses import dataclass, field
+
+from shared.core.request import Request
+from shared.engine.outputs import CompletionOutput, RequestOutput
+from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.tokenization.detokenizer import IncrementalDetokenizer
+from shared.tokenization.stop_strings import StopStringMatcher
+
+
+class CompletionState:
+    """One completion's text pipeline: detokenizer -> stop-string matcher -> output."""
+
+    def __init__(self, index: int, request: Request, tokenizer):
+        params = request.sampling_params
+        self.output = CompletionOutput(index=index, logprobs=[] if params.logprobs is not None else None)
+        self.detokenizer = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+                            if tokenizer is not None else None)
+        self.matcher = StopStringMatcher(list(params.stop), params.include_stop_str_in_output)
+
+    def add_token(self, token_id: int, logprobs: SampledLogprobs | None) -> None:
+        self.output.token_ids.append(token_id)
+        self.output.delta_token_ids.append(token_id)
+        if self.output.logprobs is not None and logprobs is not None:
+            self.output.logprobs.append(logprobs)
+        if self.detokenizer is not None:
+            self._emit(self.matcher.push(self.detokenizer.add_tokens([token_id]))[0])
+
+    @property
+    def stop_string(self) -> str | None:
+        return self.matcher.matched_stop
+
+    def finish(self, reason: str, stop_reason: int | str | None) -> None:
+        if self.detokenizer is not None and not self.matcher.is_stopped:
+            self._emit(self.matcher.push(self.detokenizer.flush())[0] + self.matcher.flush())
+        self.output.finish_reason = reason
+        self.output.stop_reason = stop_reason
+
+    def _emit(self, text: str) -> None:
+        self.output.text += text
+        self.output.delta_text += text
+
+
+@dataclass
+class RequestGroup:
+    request_id: str
+    prompt_token_ids: list[int]
+    completions: list[CompletionState]
+    prompt_logprobs: list[SampledLogprobs] | None = None
+    num_cached_tokens: int = 0
+    requests: list[Request] = field(default_factory=list)
+
+    def snapshot(self) -> RequestOutput:
+        """A copy of the current results; deltas restart empty afterwards."""
+        outputs = []
+        for state in self.completions:
+            out = state.output
+            outputs.append(CompletionOutput(
+                out.index, list(out.token_ids), out.text, list(out.logprobs) if out.logprobs is not None else None,
+                out.finish_reason, out.stop_reason, out.delta_text, list(out.delta_token_ids)))
+            out.delta_text, out.delta_token_ids = "", []
+        return RequestOutput(self.request_id, self.prompt_token_ids, outputs,
+                             list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
+                             self.requests[0].num_cached_prompt_tokens)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.groups: dict[str, RequestGroup] = {}
+        self._child_of: dict[str, tuple[RequestGroup, int]] = {}
+
+    def add_group(self, request_id: str, requests: list[Request]) -> None:
+        first = requests[0]
+        group = RequestGroup(request_id, first.prompt_token_ids,
+                             [CompletionState(i, r, self.tokenizer) for i, r in enumerate(requests)],
+                             [] if first.sampling_params.prompt_logprobs is not None else None,
+                             requests=requests)
+        self.groups[request_id] = group
+        for index, request in enumerate(requests):
+            self._child_of[request.request_id] = (group, index)
+
+    def process(self, updated: list[Request], runner_output: ModelRunnerOutput) -> tuple[list[RequestOutput], list[Request]]:
+        """Returns the outputs of groups that changed, and requests that hit a stop string
+        (the engine finishes those)."""
+        touched: dict[str, RequestGroup] = {}
+        for request_id, entries in runner_output.prompt_logprobs.items():
+            group, index = self._child_of[request_id]
+            if index == 0 and group.prompt_logprobs is not None:
+                group.prompt_logprobs.extend(entries)
+        stopped_by_string = []
+        for request in updated:
+            group, index = self._child_of[request.request_id]
+            state = group.completions[index]
+            state.add_token(request.output_token_ids[-1], runner_output.logprobs.get(request.request_id))
+            if request.is_finished:
+                state.finish(request.status.finish_reason, request.stop_reason)
+            elif state.stop_string is not None:
+                state.finish("stop", state.stop_string)
+                stopped_by_string.append(request)
+            touched[group.request_id] = group
+        return [self._emit(group) for group in touched.values()], stopped_by_string
+
+    def abort_group(self, request_id: str) -> RequestOutput | None:
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        for state in group.completions:
+            if state.output.finish_reason is None:
+                state.finish("abort", None)
+        return self._emit(group)
+
+    def _emit(self, group: RequestGroup) -> RequestOutput:
+        output = group.snapshot()
+        if output.finished:
+            del self.groups[group.request_id]
+            for request in group.requests:
+                del self._child_of[request.request_id]
+        return output

@@ -1,0 +1,47 @@
+"""What the engine hands back per request: cumulative results plus this step's delta."""
+
+from dataclasses import dataclass, field
+
+from shared.executor.base import SampledLogprobs
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    # One entry per generated token when logprobs were asked for.
+    logprobs: list[SampledLogprobs] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    # The stop string or stop token id that ended generation, if any.
+    stop_reason: int | str | None = None
+    # What is new since this request's previous output (for streaming).
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    # Entry i scores prompt token i+1 given the tokens before it, when asked for.
+    prompt_logprobs: list[SampledLogprobs] | None = None
+    # Prompt tokens served from the prefix cache (first completion).
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(output.finished for output in self.outputs)
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids

@@ -1,0 +1,47 @@
+"""Counters the engine keeps for benchmarks and metrics."""
+
+from dataclasses import dataclass
+
+from shared.core.scheduler import Scheduler
+from shared.core.scheduler_output import SchedulerOutput
+from shared.kv_cache.block_pool import BlockPool
+
+
+@dataclass
+class KVUsage:
+    num_blocks_total: int
+    block_size: int
+    bytes_per_token: int
+    peak_num_blocks_used: int
+    # Tokens of running requests at the step with the most blocks in use.
+    peak_num_tokens_held: int
+
+
+@dataclass
+class EngineStats:
+    num_blocks_total: int
+    block_size: int
+    bytes_per_token: int
+    num_steps: int = 0
+    num_prompt_tokens_computed: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    peak_num_blocks_used: int = 0
+    peak_num_tokens_held: int = 0
+
+    def record_schedule(self, output: SchedulerOutput, scheduler: Scheduler, pool: BlockPool) -> None:
+        self.num_steps += not output.is_empty
+        self.num_prompt_tokens_computed += sum(item.num_tokens for item in output.scheduled
+                                               if item.start_position < len(item.prompt_token_ids))
+        self.num_preemptions += len(output.preempted_request_ids)
+        num_used = pool.num_blocks - pool.num_free_blocks
+        if num_used > self.peak_num_blocks_used:
+            self.peak_num_blocks_used = num_used
+            self.peak_num_tokens_held = sum(r.num_computed_tokens for r in scheduler.running) + output.num_batched_tokens
+
+    def record_tokens(self, num_sampled: int) -> None:
+        self.num_generation_tokens += num_sampled
+
+    def kv_usage(self) -> KVUsage:
+        return KVUsage(self.num_blocks_total, self.block_size, self.bytes_per_token,
+                       self.peak_num_blocks_used, self.peak_num_tokens_held)

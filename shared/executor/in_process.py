@@ -1,0 +1,28 @@
+"""The executor that runs the model in the engine's own process."""
+
+import torch
+
+from shared.core.scheduler_output import SchedulerOutput
+from shared.executor.base import Executor, ModelRunnerOutput
+from shared.executor.model_runner import ModelRunner
+from shared.kv_cache.layout import KVCacheLayout
+
+
+class InProcessExecutor(Executor):
+    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout):
+        self.runner = ModelRunner(model, layout)
+
+    @property
+    def kv_cache_layout(self) -> KVCacheLayout:
+        return self.runner.layout
+
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """The cache tensor itself (KV transfer reads and writes blocks here)."""
+        return self.runner.kv_cache
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.runner.execute(scheduler_output)
+
+    def shutdown(self) -> None:
+        self.runner.kv_cache = torch.empty(0)

@@ -1,0 +1,81 @@
+"""Runs the model on one step: owns the KV cache tensor, the sampler and per-request generators.
+
+The only code that touches the device.
+"""
+
+import torch
+
+from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.executor.input_batch import ModelInputs, build_model_inputs
+from shared.kv_cache.layout import KVCacheLayout
+from shared.sampling.sampler import Sampler, SamplingRow, make_generator
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout):
+        self.model = model
+        self.layout = layout
+        self.kv_cache = layout.allocate()
+        self.sampler = Sampler()
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in scheduler_output.finished_request_ids:
+            self._generators.pop(request_id, None)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput()
+        inputs = build_model_inputs(scheduler_output.scheduled, self.layout.block_size)
+        logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache,
+                            inputs.attn_metadata, inputs.logits_indices)
+        output = self._sample(scheduler_output.scheduled, logits, inputs)
+        output.prompt_logprobs = _prompt_logprobs(scheduler_output.scheduled, logits, inputs)
+        return output
+
+    def _sample(self, scheduled: list[ScheduledRequest], logits: torch.Tensor,
+                inputs: ModelInputs) -> ModelRunnerOutput:
+        items = [item for item in scheduled if item.sampling_params is not None]
+        if not items:
+            return ModelRunnerOutput()
+        rows = [self._sampling_row(item) for item in items]
+        row_indices = torch.tensor([inputs.sample_logit_rows[item.request_id] for item in items])
+        sampled = self.sampler(logits[row_indices], rows)
+        output = ModelRunnerOutput()
+        for index, item in enumerate(items):
+            output.sampled_token_ids[item.request_id] = sampled.sampled_token_ids[index]
+            if item.sampling_params.logprobs is not None:
+                output.logprobs[item.request_id] = SampledLogprobs(
+                    sampled.sampled_logprobs[index], sampled.top_logprobs[index])
+        return output
+
+    def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
+        params = item.sampling_params
+        generator = None
+        if params.seed is not None:
+            generator = self._generators.get(item.request_id)
+            if generator is None:
+                generator = self._generators[item.request_id] = make_generator(params.seed)
+        return SamplingRow(params=params, prompt_token_ids=item.prompt_token_ids,
+                           output_token_ids=item.output_token_ids, generator=generator,
+                           stop_and_eos_token_ids=item.stop_and_eos_token_ids)
+
+
+def _prompt_logprobs(scheduled: list[ScheduledRequest], logits: torch.Tensor,
+                     inputs: ModelInputs) -> dict[str, list[SampledLogprobs]]:
+    result = {}
+    for item in scheduled:
+        if item.request_id not in inputs.prompt_logit_rows:
+            continue
+        first, count = inputs.prompt_logit_rows[item.request_id]
+        logprobs = torch.log_softmax(logits[first:first + count].float(), dim=-1)
+        targets = torch.tensor(item.prompt_logprob_targets)
+        target_lps = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+        num_top = item.num_prompt_logprobs
+        top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+        result[item.request_id] = [
+            SampledLogprobs(target_lps[row],
+                            list(zip(top_ids[row].tolist(), top_values[row].tolist())) if num_top else [])
+            for row in range(count)
+        ]
+    return result

@@ -1,0 +1,108 @@
+"""Which blocks each request holds: allocation, prefix hits, caching of full blocks, freeing.
+
+The scheduler asks; the pool keeps the counts. Each request's block table grows as its
+computed-token count catches up with its token count.
+"""
+
+import logging
+
+from shared.core.request import Request
+from shared.kv_cache.block_hash import hash_full_blocks
+from shared.kv_cache.block_pool import BlockPool, KVBlock
+
+logger = logging.getLogger(__name__)
+
+
+def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool,
+                 hash_algo: str = "sha256", model_key: str = ""):
+        self.pool = pool
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_algo = hash_algo
+        self.model_key = model_key
+        self._blocks: dict[str, list[KVBlock]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self._blocks.get(request_id, [])]
+
+    def num_blocks_held(self, request_id: str) -> int:
+        return len(self._blocks.get(request_id, []))
+
+    def extra_keys(self, request: Request) -> tuple[str, ...]:
+        return (self.model_key,) + ((request.cache_salt,) if request.cache_salt else ())
+
+    def update_block_hashes(self, request: Request) -> None:
+        request.block_hashes = hash_full_blocks(
+            request.all_token_ids, self.block_size, self.extra_keys(request),
+            self.hash_algo, request.block_hashes)
+
+    def find_cached_prefix(self, request: Request) -> list[KVBlock]:
+        """The longest run of leading full blocks already in the prefix cache.
+
+        Never covers the last token: its logits are needed, so at least one token is computed.
+        """
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return []
+        self.update_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits = []
+        for index, block_hash in enumerate(request.block_hashes[:max_blocks]):
+            start = index * self.block_size
+            block = self.pool.lookup(block_hash, tuple(request.all_token_ids[start:start + self.block_size]))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate(self, request: Request, num_new_tokens: int,
+                 prefix_blocks: list[KVBlock] | None = None) -> bool:
+        """Give `request` blocks for `num_new_tokens` more tokens, after `prefix_blocks`
+        (prefix hits or a sibling's shared prompt blocks, adopted first). False, with
+        nothing changed, when the pool lacks room."""
+        prefix_blocks = prefix_blocks or []
+        held = self._blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(prefix_blocks) * self.block_size
+        num_needed = blocks_for_tokens(num_computed + num_new_tokens, self.block_size)
+        num_new_blocks = max(0, num_needed - len(held) - len(prefix_blocks))
+        num_revived = sum(1 for block in prefix_blocks if block.ref_count == 0)
+        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+            return False
+        self.pool.touch(prefix_blocks)
+        self._blocks[request.request_id] = held + prefix_blocks + self.pool.allocate(num_new_blocks)
+        if prefix_blocks:
+            self._num_cached_blocks[request.request_id] = len(prefix_blocks)
+        return True
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's newly full and computed blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        first = self._num_cached_blocks.get(request.request_id, 0)
+        if num_full <= first:
+            return
+        self.update_block_hashes(request)
+        blocks = self._blocks[request.request_id]
+        for index in range(first, num_full):
+            start = index * self.block_size
+            tokens = tuple(request.all_token_ids[start:start + self.block_size])
+            self.pool.cache(blocks[index], request.block_hashes[index], tokens)
+        self._num_cached_blocks[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        blocks = self._blocks.pop(request.request_id, [])
+        self._num_cached_blocks.pop(request.request_id, None)
+        self.pool.free(list(reversed(blocks)))
+
+    def shared_prompt_blocks(self, parent: Request, child: Request) -> list[KVBlock]:
+        """Full, computed prompt blocks of `parent` that `child` (same prompt) can share,
+        leaving the child at least its last prompt token to compute."""
+        parent_blocks = self._blocks.get(parent.request_id, [])
+        num_shareable = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
+        return parent_blocks[:num_shareable]

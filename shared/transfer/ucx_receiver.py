@@ -1,0 +1,252 @@
+"""KVReceiver: the decode side of a KV transfer; receives KV blocks straight into its paged cache.
+
+Used by the decode service, from its asyncio event loop:
+
+    receiver = KVReceiver(kv_cache, layout)
+    address = await receiver.start()              # "host:port", handed to the prefill side
+    receiver.expect(request_id, dst_block_ids)    # before telling prefill to send
+    result = await receiver.wait(request_id, timeout_s=5.0)   # TransferResult or KVTransferError
+
+Each connection (ucxx endpoint) serves one transfer at a time, following the message order in
+proto/pdserve/v1/kv_transfer.proto; concurrent transfers arrive on separate endpoints (the
+sender opens one per transfer in flight), so their bytes can never mix. The cache is written
+only by `scatter_payload`, run synchronously on the event loop right after checking that the
+request is still expected, so a request withdrawn by a timeout is never written.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from shared.errors import InvalidRequestError
+from shared.kv_cache.layout import KVCacheLayout
+from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
+from shared.transfer.errors import KVTransferError
+from shared.transfer.framing import recv_message, send_message
+from shared.transfer.staging import StagingPool
+from shared.transfer.stats import TransferCounters, TransferResult
+from shared.transfer.ucx_env import ucxx
+from shared.transfer.wire import (
+    as_numpy_bytes, check_kv_cache, find_block_id_problem, payload_crc32, scatter_payload, validate_header,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _ExpectedTransfer:
+    """A transfer the decode side is waiting for; lives from `expect` until `wait` returns."""
+
+    request_id: str
+    dst_block_ids: tuple[int, ...]
+    outcome: asyncio.Future
+    is_in_flight: bool = False
+    is_withdrawn: bool = False
+
+
+def _ack(request_id: str, status: int, error: KVTransferError | None = None) -> pb.KVTransferAck:
+    if error is None:
+        return pb.KVTransferAck(request_id=request_id, status=status)
+    return pb.KVTransferAck(request_id=request_id, status=status, field=error.field, message=error.message)
+
+
+class KVReceiver:
+    """Listens for KV transfers and writes accepted payloads into `kv_cache`.
+
+    `host` is the address advertised to senders (ucxx listeners accept on all interfaces);
+    `port=0` lets the OS pick a free port. `verify_checksum=False` skips the CRC-32 check
+    even when the sender supplies one.
+    """
+
+    def __init__(
+        self, kv_cache: torch.Tensor, layout: KVCacheLayout, host: str = "127.0.0.1", port: int = 0,
+        verify_checksum: bool = True,
+    ):
+        check_kv_cache(kv_cache, layout)
+        self._kv_cache = kv_cache
+        self._layout = layout
+        self._host = host
+        self._port = port
+        self._verify_checksum = verify_checksum
+        self._expected: dict[str, _ExpectedTransfer] = {}
+        self._endpoints: set = set()
+        self._staging = StagingPool()
+        self._listener = None
+        self.counters = TransferCounters()
+
+    async def start(self) -> str:
+        """Start listening; returns `address`."""
+        self._listener = ucxx.create_listener(self._serve_endpoint, port=self._port)
+        logger.info("KV receiver listening on %s", self.address)
+        return self.address
+
+    @property
+    def address(self) -> str:
+        """"host:port" for KVSender.send; valid after `start`."""
+        if self._listener is None:
+            raise RuntimeError("KVReceiver.start() has not been awaited")
+        return f"{self._host}:{self._listener.port}"
+
+    def expect(self, request_id: str, dst_block_ids: Sequence[int]) -> None:
+        """Register a transfer for `request_id` into `dst_block_ids` (already reserved by the caller).
+
+        Call from the event loop before the sender starts. A header for any other request id,
+        or with other block ids, is rejected.
+        """
+        if not request_id:
+            raise InvalidRequestError("request_id", "must not be empty")
+        if request_id in self._expected:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already expected")
+        problem = find_block_id_problem(dst_block_ids, self._layout.num_blocks)
+        if problem is not None:
+            raise InvalidRequestError("dst_block_ids", problem)
+        outcome = asyncio.get_running_loop().create_future()
+        self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome)
+
+    async def wait(self, request_id: str, timeout_s: float) -> TransferResult:
+        """Wait for `request_id`'s blocks to be written; always withdraws the expectation.
+
+        Raises KVTransferError: the sender's or receiver's rejection (field named), or
+        field "timeout" when nothing complete arrived within `timeout_s` seconds.
+        """
+        expected = self._expected.get(request_id)
+        if expected is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} is not expected")
+        try:
+            return await asyncio.wait_for(asyncio.shield(expected.outcome), timeout_s)
+        except asyncio.TimeoutError:
+            raise KVTransferError(
+                "timeout", f"request {request_id!r}: no complete transfer within {timeout_s} s"
+            ) from None
+        finally:
+            self.withdraw(request_id)
+
+    def withdraw(self, request_id: str) -> None:
+        """Stop expecting `request_id`; a transfer still in flight for it is rejected, not written."""
+        expected = self._expected.pop(request_id, None)
+        if expected is None:
+            return
+        expected.is_withdrawn = True
+        if not expected.outcome.done():
+            expected.outcome.cancel()
+        elif not expected.outcome.cancelled():
+            expected.outcome.exception()  # mark retrieved; nobody else will read it
+
+    async def close(self, drain_timeout_s: float = 1.0) -> None:
+        """Withdraw every pending expectation, drop open connections, then stop listening.
+
+        Waits up to `drain_timeout_s` for the per-connection handlers to notice and return.
+        """
+        for request_id in list(self._expected):
+            self.withdraw(request_id)
+        for endpoint in list(self._endpoints):
+            endpoint.abort()
+        if self._listener is None:
+            return
+        deadline = time.monotonic() + drain_timeout_s
+        while self._listener.active_clients > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        self._listener.close()
+
+    async def _serve_endpoint(self, endpoint) -> None:
+        """ucxx calls this once per sender connection; serves transfers until the peer goes away."""
+        self._endpoints.add(endpoint)
+        try:
+            while not endpoint.closed:
+                await self._serve_one_transfer(endpoint)
+        except (ucxx.exceptions.UCXError, KVTransferError) as error:
+            logger.debug("KV receiver: connection ended: %s", error)
+        finally:
+            self._endpoints.discard(endpoint)
+            if not endpoint.closed:
+                endpoint.abort()
+
+    async def _serve_one_transfer(self, endpoint) -> None:
+        """Header -> ack -> payload -> ack, for one transfer (see the .proto for the order)."""
+        header = await recv_message(endpoint, pb.KVTransferHeader)
+        started = time.perf_counter()
+        try:
+            expected = self._admit(header)
+        except KVTransferError as error:
+            await self._reject(endpoint, header.request_id, error)
+            return
+        await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_ACCEPTED))
+        try:
+            result = await self._receive_payload(endpoint, header, expected, started)
+        except KVTransferError as error:
+            expected.is_in_flight = False
+            await self._reject(endpoint, header.request_id, error)
+            return
+        except ucxx.exceptions.UCXError as error:
+            expected.is_in_flight = False
+            self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
+            raise
+        expected.is_in_flight = False
+        if not expected.outcome.done():
+            expected.outcome.set_result(result)
+        await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED))
+
+    async def _reject(self, endpoint, request_id: str, error: KVTransferError) -> None:
+        """Tell the waiter (if any) and the sender why `request_id` was refused."""
+        self._fail_expected(request_id, error)
+        logger.warning("KV transfer %r rejected: %s", request_id, error)
+        await send_message(endpoint, _ack(request_id, pb.KV_TRANSFER_STATUS_REJECTED, error))
+
+    def _admit(self, header: pb.KVTransferHeader) -> _ExpectedTransfer:
+        """Check `header` against the layout and the expected transfers; marks it in flight."""
+        validate_header(header, self._layout)
+        expected = self._expected.get(header.request_id)
+        if expected is None:
+            raise KVTransferError("request_id", f"no transfer expected for {header.request_id!r}")
+        if expected.is_in_flight or expected.outcome.done():
+            raise KVTransferError("request_id", f"a transfer for {header.request_id!r} is already in flight or done")
+        if tuple(header.dst_block_ids) != expected.dst_block_ids:
+            raise KVTransferError(
+                "dst_block_ids", f"sender {list(header.dst_block_ids)}, receiver {list(expected.dst_block_ids)}"
+            )
+        expected.is_in_flight = True
+        return expected
+
+    async def _receive_payload(
+        self, endpoint, header: pb.KVTransferHeader, expected: _ExpectedTransfer, started: float
+    ) -> TransferResult:
+        """Receive into a staging buffer, verify, then scatter into the cache (sync, no await between)."""
+        payload = self._staging.acquire(header.payload_bytes)
+        try:
+            await endpoint.recv(as_numpy_bytes(payload))
+        except BaseException:
+            self._staging.discard(payload)  # UCX may still own the buffer: never reuse it
+            raise
+        try:
+            if self._verify_checksum and header.HasField("payload_crc32"):
+                actual_crc32 = await asyncio.to_thread(payload_crc32, payload)
+                if actual_crc32 != header.payload_crc32:
+                    raise KVTransferError(
+                        "payload_crc32", f"sender {header.payload_crc32:#010x}, received {actual_crc32:#010x}"
+                    )
+            if expected.is_withdrawn:
+                raise KVTransferError("request_id", f"{header.request_id!r} was withdrawn by the receiver")
+            scatter_payload(payload, self._kv_cache, self._layout, expected.dst_block_ids)
+        finally:
+            self._staging.release(payload)
+        return self._record(header, time.perf_counter() - started)
+
+    def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
+        result = TransferResult(header.request_id, header.payload_bytes, seconds)
+        self.counters.record(result)
+        logger.info(
+            "KV transfer %r received: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", result.request_id,
+            header.num_blocks, result.num_bytes, seconds * 1e3, result.bytes_per_second / 1e9,
+        )
+        return result
+
+    def _fail_expected(self, request_id: str, error: KVTransferError) -> None:
+        """Report a rejection to whoever waits on `request_id`, unless another transfer for it is running."""
+        self.counters.record_failure()
+        expected = self._expected.get(request_id)
+        if expected is not None and not expected.is_in_flight and not expected.outcome.done():
+            expected.outcome.set_exception(error)

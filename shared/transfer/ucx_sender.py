@@ -1,0 +1,193 @@
+"""KVSender: the prefill side of a KV transfer; pushes KV blocks to a decode KVReceiver.
+
+Used by the prefill service, from its asyncio event loop:
+
+    sender = KVSender()
+    result = await sender.send(address, request_id, kv_cache, layout, src_block_ids, dst_block_ids)
+
+Each transfer gathers its blocks into a staging buffer (`wire.pack_blocks`), then runs the
+exchange in proto/pdserve/v1/kv_transfer.proto on a connection of its own: connections are
+reused per destination address, but never shared by two transfers in flight, so concurrent
+transfers cannot mix bytes. Connections that fail or time out are dropped, never reused.
+"""
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from shared.errors import InvalidRequestError
+from shared.kv_cache.layout import KVCacheLayout
+from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
+from shared.transfer.errors import KVTransferError, KVTransferRejected
+from shared.transfer.framing import recv_message, send_message
+from shared.transfer.staging import StagingPool
+from shared.transfer.stats import TransferCounters, TransferResult
+from shared.transfer.ucx_env import ucxx
+from shared.transfer.wire import (
+    as_numpy_bytes, build_header, check_kv_cache, find_block_id_problem, pack_blocks, payload_crc32,
+    payload_num_bytes,
+)
+
+logger = logging.getLogger(__name__)
+_MAX_WIRE_BLOCK_ID = 2**32  # dst_block_ids are uint32 on the wire
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split a KVReceiver address "host:port" (or "[v6-host]:port")."""
+    host, separator, port_text = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not separator or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InvalidRequestError("address", f"expected 'host:port', got {address!r}")
+    return host, int(port_text)
+
+
+def _check_send_arguments(
+    request_id: str, kv_cache: torch.Tensor, layout: KVCacheLayout,
+    src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
+) -> None:
+    if not request_id:
+        raise InvalidRequestError("request_id", "must not be empty")
+    check_kv_cache(kv_cache, layout)
+    for field, block_ids, num_blocks in (
+        ("src_block_ids", src_block_ids, layout.num_blocks),
+        ("dst_block_ids", dst_block_ids, _MAX_WIRE_BLOCK_ID),
+    ):
+        problem = find_block_id_problem(block_ids, num_blocks)
+        if problem is not None:
+            raise InvalidRequestError(field, problem)
+    if len(src_block_ids) != len(dst_block_ids):
+        raise InvalidRequestError(
+            "dst_block_ids", f"{len(dst_block_ids)} ids for {len(src_block_ids)} src_block_ids"
+        )
+
+
+def _raise_unless(ack: pb.KVTransferAck, request_id: str, wanted_status: int) -> None:
+    """Turn a receiver's ack into nothing (wanted status) or the matching error."""
+    if ack.status == pb.KV_TRANSFER_STATUS_REJECTED and ack.request_id == request_id:
+        raise KVTransferRejected(ack.field or "receiver", ack.message)
+    if ack.status != wanted_status or ack.request_id != request_id:
+        raise KVTransferError(
+            "ack", f"expected {pb.KVTransferStatus.Name(wanted_status)} for {request_id!r}, got "
+            f"{pb.KVTransferStatus.Name(ack.status)} for {ack.request_id!r}"
+        )
+
+
+class KVSender:
+    """Sends KV blocks to KVReceivers; one instance per process is enough.
+
+    `use_checksum` puts a CRC-32 of the payload in the header (costs ~1 pass over the bytes on
+    each side). `timeout_s` bounds one whole transfer, connection set-up included.
+    """
+
+    def __init__(self, use_checksum: bool = True, timeout_s: float = 30.0, max_idle_per_address: int = 8):
+        self._use_checksum = use_checksum
+        self._timeout_s = timeout_s
+        self._max_idle_per_address = max_idle_per_address
+        self._idle_endpoints: dict[str, list] = defaultdict(list)
+        self._staging = StagingPool()
+        self.counters = TransferCounters()
+
+    async def send(
+        self, address: str, request_id: str, kv_cache: torch.Tensor, layout: KVCacheLayout,
+        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
+    ) -> TransferResult:
+        """Copy `kv_cache` blocks `src_block_ids[i]` into the receiver's `dst_block_ids[i]`.
+
+        Returns once the receiver has written them. Raises InvalidRequestError for bad
+        arguments, KVTransferRejected when the receiver refuses (field named), and
+        KVTransferError for "timeout" or a lost "connection".
+        """
+        _check_send_arguments(request_id, kv_cache, layout, src_block_ids, dst_block_ids)
+        started = time.perf_counter()
+        payload = self._staging.acquire(payload_num_bytes(layout, len(src_block_ids)))
+        try:
+            pack_blocks(kv_cache, layout, src_block_ids, out=payload)
+            crc32 = await asyncio.to_thread(payload_crc32, payload) if self._use_checksum else None
+            header = build_header(request_id, layout, dst_block_ids, crc32)
+        except BaseException:
+            self._staging.release(payload)
+            raise
+        try:
+            await self._send_on_own_endpoint(address, header, payload)
+        except BaseException:
+            self.counters.record_failure()
+            raise
+        return self._record(header, time.perf_counter() - started)
+
+    async def close(self) -> None:
+        """Close every idle connection (telling the receivers)."""
+        endpoints = [endpoint for idle in self._idle_endpoints.values() for endpoint in idle]
+        self._idle_endpoints.clear()
+        for endpoint in endpoints:
+            await endpoint.close()
+
+    async def _send_on_own_endpoint(self, address: str, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
+        """Run the exchange under the timeout; keep the endpoint only if it is still in step."""
+        endpoint = None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                endpoint = await self._checkout(address)
+                await self._exchange(endpoint, header, payload)
+        except KVTransferRejected:
+            self._checkin(address, endpoint)
+            self._staging.release(payload)
+            raise
+        except BaseException as error:
+            if endpoint is not None:
+                endpoint.abort()
+            self._staging.discard(payload)  # UCX may still be reading it
+            converted = self._as_transfer_error(error, header.request_id, address, is_connected=endpoint is not None)
+            if converted is error:
+                raise
+            raise converted from error
+        self._checkin(address, endpoint)
+        self._staging.release(payload)
+
+    async def _exchange(self, endpoint, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
+        """Header, wait for ACCEPTED, payload, wait for COMPLETED."""
+        await send_message(endpoint, header)
+        _raise_unless(await recv_message(endpoint, pb.KVTransferAck), header.request_id, pb.KV_TRANSFER_STATUS_ACCEPTED)
+        await endpoint.send(as_numpy_bytes(payload))
+        _raise_unless(await recv_message(endpoint, pb.KVTransferAck), header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED)
+
+    async def _checkout(self, address: str):
+        """An idle live endpoint to `address`, or a new one."""
+        idle = self._idle_endpoints[address]
+        while idle:
+            endpoint = idle.pop()
+            if not endpoint.closed:
+                return endpoint
+        host, port = parse_address(address)
+        return await ucxx.create_endpoint(host, port)
+
+    def _checkin(self, address: str, endpoint) -> None:
+        idle = self._idle_endpoints[address]
+        if endpoint.closed or len(idle) >= self._max_idle_per_address:
+            endpoint.abort()
+        else:
+            idle.append(endpoint)
+
+    def _as_transfer_error(
+        self, error: BaseException, request_id: str, address: str, is_connected: bool
+    ) -> BaseException:
+        """Name what went wrong: no connection, timeout, lost connection; other errors pass through."""
+        if isinstance(error, TimeoutError) and not is_connected:
+            return KVTransferError("connection", f"request {request_id!r}: cannot connect to {address} within {self._timeout_s} s")
+        if isinstance(error, TimeoutError):
+            return KVTransferError("timeout", f"request {request_id!r} to {address}: no answer within {self._timeout_s} s")
+        if isinstance(error, ucxx.exceptions.UCXError):
+            return KVTransferError("connection", f"request {request_id!r} to {address}: {error}")
+        return error
+
+    def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
+        result = TransferResult(header.request_id, header.payload_bytes, seconds)
+        self.counters.record(result)
+        logger.info(
+            "KV transfer %r sent: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", result.request_id,
+            header.num_blocks, result.num_bytes, seconds * 1e3, result.bytes_per_second / 1e9,
+        )
+        return result

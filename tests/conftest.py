@@ -1,0 +1,19 @@
+"""Project-wide pytest fixtures. Only the real-Redis fixture lives here."""
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers.redis_server import MISSING_SERVER_MESSAGE, RedisServer, start_redis_server
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A fresh, empty redis-server for one test (`.url`, `.port`, `.restart()`)."""
+    if shutil.which("redis-server") is None:
+        pytest.fail(MISSING_SERVER_MESSAGE)
+    server = start_redis_server()
+    yield server
+    server.stop()
+    shutil.rmtree(server.work_dir, ignore_errors=True)

@@ -1,0 +1,270 @@
+"""KV block transfer between two processes over real UCX (TCP loopback).
+
+The pytest process runs a KVReceiver; a child process (this file run with --sender-service)
+runs a KVSender and executes the transfers each test asks for over stdin/stdout JSON lines.
+Both sides build their caches with `patterned_cache`, so the test knows every byte the
+sender holds and can check the receiver's cache bit for bit.
+"""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from shared.errors import InvalidRequestError  # noqa: E402
+from shared.kv_cache.layout import KVCacheLayout  # noqa: E402
+from shared.transfer.ucx_transport import KVReceiver, KVSender, KVTransferError  # noqa: E402
+
+SENDER_LAYOUT = KVCacheLayout(num_layers=2, num_blocks=10, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
+RECEIVER_LAYOUT = KVCacheLayout(num_layers=2, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
+SENDER_SEED, RECEIVER_SEED = 1, 2
+TIMEOUT_S = 20.0
+
+
+def patterned_cache(layout: KVCacheLayout, seed: int) -> torch.Tensor:
+    """A cache whose every 16-bit element is a distinct-looking value determined by `seed`."""
+    positions = torch.arange(layout.allocate().numel(), dtype=torch.int64)
+    bits = (positions * 2654435761 + seed * 40503) % 65536 - 32768
+    return bits.to(torch.int16).view(layout.dtype).view(layout.shape)
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int16)
+
+
+# ---- the sender side, run in the child process ---------------------------------------------
+
+async def _send_one(sender: KVSender, address: str, kv_caches: dict, transfer: dict) -> dict:
+    head_dim = transfer.get("head_dim", SENDER_LAYOUT.head_dim)
+    layout, kv_cache = kv_caches[head_dim]
+    try:
+        result = await sender.send(address, transfer["request_id"], kv_cache, layout, transfer["src"], transfer["dst"])
+    except KVTransferError as error:
+        return {"ok": False, "error_type": type(error).__name__, "field": error.field, "message": error.message}
+    return {"ok": True, "num_bytes": result.num_bytes}
+
+
+def _corrupting_crc32(real_crc32):
+    """Checksum the true payload, then flip one payload byte: what a corrupted wire would do."""
+    def crc32_then_corrupt(payload: torch.Tensor) -> int:
+        checksum = real_crc32(payload)
+        payload[0] ^= 0xFF
+        return checksum
+    return crc32_then_corrupt
+
+
+async def run_sender_service() -> None:
+    """Serve {"address", "transfers": [...], "corrupt"} lines from stdin; answer one JSON line each."""
+    import shared.transfer.ucx_sender as ucx_sender
+    real_crc32 = ucx_sender.payload_crc32
+    sender = KVSender()
+    kv_caches = {}
+    for head_dim in (SENDER_LAYOUT.head_dim, 2 * SENDER_LAYOUT.head_dim):
+        layout = KVCacheLayout(**{**SENDER_LAYOUT.__dict__, "head_dim": head_dim})
+        kv_caches[head_dim] = (layout, patterned_cache(layout, SENDER_SEED))
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        command = json.loads(line)
+        ucx_sender.payload_crc32 = _corrupting_crc32(real_crc32) if command.get("corrupt") else real_crc32
+        results = await asyncio.gather(
+            *[_send_one(sender, command["address"], kv_caches, t) for t in command["transfers"]]
+        )
+        print(json.dumps(results), flush=True)
+    await sender.close()
+
+
+# ---- the receiver side, in the pytest process ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def sender_process():
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--sender-service"], cwd=REPO_ROOT, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    yield process
+    process.stdin.close()
+    try:
+        process.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+async def ask_sender(process, address: str, transfers: list[dict], corrupt: bool = False) -> list[dict]:
+    process.stdin.write(json.dumps({"address": address, "transfers": transfers, "corrupt": corrupt}) + "\n")
+    process.stdin.flush()
+    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), TIMEOUT_S)
+    assert line, "sender process exited"
+    return json.loads(line)
+
+
+async def with_receiver(scenario):
+    """Run `scenario(receiver, initial_cache)` against a fresh listening receiver."""
+    kv_cache = patterned_cache(RECEIVER_LAYOUT, RECEIVER_SEED).clone()
+    receiver = KVReceiver(kv_cache, RECEIVER_LAYOUT)
+    await receiver.start()
+    try:
+        return await scenario(receiver, kv_cache)
+    finally:
+        await receiver.close()
+
+
+def assert_blocks_landed(kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int]) -> None:
+    """dst blocks hold the sender's src blocks bit for bit; every other receiver block is untouched."""
+    expected = patterned_cache(RECEIVER_LAYOUT, RECEIVER_SEED).clone()
+    expected[:, :, dst_block_ids] = patterned_cache(SENDER_LAYOUT, SENDER_SEED)[:, :, src_block_ids]
+    assert torch.equal(bits(kv_cache), bits(expected))
+
+
+def assert_untouched(kv_cache: torch.Tensor) -> None:
+    assert torch.equal(bits(kv_cache), bits(patterned_cache(RECEIVER_LAYOUT, RECEIVER_SEED)))
+
+
+def test_blocks_arrive_bit_exact_in_destination_slots(sender_process):
+    async def scenario(receiver, kv_cache):
+        receiver.expect("req-exact", [5, 0, 11])
+        replies, result = await asyncio.gather(
+            ask_sender(sender_process, receiver.address, [{"request_id": "req-exact", "src": [2, 9, 3], "dst": [5, 0, 11]}]),
+            receiver.wait("req-exact", TIMEOUT_S),
+        )
+        block_bytes = 2 * 2 * 4 * 2 * 8 * 2  # K/V * layers * block_size * kv_heads * head_dim * bf16
+        assert replies == [{"ok": True, "num_bytes": 3 * block_bytes}]
+        assert (result.request_id, result.num_bytes) == ("req-exact", 3 * block_bytes)
+        assert (receiver.counters.num_transfers, receiver.counters.total_bytes) == (1, 3 * block_bytes)
+        assert_blocks_landed(kv_cache, [2, 9, 3], [5, 0, 11])
+    asyncio.run(with_receiver(scenario))
+
+
+def test_header_mismatch_is_rejected_naming_the_field_on_both_sides(sender_process):
+    async def scenario(receiver, kv_cache):
+        receiver.expect("req-shape", [1])
+        transfer = {"request_id": "req-shape", "src": [1], "dst": [1], "head_dim": 16}
+        replies = await ask_sender(sender_process, receiver.address, [transfer])
+        assert replies == [{"ok": False, "error_type": "KVTransferRejected", "field": "head_dim", "message": "sender 16, receiver 8"}]
+        with pytest.raises(KVTransferError, match=r"^head_dim: sender 16, receiver 8$"):
+            await receiver.wait("req-shape", TIMEOUT_S)
+        assert receiver.counters.num_failed == 1
+        assert_untouched(kv_cache)
+    asyncio.run(with_receiver(scenario))
+
+
+def test_unexpected_request_is_rejected_and_the_connection_stays_usable(sender_process):
+    async def scenario(receiver, kv_cache):
+        replies = await ask_sender(sender_process, receiver.address, [{"request_id": "req-stranger", "src": [0], "dst": [0]}])
+        assert replies == [{"ok": False, "error_type": "KVTransferRejected", "field": "request_id",
+                            "message": "no transfer expected for 'req-stranger'"}]
+        assert_untouched(kv_cache)
+        receiver.expect("req-after", [4])
+        replies = await ask_sender(sender_process, receiver.address, [{"request_id": "req-after", "src": [6], "dst": [4]}])
+        assert replies[0]["ok"] is True
+        await receiver.wait("req-after", TIMEOUT_S)
+        assert_blocks_landed(kv_cache, [6], [4])
+    asyncio.run(with_receiver(scenario))
+
+
+def test_wrong_destination_blocks_are_rejected(sender_process):
+    async def scenario(receiver, kv_cache):
+        receiver.expect("req-dst", [1, 2])
+        replies = await ask_sender(sender_process, receiver.address, [{"request_id": "req-dst", "src": [0, 1], "dst": [1, 3]}])
+        assert replies[0]["message"] == "sender [1, 3], receiver [1, 2]"
+        with pytest.raises(KVTransferError, match=r"^dst_block_ids: sender \[1, 3\], receiver \[1, 2\]$"):
+            await receiver.wait("req-dst", TIMEOUT_S)
+        assert_untouched(kv_cache)
+    asyncio.run(with_receiver(scenario))
+
+
+def test_eight_concurrent_transfers_all_land_exactly(sender_process):
+    src_block_ids = list(range(8))
+    dst_block_ids = [11, 3, 7, 0, 9, 5, 2, 10]
+    async def scenario(receiver, kv_cache):
+        transfers = [{"request_id": f"req-{i}", "src": [src], "dst": [dst]}
+                     for i, (src, dst) in enumerate(zip(src_block_ids, dst_block_ids))]
+        for transfer in transfers:
+            receiver.expect(transfer["request_id"], transfer["dst"])
+        replies, *results = await asyncio.gather(
+            ask_sender(sender_process, receiver.address, transfers),
+            *[receiver.wait(t["request_id"], TIMEOUT_S) for t in transfers],
+        )
+        assert [reply["ok"] for reply in replies] == [True] * 8
+        assert sorted(r.request_id for r in results) == sorted(t["request_id"] for t in transfers)
+        assert receiver.counters.num_transfers == 8
+        assert_blocks_landed(kv_cache, src_block_ids, dst_block_ids)
+    asyncio.run(with_receiver(scenario))
+
+
+def test_corrupted_payload_fails_the_checksum_and_writes_nothing(sender_process):
+    async def scenario(receiver, kv_cache):
+        receiver.expect("req-corrupt", [3, 4])
+        replies = await ask_sender(
+            sender_process, receiver.address, [{"request_id": "req-corrupt", "src": [0, 1], "dst": [3, 4]}], corrupt=True
+        )
+        assert (replies[0]["ok"], replies[0]["field"]) == (False, "payload_crc32")
+        with pytest.raises(KVTransferError, match=r"^payload_crc32: sender 0x[0-9a-f]{8}, received 0x[0-9a-f]{8}$"):
+            await receiver.wait("req-corrupt", TIMEOUT_S)
+        assert_untouched(kv_cache)
+    asyncio.run(with_receiver(scenario))
+
+
+def test_wait_times_out_and_withdraws_the_expectation():
+    async def scenario(receiver, kv_cache):
+        receiver.expect("req-late", [0])
+        with pytest.raises(KVTransferError, match=r"^timeout: request 'req-late': no complete transfer within 0.2 s$"):
+            await receiver.wait("req-late", 0.2)
+        with pytest.raises(InvalidRequestError, match=r"^request_id: 'req-late' is not expected$"):
+            await receiver.wait("req-late", 0.2)
+    asyncio.run(with_receiver(scenario))
+
+
+def test_send_to_an_address_nobody_listens_on_is_a_connection_error():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    sender = KVSender(timeout_s=0.5)
+    kv_cache = SENDER_LAYOUT.allocate()
+    # UCX either fails the connection set-up (refused -> canceled request) or never answers it (timeout).
+    with pytest.raises(KVTransferError, match=rf"^connection: request 'req-void'.* {address}"):
+        asyncio.run(sender.send(address, "req-void", kv_cache, SENDER_LAYOUT, [0], [0]))
+    assert (sender.counters.num_transfers, sender.counters.num_failed) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "address, request_id, src_block_ids, dst_block_ids, error",
+    [
+        ("127.0.0.1:1", "", [0], [0], "request_id: must not be empty"),
+        ("127.0.0.1", "r", [0], [0], "address: expected 'host:port', got '127.0.0.1'"),
+        ("127.0.0.1:1", "r", [], [], "src_block_ids: must list at least one block id"),
+        ("127.0.0.1:1", "r", [10], [0], r"src_block_ids: block id 10 out of range \[0, 10\)"),
+        ("127.0.0.1:1", "r", [0, 1], [3, 3], "dst_block_ids: block ids must be unique"),
+        ("127.0.0.1:1", "r", [0, 1], [3], "dst_block_ids: 1 ids for 2 src_block_ids"),
+    ],
+)
+def test_bad_send_arguments_are_invalid_input(address, request_id, src_block_ids, dst_block_ids, error):
+    sender = KVSender()
+    with pytest.raises(InvalidRequestError, match=f"^{error}$"):
+        asyncio.run(sender.send(address, request_id, SENDER_LAYOUT.allocate(), SENDER_LAYOUT, src_block_ids, dst_block_ids))
+
+
+def test_bad_expectations_are_invalid_input():
+    async def scenario():
+        receiver = KVReceiver(RECEIVER_LAYOUT.allocate(), RECEIVER_LAYOUT)
+        receiver.expect("req-1", [0])
+        for request_id, dst_block_ids, error in [
+            ("", [1], "request_id: must not be empty"),
+            ("req-1", [1], "request_id: 'req-1' is already expected"),
+            ("req-2", [12], r"dst_block_ids: block id 12 out of range \[0, 12\)"),
+            ("req-2", [], "dst_block_ids: must list at least one block id"),
+        ]:
+            with pytest.raises(InvalidRequestError, match=f"^{error}$"):
+                receiver.expect(request_id, dst_block_ids)
+    asyncio.run(scenario())
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--sender-service"]:
+    asyncio.run(run_sender_service())

@@ -1,0 +1,115 @@
+"""InstanceRegistry against a real redis-server: registration, load, TTL, isolation."""
+
+import asyncio
+
+import pytest
+
+from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.keys import ClusterNamespace
+from shared.errors import InvalidRequestError
+from tests.helpers.redis_server import connect_async
+
+MODEL = "smollm2"
+NAMESPACE = ClusterNamespace("test", MODEL)
+
+
+def make_info(instance_id: str, role: str = "prefill") -> InstanceInfo:
+    return InstanceInfo(instance_id, role, f"127.0.0.1:{len(instance_id) + 5000}",
+                        "ucx://127.0.0.1:7000", MODEL)
+
+
+def test_registered_instances_are_listed_with_their_load(redis_server):
+    async def scenario():
+        client = connect_async(redis_server.url)
+        registry = InstanceRegistry(client, NAMESPACE, ttl_s=10.0)
+        await registry.register(make_info("p0"), InstanceLoad(2, 1, 90, 100))
+        await registry.register(make_info("d0", "decode"))
+        assert await registry.list_live() == [
+            (make_info("d0", "decode"), InstanceLoad(0, 0, 0, 0)),
+            (make_info("p0"), InstanceLoad(2, 1, 90, 100)),
+        ]
+        assert await registry.list_live(role="prefill") == [
+            (make_info("p0"), InstanceLoad(2, 1, 90, 100))]
+        assert await registry.live_instance_ids(role="decode") == {"d0"}
+        assert await registry.heartbeat("p0", InstanceLoad(0, 3, 50, 100)) is False
+        assert await registry.list_live(role="prefill") == [
+            (make_info("p0"), InstanceLoad(0, 3, 50, 100))]
+        await registry.deregister("p0")
+        assert await registry.live_instance_ids() == {"d0"}
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_instance_that_stops_heartbeating_expires_after_its_ttl(redis_server):
+    async def scenario():
+        client = connect_async(redis_server.url)
+        registry = InstanceRegistry(client, NAMESPACE, ttl_s=0.5)
+        await registry.register(make_info("p0"))
+        await registry.register(make_info("p1"))
+        await asyncio.sleep(0.3)
+        await registry.heartbeat("p1", InstanceLoad())  # p1 beats, p0 does not
+        await asyncio.sleep(0.35)
+        assert await registry.live_instance_ids() == {"p1"}
+        assert await client.smembers(NAMESPACE.instances()) == {b"p1"}  # stale id pruned
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_heartbeat_after_key_vanished_re_registers_and_says_so(redis_server):
+    async def scenario():
+        client = connect_async(redis_server.url)
+        registry = InstanceRegistry(client, NAMESPACE, ttl_s=10.0)
+        await registry.register(make_info("p0"))
+        await client.flushall()  # what an empty restarted Redis looks like
+        assert await registry.heartbeat("p0", InstanceLoad(1, 0, 0, 0)) is True
+        assert await registry.list_live() == [(make_info("p0"), InstanceLoad(1, 0, 0, 0))]
+        assert await registry.heartbeat("p0", InstanceLoad(1, 0, 0, 0)) is False
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_two_deployments_sharing_one_redis_do_not_see_each_other(redis_server):
+    async def scenario():
+        client = connect_async(redis_server.url)
+        blue = InstanceRegistry(client, ClusterNamespace("blue", MODEL))
+        green = InstanceRegistry(client, ClusterNamespace("green", MODEL))
+        await blue.register(make_info("p0"))
+        await green.register(make_info("p9"))
+        assert await blue.live_instance_ids() == {"p0"}
+        assert await green.live_instance_ids() == {"p9"}
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_bad_registry_calls_name_the_field(redis_server):
+    async def scenario():
+        client = connect_async(redis_server.url)
+        registry = InstanceRegistry(client, NAMESPACE)
+        with pytest.raises(InvalidRequestError, match=r"^instance_id: 'ghost' was not"):
+            await registry.heartbeat("ghost", InstanceLoad())
+        other_model = InstanceInfo("p0", "prefill", "127.0.0.1:1", "", "llama")
+        with pytest.raises(InvalidRequestError, match=r"^model: 'llama' differs"):
+            await registry.register(other_model)
+        with pytest.raises(InvalidRequestError, match=r"^role: must be one of"):
+            await registry.list_live(role="router")
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("field, make", [
+    ("role", lambda: InstanceInfo("p0", "router", "127.0.0.1:1", "", MODEL)),
+    ("instance_id", lambda: InstanceInfo("p:0", "prefill", "127.0.0.1:1", "", MODEL)),
+    ("grpc_address", lambda: InstanceInfo("p0", "prefill", "", "", MODEL)),
+    ("queue_depth", lambda: InstanceLoad(queue_depth=-1)),
+    ("num_running_requests", lambda: InstanceLoad(num_running_requests=True)),
+    ("num_free_blocks", lambda: InstanceLoad(num_free_blocks=11, num_total_blocks=10)),
+])
+def test_invalid_instance_records_name_the_field(field, make):
+    with pytest.raises(InvalidRequestError) as caught:
+        make()
+    assert caught.value.field == field
