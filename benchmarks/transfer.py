@@ -46,7 +46,10 @@ WAIT_TIMEOUT_S = 120.0
 # ---- receiver process --------------------------------------------------------------------
 
 class RawReceiver:
-    """Raw ucxx baseline: receives `num_bytes` into one reused buffer, answers with 1 byte."""
+    """Raw ucxx baseline: receives `num_bytes` into one reused buffer, answers with 1 byte.
+
+    The sender connects anew after each "raw" command, so a connection serves one size.
+    """
 
     def __init__(self):
         import numpy as np
@@ -56,9 +59,10 @@ class RawReceiver:
 
     async def serve(self, endpoint) -> None:
         from shared.transfer.ucx_env import ucxx
+        num_bytes = self.num_bytes
         try:
             while True:
-                await endpoint.recv(self.buffer[: self.num_bytes])
+                await endpoint.recv(self.buffer[:num_bytes])
                 await endpoint.send(self.ack)
         except ucxx.exceptions.UCXError:
             return
@@ -133,16 +137,20 @@ async def time_ours(sender, receiver: ReceiverProcess, kv_cache, num_blocks: int
     return seconds
 
 
-async def time_raw(endpoint, receiver: ReceiverProcess, buffer, num_bytes: int, runs: int) -> list[float]:
+async def time_raw(receiver: ReceiverProcess, buffer, num_bytes: int, runs: int) -> list[float]:
     """Seconds per raw ucxx send of `num_bytes` plus its 1-byte ack."""
     import numpy as np
+    from shared.transfer.ucx_env import ucxx
+    from shared.transfer.ucx_sender import parse_address
     await receiver.ask({"op": "raw", "num_bytes": num_bytes})
+    endpoint = await ucxx.create_endpoint(*parse_address(receiver.addresses["raw_address"]))
     ack, seconds = np.zeros(1, dtype=np.uint8), []
     for _ in range(runs):
         started = time.perf_counter()
         await endpoint.send(buffer[:num_bytes])
         await endpoint.recv(ack)
         seconds.append(time.perf_counter() - started)
+    await endpoint.close()
     return seconds
 
 
@@ -164,13 +172,11 @@ def gbps(num_bytes: int, seconds: list[float]) -> float:
 async def benchmark_one_tls(tokens: list[int], iterations: int) -> list[dict]:
     """All measurements for the UCX_TLS already in this process's environment."""
     import numpy as np
-    from shared.transfer.ucx_env import ucxx
-    from shared.transfer.ucx_sender import KVSender, parse_address
+    from shared.transfer.ucx_sender import KVSender
     receiver = ReceiverProcess()
     senders = {"ours crc": KVSender(use_checksum=True, timeout_s=WAIT_TIMEOUT_S),
                "ours": KVSender(use_checksum=False, timeout_s=WAIT_TIMEOUT_S)}
     kv_cache = torch.randn(LAYOUT.shape).to(LAYOUT.dtype)
-    raw_endpoint = await ucxx.create_endpoint(*parse_address(receiver.addresses["raw_address"]))
     raw_buffer, rows, runs = np.ones(MAX_BYTES, dtype=np.uint8), [], iterations + 1
     for num_tokens in tokens:
         num_blocks = num_tokens // LAYOUT.block_size
@@ -178,12 +184,11 @@ async def benchmark_one_tls(tokens: list[int], iterations: int) -> list[dict]:
         row = {"tokens": num_tokens, "blocks": num_blocks, "MB": num_bytes / 1e6}
         for label, sender in senders.items():
             row[label] = gbps(num_bytes, await time_ours(sender, receiver, kv_cache, num_blocks, runs, label.replace(" ", "-")))
-        row["raw"] = gbps(num_bytes, await time_raw(raw_endpoint, receiver, raw_buffer, num_bytes, runs))
+        row["raw"] = gbps(num_bytes, await time_raw(receiver, raw_buffer, num_bytes, runs))
         row["memcpy"] = gbps(num_bytes, time_memcpy(num_bytes, runs))
         rows.append(row)
     for sender in senders.values():
         await sender.close()
-    await raw_endpoint.close()
     receiver.stop()
     return rows
 

@@ -10,6 +10,8 @@ from shared.sampling.params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    # Decode role: blocks reserved, the prompt's KV is on its way from a prefill instance.
+    RESERVED = "reserved"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -36,6 +38,8 @@ class Request:
     max_output_tokens: int = 16
     # Extra prefix-cache keys (e.g. a tenant salt).
     cache_salt: str | None = None
+    # Prefill role: keep the blocks after finishing until the KV has been shipped.
+    hold_blocks_on_finish: bool = False
     # For n > 1: the sibling whose computed prompt blocks this one shares.
     prompt_parent: "Request | None" = None
     arrival_time: float = field(default_factory=time.monotonic)

@@ -28,6 +28,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        # Decode role: requests whose prompt KV is being received into reserved blocks.
+        self.reserved: dict[str, Request] = {}
+        # Prefill role: finished requests whose blocks wait to be shipped, then released.
+        self.held: dict[str, Request] = {}
         self.num_preemptions = 0
 
     # ---- requests in and out -------------------------------------------------------------
@@ -37,26 +41,73 @@ class Scheduler:
         self.waiting.append(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """End a request (stop, length or abort) and free its blocks at once."""
+        """End a request (stop, length or abort) and free its blocks at once (a prefill-role
+        request that finished normally keeps them until `release_held`)."""
         if request.is_finished:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.status == RequestStatus.RESERVED:
+            del self.reserved[request.request_id]
         else:
             self.waiting.remove(request)
         request.status = status
-        self.kv.free(request)
+        if request.hold_blocks_on_finish and status != RequestStatus.FINISHED_ABORTED:
+            self.held[request.request_id] = request
+        else:
+            self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_ids.add(request.request_id)
+
+    def release_held(self, request_id: str) -> None:
+        request = self.held.pop(request_id, None)
+        if request is not None:
+            self.kv.free(request)
+
+    # ---- decode role: requests whose prompt KV arrives from elsewhere ----------------------
+
+    def can_reserve(self) -> bool:
+        return len(self.running) + len(self.reserved) < self.config.max_num_seqs
+
+    def reserve(self, request: Request) -> bool:
+        """Reserve blocks for the prompt's KV (reusing prefix-cache hits, which need not be
+        sent). False, with nothing changed, when there is no room."""
+        if not self.can_reserve():
+            return False
+        prefix_blocks = self.kv.find_cached_prefix(request)
+        num_reused = len(prefix_blocks) * self.kv.block_size
+        if not self.kv.allocate(request, request.num_prompt_tokens - num_reused, prefix_blocks):
+            return False
+        request.num_cached_prompt_tokens = num_reused
+        request.status = RequestStatus.RESERVED
+        self.requests[request.request_id] = request
+        self.reserved[request.request_id] = request
+        return True
+
+    def activate(self, request_id: str, first_token_id: int) -> Request:
+        """The prompt's KV has arrived: the request joins the running decodes with the first
+        token that the prefill instance sampled."""
+        request = self.reserved.pop(request_id)
+        request.num_computed_tokens = request.num_prompt_tokens
+        self.kv.cache_computed_blocks(request)
+        request.append_output_token(first_token_id)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        status = token_stop_status(request, self.max_model_len)
+        if status is not None:
+            self.finish(request, status)
+        return request
 
     def abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is not None:
                 self.finish(request, RequestStatus.FINISHED_ABORTED)
+            self.release_held(request_id)
 
     @property
     def num_unfinished(self) -> int:
+        """Requests that steps will advance (reserved ones wait for their KV instead)."""
         return len(self.waiting) + len(self.running)
 
     # ---- one step ------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Services drive it from one thread; the offline `LLM` wraps it in a loop. No tran
 
 import itertools
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -17,13 +17,25 @@ from shared.engine.outputs import RequestOutput
 from shared.engine.output_processor import OutputProcessor
 from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
-from shared.executor.base import Executor
+from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_cache.manager import KVCacheManager
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+class CapacityError(RuntimeError):
+    """The engine has no room for the request now (blocks or sequence slots)."""
+
+
+@dataclass
+class Reservation:
+    # The request's whole block table; the first num_cached_tokens // block_size blocks
+    # already hold the prompt's KV (decode-side prefix-cache hits) and need not be sent.
+    block_ids: list[int]
+    num_cached_tokens: int
 
 
 class LLMEngine:
@@ -62,10 +74,20 @@ class LLMEngine:
         return list(prompt)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, cache_salt: str | None = None) -> str:
-        """Validate and queue a request; returns its id. Raises InvalidRequestError."""
-        params = params or SamplingParams()
+                    request_id: str | None = None, cache_salt: str | None = None,
+                    hold_blocks_on_finish: bool = False) -> str:
+        """Validate and queue a request; returns its id. Raises InvalidRequestError.
+
+        With `hold_blocks_on_finish` (prefill role) the request's blocks outlive it until
+        `release_request`, so its KV can be shipped first."""
         request_id = request_id if request_id is not None else str(next(self._request_counter))
+        for child in self._new_request(prompt, params, request_id, cache_salt):
+            child.hold_blocks_on_finish = hold_blocks_on_finish
+            self.scheduler.add_request(child)
+        return request_id
+
+    def _new_request(self, prompt, params, request_id: str, cache_salt) -> list[Request]:
+        params = params or SamplingParams()
         if request_id in self._children:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         token_ids = self.tokenize(prompt)
@@ -78,9 +100,45 @@ class LLMEngine:
         children = self._make_children(request_id, token_ids, params, max_out, cache_salt)
         self._children[request_id] = children
         self.output_processor.add_group(request_id, children)
-        for child in children:
-            self.scheduler.add_request(child)
-        return request_id
+        return children
+
+    # ---- disaggregation: prefill ships KV, decode receives it ------------------------------
+
+    def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                        cache_salt: str | None = None) -> Reservation:
+        """Decode role: reserve blocks for a prompt whose KV a prefill instance will send.
+        Raises CapacityError when there is no room (the caller tries another instance)."""
+        if params.n != 1:
+            raise InvalidRequestError("n", "disaggregated requests generate one completion each")
+        [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt)
+        if not self.scheduler.reserve(request):
+            self._forget(request_id)
+            raise CapacityError(f"no room for {request.num_prompt_tokens} prompt tokens")
+        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens)
+
+    def activate_request(self, request_id: str, first_token_id: int,
+                         first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
+        """Decode role: the prompt's KV is in the reserved blocks; start decoding after the
+        prefill instance's first token."""
+        if request_id not in self.scheduler.reserved:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        request = self.scheduler.activate(request_id, first_token_id)
+        logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
+        return self._process_outputs([request], ModelRunnerOutput(logprobs=logprobs))
+
+    def held_block_ids(self, request_id: str) -> list[int]:
+        """Prefill role: the blocks holding a finished request's prompt KV."""
+        if request_id not in self.scheduler.held:
+            raise InvalidRequestError("request_id", f"{request_id!r} holds no blocks")
+        return self.kv_manager.block_ids(request_id)
+
+    def release_request(self, request_id: str) -> None:
+        """Prefill role: the KV has been shipped (or given up on); free the blocks."""
+        self.scheduler.release_held(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._children.pop(request_id, None)
+        self.output_processor.abort_group(request_id)
 
     def _make_children(self, request_id, token_ids, params, max_out, cache_salt) -> list[Request]:
         children = []
@@ -112,6 +170,9 @@ class LLMEngine:
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
         runner_output = self.executor.execute_model(scheduler_output)
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
+        return self._process_outputs(updated, runner_output)
+
+    def _process_outputs(self, updated: list[Request], runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         outputs, stopped = self.output_processor.process(updated, runner_output)
         for request in stopped:
             self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)

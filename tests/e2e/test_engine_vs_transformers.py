@@ -32,7 +32,7 @@ ENGINE_MODES = {
     "one batch": {},
     "tiny prefill chunks": {"max_num_batched_tokens": 16},
     "prefix caching off": {"enable_prefix_caching": False},
-    "preemption from a tiny cache": {"num_blocks": 40, "enable_prefix_caching": False},
+    "preemption from a tiny cache": {"num_blocks": 24, "enable_prefix_caching": False},
 }
 
 

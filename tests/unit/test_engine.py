@@ -144,7 +144,7 @@ def test_max_tokens_finishes_with_reason_length(tiny_llama_folder):
     ([1, 2], SamplingParams(stop_token_ids=[10**6]), "stop_token_ids"),
 ])
 def test_invalid_requests_name_the_field_and_change_nothing(tiny_llama_folder, prompt, params, field):
-    llm = make_llm(tiny_llama_folder)
+    llm = make_llm(tiny_llama_folder, num_blocks=8)  # 32 token slots
     with pytest.raises(InvalidRequestError) as error:
         llm.generate([prompt], params)
     assert error.value.field == field

@@ -1,0 +1,178 @@
+"""Time one model step at SmolLM2-135M's shapes with random weights (no model files needed).
+
+    .venv/bin/python -m benchmarks.model_step [--batch 64] [--context 256] [--prefill-len 512]
+
+Measures a decode step (`--batch` sequences, contexts around `--context` tokens, one new token
+each) and a single-prompt prefill step of `--prefill-len` tokens, and splits each into linear
+layers (incl. the LM head), attention (cache writes, gathers, softmax) and the rest (norms,
+RoPE, activations, Python). `--profile` adds torch.profiler's top operators.
+"""
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from shared.attention.metadata import AttentionMetadata
+from shared.kv_cache.layout import KVCacheLayout
+from shared.model.config import ModelConfig
+from shared.model.cpu_runtime import configure_cpu_runtime
+from shared.model.llama import LlamaForCausalLM
+from shared.model.packed_linear import PackedLinear, pack_linear_layers
+
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+    num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
+    max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,))
+
+
+def build_random_model(config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.to_empty(device="cpu").to(dtype)
+    for param in model.parameters():
+        nn.init.normal_(param, std=0.02)
+    model.tie_weights()
+    model.eval().requires_grad_(False)
+    pack_linear_layers(model)
+    return model
+
+
+class StepInputs:
+    """input_ids, positions, metadata and logits rows of one step, plus a KV cache to run it on."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, block_size: int,
+                 context_lens: list[int], query_lens: list[int], num_decodes: int):
+        blocks_per_seq = [-(-length // block_size) for length in context_lens]
+        block_ids = torch.randperm(sum(blocks_per_seq)).split(blocks_per_seq)
+        self.kv_cache = KVCacheLayout(config.num_layers, sum(blocks_per_seq), block_size, config.num_kv_heads,
+                                      config.head_dim, dtype).allocate().normal_()
+        positions = [torch.arange(c - q, c) for c, q in zip(context_lens, query_lens)]
+        self.positions = torch.cat(positions)
+        self.input_ids = torch.randint(0, config.vocab_size, self.positions.shape)
+        slots = [ids[p // block_size] * block_size + p % block_size for ids, p in zip(block_ids, positions)]
+        width = max(blocks_per_seq[:num_decodes], default=0)
+        self.metadata = AttentionMetadata(
+            slot_mapping=torch.cat(slots), num_decode_tokens=num_decodes,
+            decode_block_tables=torch.stack([nn.functional.pad(ids, (0, width - len(ids)))
+                                             for ids in block_ids[:num_decodes]]) if num_decodes else torch.zeros(0, 0, dtype=torch.long),
+            decode_context_lens=torch.tensor(context_lens[:num_decodes]),
+            prefill_query_lens=query_lens[num_decodes:], prefill_context_lens=context_lens[num_decodes:],
+            prefill_block_tables=list(block_ids[num_decodes:]))
+        ends = torch.tensor(query_lens).cumsum(0)
+        self.logits_indices = ends - 1
+
+    def run(self, model: LlamaForCausalLM) -> torch.Tensor:
+        return model(self.input_ids, self.positions, self.kv_cache, self.metadata, self.logits_indices)
+
+
+def decode_inputs(config, dtype, block_size, batch, context) -> StepInputs:
+    context_lens = torch.randint(context * 3 // 4, context * 5 // 4 + 1, (batch,)).tolist()
+    return StepInputs(config, dtype, block_size, context_lens, [1] * batch, num_decodes=batch)
+
+
+def prefill_inputs(config, dtype, block_size, length) -> StepInputs:
+    return StepInputs(config, dtype, block_size, [length], [length], num_decodes=0)
+
+
+def median_ms(run: Callable[[], object], repeats: int) -> float:
+    for _ in range(2):
+        run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
+
+
+class Breakdown:
+    """Wall time spent inside linear layers and inside the attention backend."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        self.seconds = {"linear": 0.0, "attention": 0.0}
+        self._started: dict[int, float] = {}
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, PackedLinear)):
+                module.register_forward_pre_hook(self._start)
+                module.register_forward_hook(self._stop)
+        backend = model.attn_backend
+        backend.forward = self._timed(backend.forward)
+        backend.prepare = self._timed(backend.prepare)
+
+    def _start(self, module, args):
+        self._started[id(module)] = time.perf_counter()
+
+    def _stop(self, module, args, output):
+        self.seconds["linear"] += time.perf_counter() - self._started.pop(id(module))
+
+    def _timed(self, method):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            result = method(*args, **kwargs)
+            self.seconds["attention"] += time.perf_counter() - started
+            return result
+        return timed
+
+    def measure(self, run: Callable[[], object], repeats: int) -> dict[str, float]:
+        run()
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        total = (time.perf_counter() - started) / repeats * 1e3
+        parts = {name: seconds / repeats * 1e3 for name, seconds in self.seconds.items()}
+        parts["rest"] = total - sum(parts.values())
+        return parts
+
+
+def profile_table(run: Callable[[], object], rows: int = 15) -> str:
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc thresholds alone")
+    parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top operators")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not args.no_malloc_tuning:
+        configure_cpu_runtime()
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    model = build_random_model(SMOLLM2_135M, dtype)
+    steps = {
+        f"decode batch {args.batch}, context ~{args.context}": decode_inputs(
+            SMOLLM2_135M, dtype, args.block_size, args.batch, args.context),
+        f"prefill {args.prefill_len} tokens": prefill_inputs(SMOLLM2_135M, dtype, args.block_size, args.prefill_len),
+    }
+    runs = {name: (lambda inputs=inputs: inputs.run(model)) for name, inputs in steps.items()}
+    with torch.inference_mode():
+        totals = {name: median_ms(run, args.repeats) for name, run in runs.items()}
+        breakdown = Breakdown(model)
+        parts = {name: breakdown.measure(run, args.repeats) for name, run in runs.items()}
+        tables = {name: profile_table(run) for name, run in runs.items()} if args.profile else {}
+    print(f"SmolLM2-135M shapes, {args.dtype}, {torch.get_num_threads()} threads, block size {args.block_size}")
+    for name in runs:
+        split = ", ".join(f"{part} {ms:.1f}" for part, ms in parts[name].items())
+        print(f"{name}: {totals[name]:.1f} ms (median of {args.repeats}); breakdown ms: {split}")
+        if name in tables:
+            print(tables[name])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The Llama network in plain torch, run on a flat batch of tokens from many sequences.
+
+The model runner calls `LlamaForCausalLM.forward` once per engine step with every scheduled
+token (decodes first, then prefill chunks; no padding) and the paged KV cache. Queries, keys
+and values come out of one fused `qkv_proj` matmul and the MLP's gate and up projections out of
+one `gate_up_proj` matmul; `shared/model/loader.py` fuses HF checkpoints into that shape.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shared.attention.backend import AttentionBackend
+from shared.attention.metadata import AttentionMetadata
+from shared.attention.torch_paged import TorchPagedAttention
+from shared.model.config import ModelConfig
+from shared.model.rotary import RotaryEmbedding, RotaryTables, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalizes in float32 whatever x's dtype, then scales and rounds once.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=config.attention_bias)
+        self.backend = backend
+
+    def forward(self, hidden: torch.Tensor, rotary: RotaryTables, key_cache: torch.Tensor,
+                value_cache: torch.Tensor, step: object) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        num_rotated_heads = self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj(hidden)
+        query_and_key = qkv[:, :num_rotated_heads * self.head_dim].view(num_tokens, num_rotated_heads, self.head_dim)
+        query, key = apply_rotary(query_and_key, rotary).split([self.num_heads, self.num_kv_heads], dim=1)
+        value = qkv[:, num_rotated_heads * self.head_dim:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        attended = self.backend.forward(query, key, value, key_cache, value_cache, step)
+        return self.o_proj(attended.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden: torch.Tensor, rotary: RotaryTables, key_cache: torch.Tensor,
+                value_cache: torch.Tensor, step: object) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(hidden), rotary, key_cache, value_cache, step)
+        hidden = attended.add_(hidden)
+        return self.mlp(self.post_attention_layernorm(hidden)).add_(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Built by `load_model`; the attention backend defaults to the CPU one."""
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend | None = None):
+        super().__init__()
+        self.config = config
+        self.attn_backend = attn_backend or TorchPagedAttention(
+            config.num_heads, config.num_kv_heads, config.head_dim)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, self.attn_backend) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With tied embeddings the LM head reads the embedding matrix (call after loading)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: (T,) int64; kv_cache: (2, num_layers, num_blocks, block_size,
+        num_kv_heads, head_dim); logits_indices: (R,) rows whose logits are wanted.
+        Returns (R, vocab_size) float32 logits."""
+        hidden = self.embed_tokens(input_ids)
+        rotary = self.rotary.lookup(positions, hidden.dtype)
+        step = self.attn_backend.prepare(attn_metadata, kv_cache.shape[3], hidden.dtype)
+        for layer_index, layer in enumerate(self.layers):
+            hidden = layer(hidden, rotary, kv_cache[0, layer_index], kv_cache[1, layer_index], step)
+        selected = self.norm(hidden.index_select(0, logits_indices))
+        return self.lm_head(selected).float()

@@ -1,0 +1,90 @@
+"""Load an HF Llama folder (config.json + *.safetensors) into `LlamaForCausalLM`.
+
+The engine calls `load_model` once at start-up. HF checkpoints hold separate q/k/v and
+gate/up projections; they are concatenated here into the model's fused `qkv_proj` and
+`gate_up_proj`, cast to the requested dtype, and bf16 linear weights are then packed for oneDNN.
+"""
+
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from shared.errors import InvalidRequestError
+from shared.model.config import ModelConfig
+from shared.model.llama import LlamaForCausalLM
+from shared.model.packed_linear import pack_linear_layers
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+# Checkpoint entries that hold no weights of ours (old checkpoints store RoPE frequencies).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model from `folder` in `dtype` (bf16 or float32), ready for inference."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise InvalidRequestError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
+    folder = Path(folder)
+    config = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = fuse_hf_weights(read_safetensors(folder), config)
+    state = {name: tensor.to(dtype) for name, tensor in state.items()}
+    _check_names(model, state, config)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    model.eval().requires_grad_(False)
+    pack_linear_layers(model)
+    return model, config
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every `*.safetensors` file in the folder, by HF name."""
+    paths = sorted(folder.glob("*.safetensors"))
+    if not paths:
+        raise InvalidRequestError("model", f"{folder} has no *.safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in paths:
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def fuse_hf_weights(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF names (`model.layers.0.self_attn.q_proj.weight`, ...) -> ours, with q/k/v and
+    gate/up concatenated along the output dimension."""
+    state = {_strip_prefix(name): tensor for name, tensor in hf.items() if not name.endswith(IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    for layer_index in range(config.num_layers):
+        for fused, parts in FUSED_PROJECTIONS.items():
+            for kind in ("weight", "bias"):
+                part_names = [f"layers.{layer_index}.{part}.{kind}" for part in parts]
+                if all(name in state for name in part_names):
+                    state[f"layers.{layer_index}.{fused}.{kind}"] = torch.cat([state.pop(n) for n in part_names])
+    return state
+
+
+def _strip_prefix(name: str) -> str:
+    return name.removeprefix("model.")
+
+
+def _check_names(model: LlamaForCausalLM, state: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    expected = {name: param.shape for name, param in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise InvalidRequestError("model", f"weights do not fit a Llama model: missing {missing[:5]}, "
+                                           f"unexpected {unexpected[:5]}")
+    for name, shape in expected.items():
+        if state[name].shape != shape:
+            raise InvalidRequestError("model", f"weight {name} has shape {tuple(state[name].shape)}, "
+                                               f"expected {tuple(shape)}")
