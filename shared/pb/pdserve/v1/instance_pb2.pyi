@@ -1,0 +1,140 @@
+from shared.pb.pdserve.v1 import generation_pb2 as _generation_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    DECODE_UCX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SKIP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _generation_pb2.SamplingParams
+    cache_salt: str
+    decode_ucx_address: str
+    dst_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_skip_blocks: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ...) -> None: ...
+
+class PrefillResponse(_message.Message):
+    __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds")
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    first_token_id: int
+    first_logprobs: _generation_pb2.PositionLogprobs
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.PositionLogprobs]
+    num_computed_prompt_tokens: int
+    num_cached_prompt_tokens: int
+    kv_bytes_sent: int
+    kv_transfer_seconds: float
+    def __init__(self, first_token_id: _Optional[int] = ..., first_logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.PositionLogprobs, _Mapping]]] = ..., num_computed_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ...) -> None: ...
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _generation_pb2.SamplingParams
+    cache_salt: str
+    lease_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class ReserveResponse(_message.Message):
+    __slots__ = ("ucx_address", "block_ids", "num_cached_prompt_tokens")
+    UCX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ucx_address: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_cached_prompt_tokens: int
+    def __init__(self, ucx_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class DecodeRequest(_message.Message):
+    __slots__ = ("request_id", "first_token_id", "first_logprobs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    first_token_id: int
+    first_logprobs: _generation_pb2.PositionLogprobs
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class InstanceGenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _generation_pb2.SamplingParams
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InstanceStatus(_message.Message):
+    __slots__ = ("instance_id", "role", "num_waiting", "num_running", "num_reserved", "num_free_blocks", "num_total_blocks", "num_prompt_tokens_computed", "num_cached_prompt_tokens", "num_generation_tokens", "num_requests_finished", "num_lease_expiries", "kv_bytes_transferred", "kv_transfer_seconds", "num_held")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_GENERATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    NUM_LEASE_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HELD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    role: str
+    num_waiting: int
+    num_running: int
+    num_reserved: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_prompt_tokens_computed: int
+    num_cached_prompt_tokens: int
+    num_generation_tokens: int
+    num_requests_finished: int
+    num_lease_expiries: int
+    kv_bytes_transferred: int
+    kv_transfer_seconds: float
+    num_held: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_prompt_tokens_computed: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_generation_tokens: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., num_lease_expiries: _Optional[int] = ..., kv_bytes_transferred: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., num_held: _Optional[int] = ...) -> None: ...
