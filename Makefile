@@ -12,7 +12,12 @@ PYTEST_FLAGS ?= -q -ra --durations=10
 TEST_DIRS := $(wildcard tests/unit tests/e2e)
 DEMO_PROMPT ?= Explain in two sentences why the sky is blue.
 BENCH_ARGS ?=
+# `make run` flags for `pdserve up` (e.g. UP_ARGS="--num-prefill 2 --num-decode 2").
+UP_ARGS ?=
+GATEWAY_PORT ?= 50051
 
+# Tests never depend on `proto`: the drift test checks the committed stubs, and
+# regenerating them before testing would hide drift.
 # Runs pytest on the given dirs; exit 5 ("no tests collected") is reported, not failed.
 define run_pytest
 	rc=0; $(PYTHON) -m pytest $(PYTEST_FLAGS) $(1) || rc=$$?; \
@@ -20,15 +25,17 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run bench-offline convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench-offline bench-transfer convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
 	@echo "make test           all tests: unit first, then e2e"
 	@echo "make test-unit      fast unit tests only"
 	@echo "make test-e2e       end-to-end tests with the real SmolLM2 model"
-	@echo "make run            demo: generate with the offline engine"
+	@echo "make run            local stack: redis + prefill + decode + gateway on 127.0.0.1:$(GATEWAY_PORT) (UP_ARGS=...)"
+	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
+	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -36,20 +43,27 @@ help:
 setup:
 	@bash scripts/setup.sh
 
-test: setup proto
+test: setup
 	@$(call run_pytest,$(TEST_DIRS))
 
-test-unit: setup proto
+test-unit: setup
 	@$(call run_pytest,$(wildcard tests/unit))
 
-test-e2e: setup proto
+test-e2e: setup
 	@$(call run_pytest,$(wildcard tests/e2e))
 
+# The default SmolLM2 model, every service on loopback, Ctrl-C stops everything.
 run: setup
+	$(PDSERVE) --log-level INFO up --gateway-port $(GATEWAY_PORT) $(UP_ARGS)
+
+demo: setup
 	$(PDSERVE) offline --chat "$(DEMO_PROMPT)"
 
 bench-offline: setup
 	$(PYTHON) -m benchmarks.offline $(BENCH_ARGS)
+
+bench-transfer: setup
+	$(PYTHON) -m benchmarks.transfer $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

@@ -5,7 +5,9 @@
 Measures a decode step (`--batch` sequences, contexts around `--context` tokens, one new token
 each) and a single-prompt prefill step of `--prefill-len` tokens, and splits each into linear
 layers (incl. the LM head), attention (cache writes, gathers, softmax) and the rest (norms,
-RoPE, activations, Python). `--profile` adds torch.profiler's top operators.
+RoPE, activations, Python). `--profile` adds torch.profiler's top operators;
+`--transformers` also times transformers' LlamaForCausalLM on the same shapes (a prefill
+forward and a decode step with its DynamicCache), for a ratio measured under the same load.
 """
 
 import argparse
@@ -129,6 +131,27 @@ class Breakdown:
         return parts
 
 
+def transformers_ms(config: ModelConfig, dtype: torch.dtype, batch: int, context: int,
+                    prefill_len: int, repeats: int) -> dict[str, float]:
+    """Median ms of transformers' prefill forward and of one decode step at `context` tokens."""
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlamaForCausalLM
+    hf_config = LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads, max_position_embeddings=config.max_position_embeddings,
+        rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=True)
+    model = HFLlamaForCausalLM(hf_config).to(dtype).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, prefill_len))
+    cache = model(torch.randint(0, config.vocab_size, (batch, context)), use_cache=True).cache
+    next_ids = torch.randint(0, config.vocab_size, (batch, 1))
+
+    def decode_step():
+        model(next_ids, cache=cache, use_cache=True)
+        cache.crop(-1)
+    return {"prefill": median_ms(lambda: model(prompt), repeats), "decode": median_ms(decode_step, repeats)}
+
+
 def profile_table(run: Callable[[], object], rows: int = 15) -> str:
     from torch.profiler import ProfilerActivity, profile
     run()
@@ -148,6 +171,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc thresholds alone")
     parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top operators")
+    parser.add_argument("--transformers", action="store_true", help="also time transformers on the same shapes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.no_malloc_tuning:
@@ -172,6 +196,12 @@ def main() -> None:
         print(f"{name}: {totals[name]:.1f} ms (median of {args.repeats}); breakdown ms: {split}")
         if name in tables:
             print(tables[name])
+    if args.transformers:
+        with torch.inference_mode():
+            theirs = transformers_ms(SMOLLM2_135M, dtype, args.batch, args.context, args.prefill_len, args.repeats)
+        ours = dict(zip(["decode", "prefill"], totals.values()))
+        for kind in ("decode", "prefill"):
+            print(f"transformers {kind}: {theirs[kind]:.1f} ms; pdserve is {theirs[kind] / ours[kind]:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,18 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from shared.cli import convert_command, offline_command
+from shared.cli import (
+    convert_command,
+    generate_command,
+    offline_command,
+    serve_command,
+    status_command,
+    up_command,
+)
 from shared.errors import InvalidRequestError
 
-SUBCOMMAND_MODULES = (convert_command, offline_command)
+SUBCOMMAND_MODULES = (convert_command, offline_command, serve_command, up_command, generate_command,
+                      status_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -180,4 +180,5 @@ class LLMEngine:
         for output in outputs:
             if output.finished:
                 self._children.pop(output.request_id, None)
+                self.stats.record_finished(output.num_cached_tokens)
         return outputs

@@ -26,6 +26,9 @@ class EngineStats:
     num_prompt_tokens_computed: int = 0
     num_generation_tokens: int = 0
     num_preemptions: int = 0
+    num_requests_finished: int = 0
+    # Prompt tokens served from the prefix cache, over finished requests.
+    num_cached_prompt_tokens: int = 0
     peak_num_blocks_used: int = 0
     peak_num_tokens_held: int = 0
 
@@ -41,6 +44,10 @@ class EngineStats:
 
     def record_tokens(self, num_sampled: int) -> None:
         self.num_generation_tokens += num_sampled
+
+    def record_finished(self, num_cached_prompt_tokens: int) -> None:
+        self.num_requests_finished += 1
+        self.num_cached_prompt_tokens += num_cached_prompt_tokens
 
     def kv_usage(self) -> KVUsage:
         return KVUsage(self.num_blocks_total, self.block_size, self.bytes_per_token,

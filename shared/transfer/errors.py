@@ -16,7 +16,4 @@ class KVTransferError(RuntimeError):
 
 
 class KVTransferRejected(KVTransferError):
-    """The receiver refused the header or the payload and said why; nothing was written there.
-
-    The connection is still in step after a rejection, so the sender keeps it for reuse.
-    """
+    """The receiver refused the header or the payload and said why; nothing was written there."""

@@ -9,9 +9,10 @@ Used by the decode service, from its asyncio event loop:
 
 Each connection (ucxx endpoint) serves one transfer at a time, following the message order in
 proto/pdserve/v1/kv_transfer.proto; concurrent transfers arrive on separate endpoints (the
-sender opens one per transfer in flight), so their bytes can never mix. The cache is written
-only by `scatter_payload`, run synchronously on the event loop right after checking that the
-request is still expected, so a request withdrawn by a timeout is never written.
+sender opens one per transfer in flight), so their bytes can never mix. A rejected transfer's
+payload is received into scratch memory and dropped, and its connection ends. The cache is
+written only by `scatter_payload`, run synchronously on the event loop right after checking
+that the request is still expected, so a request withdrawn by a timeout is never written.
 """
 
 import asyncio
@@ -26,7 +27,7 @@ from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.errors import KVTransferError
-from shared.transfer.framing import recv_message, send_message
+from shared.transfer.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.staging import StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
@@ -35,6 +36,7 @@ from shared.transfer.wire import (
 )
 
 logger = logging.getLogger(__name__)
+_DISCARD_TIMEOUT_S = 5.0  # how long a rejected transfer's payload may take to arrive and be dropped
 
 
 @dataclass
@@ -71,7 +73,7 @@ class KVReceiver:
         self._layout = layout
         self._host = host
         self._port = port
-        self._verify_checksum = verify_checksum
+        self._verify_checksum_enabled = verify_checksum
         self._expected: dict[str, _ExpectedTransfer] = {}
         self._endpoints: set = set()
         self._staging = StagingPool()
@@ -125,16 +127,18 @@ class KVReceiver:
         finally:
             self.withdraw(request_id)
 
-    def withdraw(self, request_id: str) -> None:
-        """Stop expecting `request_id`; a transfer still in flight for it is rejected, not written."""
+    def withdraw(self, request_id: str, reason: str = "was withdrawn") -> None:
+        """Stop expecting `request_id`; a transfer still in flight for it is rejected, not written.
+
+        A caller still waiting on it gets KVTransferError("request_id", f"{request_id!r} {reason}").
+        """
         expected = self._expected.pop(request_id, None)
         if expected is None:
             return
         expected.is_withdrawn = True
         if not expected.outcome.done():
-            expected.outcome.cancel()
-        elif not expected.outcome.cancelled():
-            expected.outcome.exception()  # mark retrieved; nobody else will read it
+            expected.outcome.set_exception(KVTransferError("request_id", f"{request_id!r} {reason}"))
+        expected.outcome.exception()  # counts as retrieved even if nobody waits; waiters still see it
 
     async def close(self, drain_timeout_s: float = 1.0) -> None:
         """Withdraw every pending expectation, drop open connections, then stop listening.
@@ -142,7 +146,7 @@ class KVReceiver:
         Waits up to `drain_timeout_s` for the per-connection handlers to notice and return.
         """
         for request_id in list(self._expected):
-            self.withdraw(request_id)
+            self.withdraw(request_id, "was withdrawn: the receiver closed")
         for endpoint in list(self._endpoints):
             endpoint.abort()
         if self._listener is None:
@@ -156,8 +160,8 @@ class KVReceiver:
         """ucxx calls this once per sender connection; serves transfers until the peer goes away."""
         self._endpoints.add(endpoint)
         try:
-            while not endpoint.closed:
-                await self._serve_one_transfer(endpoint)
+            while not endpoint.closed and await self._serve_one_transfer(endpoint):
+                pass
         except (ucxx.exceptions.UCXError, KVTransferError) as error:
             logger.debug("KV receiver: connection ended: %s", error)
         finally:
@@ -165,36 +169,46 @@ class KVReceiver:
             if not endpoint.closed:
                 endpoint.abort()
 
-    async def _serve_one_transfer(self, endpoint) -> None:
-        """Header -> ack -> payload -> ack, for one transfer (see the .proto for the order)."""
-        header = await recv_message(endpoint, pb.KVTransferHeader)
+    async def _serve_one_transfer(self, endpoint) -> bool:
+        """Header, payload, then one ack (see the .proto); returns whether the connection goes on."""
+        header = await recv_message(endpoint, pb.KVTransferHeader, MAX_HEADER_BYTES)
         started = time.perf_counter()
         try:
             expected = self._admit(header)
         except KVTransferError as error:
-            await self._reject(endpoint, header.request_id, error)
-            return
-        await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_ACCEPTED))
+            await self._reject(endpoint, header, error, is_payload_pending=True)
+            return False
         try:
             result = await self._receive_payload(endpoint, header, expected, started)
         except KVTransferError as error:
-            expected.is_in_flight = False
-            await self._reject(endpoint, header.request_id, error)
-            return
-        except ucxx.exceptions.UCXError as error:
-            expected.is_in_flight = False
-            self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
-            raise
-        expected.is_in_flight = False
+            await self._reject(endpoint, header, error, is_payload_pending=False)
+            return False
         if not expected.outcome.done():
             expected.outcome.set_result(result)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED))
+        return True
 
-    async def _reject(self, endpoint, request_id: str, error: KVTransferError) -> None:
-        """Tell the waiter (if any) and the sender why `request_id` was refused."""
-        self._fail_expected(request_id, error)
-        logger.warning("KV transfer %r rejected: %s", request_id, error)
-        await send_message(endpoint, _ack(request_id, pb.KV_TRANSFER_STATUS_REJECTED, error))
+    async def _reject(
+        self, endpoint, header: pb.KVTransferHeader, error: KVTransferError, is_payload_pending: bool
+    ) -> None:
+        """Tell the waiter (if any) and the sender why, then receive and drop a payload still coming.
+
+        The sender drops the connection on a rejection, so this one ends here too.
+        """
+        self._fail_expected(header.request_id, error)
+        logger.warning("KV transfer %r rejected: %s", header.request_id, error)
+        await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_REJECTED, error))
+        if not is_payload_pending:
+            return
+        if header.payload_bytes > self._layout.num_blocks * self._layout.bytes_per_block:
+            return  # larger than any real transfer: not worth receiving; dropping the connection drops it
+        scratch = self._staging.acquire(header.payload_bytes)
+        try:
+            await asyncio.wait_for(endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG), _DISCARD_TIMEOUT_S)
+        except (ucxx.exceptions.UCXError, asyncio.TimeoutError) as drain_error:
+            logger.debug("KV transfer %r: payload not drained: %s", header.request_id, drain_error)
+        finally:
+            self._staging.discard(scratch)
 
     def _admit(self, header: pb.KVTransferHeader) -> _ExpectedTransfer:
         """Check `header` against the layout and the expected transfers; marks it in flight."""
@@ -214,26 +228,33 @@ class KVReceiver:
     async def _receive_payload(
         self, endpoint, header: pb.KVTransferHeader, expected: _ExpectedTransfer, started: float
     ) -> TransferResult:
-        """Receive into a staging buffer, verify, then scatter into the cache (sync, no await between)."""
+        """Receive into a staging buffer, then verify and scatter into the cache with no await between."""
         payload = self._staging.acquire(header.payload_bytes)
         try:
-            await endpoint.recv(as_numpy_bytes(payload))
-        except BaseException:
+            await endpoint.recv(as_numpy_bytes(payload), tag=PAYLOAD_TAG)
+        except ucxx.exceptions.UCXError as error:
             self._staging.discard(payload)  # UCX may still own the buffer: never reuse it
+            expected.is_in_flight = False
+            self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
             raise
         try:
-            if self._verify_checksum and header.HasField("payload_crc32"):
-                actual_crc32 = await asyncio.to_thread(payload_crc32, payload)
-                if actual_crc32 != header.payload_crc32:
-                    raise KVTransferError(
-                        "payload_crc32", f"sender {header.payload_crc32:#010x}, received {actual_crc32:#010x}"
-                    )
+            self._verify_checksum(header, payload)
             if expected.is_withdrawn:
                 raise KVTransferError("request_id", f"{header.request_id!r} was withdrawn by the receiver")
             scatter_payload(payload, self._kv_cache, self._layout, expected.dst_block_ids)
         finally:
+            expected.is_in_flight = False
             self._staging.release(payload)
         return self._record(header, time.perf_counter() - started)
+
+    def _verify_checksum(self, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
+        if not self._verify_checksum_enabled or not header.HasField("payload_crc32"):
+            return
+        actual_crc32 = payload_crc32(payload)
+        if actual_crc32 != header.payload_crc32:
+            raise KVTransferError(
+                "payload_crc32", f"sender {header.payload_crc32:#010x}, received {actual_crc32:#010x}"
+            )
 
     def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
         result = TransferResult(header.request_id, header.payload_bytes, seconds)

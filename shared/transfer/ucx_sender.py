@@ -8,7 +8,8 @@ Used by the prefill service, from its asyncio event loop:
 Each transfer gathers its blocks into a staging buffer (`wire.pack_blocks`), then runs the
 exchange in proto/pdserve/v1/kv_transfer.proto on a connection of its own: connections are
 reused per destination address, but never shared by two transfers in flight, so concurrent
-transfers cannot mix bytes. Connections that fail or time out are dropped, never reused.
+transfers cannot mix bytes. A connection is kept only after a COMPLETED transfer; one that
+saw a rejection, an error or a timeout is aborted (the next transfer connects anew).
 """
 
 import asyncio
@@ -23,7 +24,7 @@ from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.errors import KVTransferError, KVTransferRejected
-from shared.transfer.framing import recv_message, send_message
+from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.staging import StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
@@ -65,13 +66,13 @@ def _check_send_arguments(
         )
 
 
-def _raise_unless(ack: pb.KVTransferAck, request_id: str, wanted_status: int) -> None:
-    """Turn a receiver's ack into nothing (wanted status) or the matching error."""
-    if ack.status == pb.KV_TRANSFER_STATUS_REJECTED and ack.request_id == request_id:
+def _raise_unless_completed(ack: pb.KVTransferAck, request_id: str) -> None:
+    """Turn a receiver's ack into nothing (COMPLETED), KVTransferRejected, or a protocol error."""
+    if ack.request_id == request_id and ack.status == pb.KV_TRANSFER_STATUS_REJECTED:
         raise KVTransferRejected(ack.field or "receiver", ack.message)
-    if ack.status != wanted_status or ack.request_id != request_id:
+    if ack.request_id != request_id or ack.status != pb.KV_TRANSFER_STATUS_COMPLETED:
         raise KVTransferError(
-            "ack", f"expected {pb.KVTransferStatus.Name(wanted_status)} for {request_id!r}, got "
+            "ack", f"expected COMPLETED for {request_id!r}, got "
             f"{pb.KVTransferStatus.Name(ack.status)} for {ack.request_id!r}"
         )
 
@@ -106,7 +107,7 @@ class KVSender:
         payload = self._staging.acquire(payload_num_bytes(layout, len(src_block_ids)))
         try:
             pack_blocks(kv_cache, layout, src_block_ids, out=payload)
-            crc32 = await asyncio.to_thread(payload_crc32, payload) if self._use_checksum else None
+            crc32 = payload_crc32(payload) if self._use_checksum else None
             header = build_header(request_id, layout, dst_block_ids, crc32)
         except BaseException:
             self._staging.release(payload)
@@ -126,19 +127,13 @@ class KVSender:
             await endpoint.close()
 
     async def _send_on_own_endpoint(self, address: str, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
-        """Run the exchange under the timeout; keep the endpoint only if it is still in step."""
+        """Run the exchange under the timeout; keep the endpoint only after a completed transfer."""
         endpoint = None
         try:
             async with asyncio.timeout(self._timeout_s):
                 endpoint = await self._checkout(address)
                 await self._exchange(endpoint, header, payload)
-        except KVTransferRejected:
-            self._checkin(address, endpoint)
-            self._staging.release(payload)
-            raise
         except BaseException as error:
-            if endpoint is not None:
-                endpoint.abort()
             self._staging.discard(payload)  # UCX may still be reading it
             converted = self._as_transfer_error(error, header.request_id, address, is_connected=endpoint is not None)
             if converted is error:
@@ -148,11 +143,25 @@ class KVSender:
         self._staging.release(payload)
 
     async def _exchange(self, endpoint, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
-        """Header, wait for ACCEPTED, payload, wait for COMPLETED."""
-        await send_message(endpoint, header)
-        _raise_unless(await recv_message(endpoint, pb.KVTransferAck), header.request_id, pb.KV_TRANSFER_STATUS_ACCEPTED)
-        await endpoint.send(as_numpy_bytes(payload))
-        _raise_unless(await recv_message(endpoint, pb.KVTransferAck), header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED)
+        """Post the ack receive, the header and the payload at once; the ack decides.
+
+        On anything but COMPLETED the endpoint is aborted, which cancels what is still pending
+        (a rejected payload is dropped by the receiver, or never leaves).
+        """
+        pending = [
+            asyncio.ensure_future(recv_message(endpoint, pb.KVTransferAck, MAX_ACK_BYTES)),
+            asyncio.ensure_future(send_message(endpoint, header)),
+            asyncio.ensure_future(endpoint.send(as_numpy_bytes(payload), tag=PAYLOAD_TAG)),
+        ]
+        try:
+            _raise_unless_completed(await pending[0], header.request_id)
+            await asyncio.gather(*pending[1:])
+        except BaseException:
+            endpoint.abort()
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise
 
     async def _checkout(self, address: str):
         """An idle live endpoint to `address`, or a new one."""
@@ -176,9 +185,13 @@ class KVSender:
     ) -> BaseException:
         """Name what went wrong: no connection, timeout, lost connection; other errors pass through."""
         if isinstance(error, TimeoutError) and not is_connected:
-            return KVTransferError("connection", f"request {request_id!r}: cannot connect to {address} within {self._timeout_s} s")
+            return KVTransferError(
+                "connection", f"request {request_id!r}: cannot connect to {address} within {self._timeout_s} s"
+            )
         if isinstance(error, TimeoutError):
-            return KVTransferError("timeout", f"request {request_id!r} to {address}: no answer within {self._timeout_s} s")
+            return KVTransferError(
+                "timeout", f"request {request_id!r} to {address}: no answer within {self._timeout_s} s"
+            )
         if isinstance(error, ucxx.exceptions.UCXError):
             return KVTransferError("connection", f"request {request_id!r} to {address}: {error}")
         return error

@@ -3,12 +3,13 @@
     from shared.transfer.ucx_transport import KVReceiver, KVSender
 
 Protocol, per connection and one transfer at a time (messages in proto/pdserve/v1/kv_transfer.proto):
-  1. sender -> receiver: KVTransferHeader (length-prefixed frame, shared.transfer.framing)
-  2. receiver -> sender: KVTransferAck ACCEPTED, or REJECTED with the field at fault
-  3. sender -> receiver: the payload, one ucxx message of header.payload_bytes raw bytes
-  4. receiver -> sender: KVTransferAck COMPLETED once verified and written, or REJECTED
-No payload byte crosses the wire before the receiver accepted the header, so rejected
-transfers (unknown request id, layout mismatch) cost one small round trip and write nothing.
+  1. sender -> receiver: KVTransferHeader, one frame (shared.transfer.framing)
+  2. sender -> receiver: the payload, one ucxx message of header.payload_bytes raw bytes on its
+     own tag, sent right behind the header without waiting (saves a round trip)
+  3. receiver -> sender: KVTransferAck COMPLETED once verified and written, or REJECTED with
+     the field at fault (unknown request id, layout mismatch, checksum, ...)
+A rejected transfer writes nothing: the receiver receives its payload into scratch memory and
+drops it, and both sides then close that connection (the sender connects anew next time).
 
 Concurrency: the sender gives every transfer in flight a connection of its own (reused per
 destination once idle), so concurrent transfers to one receiver never share a connection.

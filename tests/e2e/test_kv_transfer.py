@@ -1,6 +1,7 @@
 """KV block transfer between two processes over real UCX (TCP loopback).
 
-The pytest process runs a KVReceiver; a child process (this file run with --sender-service)
+The pytest process runs a KVReceiver on one module-wide event loop (ucxx serves a single
+loop per process, see shared/transfer/ucx_env.py); a child process (this file run with --sender-service)
 runs a KVSender and executes the transfers each test asks for over stdin/stdout JSON lines.
 Both sides build their caches with `patterned_cache`, so the test knows every byte the
 sender holds and can check the receiver's cache bit for bit.
@@ -12,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,15 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from shared.errors import InvalidRequestError  # noqa: E402
 from shared.kv_cache.layout import KVCacheLayout  # noqa: E402
+from shared.transfer.ucx_env import stop_ucx  # noqa: E402
 from shared.transfer.ucx_transport import KVReceiver, KVSender, KVTransferError  # noqa: E402
 
-SENDER_LAYOUT = KVCacheLayout(num_layers=2, num_blocks=10, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
-RECEIVER_LAYOUT = KVCacheLayout(num_layers=2, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
+SENDER_LAYOUT = KVCacheLayout(
+    num_layers=2, num_blocks=10, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16
+)
+RECEIVER_LAYOUT = KVCacheLayout(
+    num_layers=2, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16
+)
 SENDER_SEED, RECEIVER_SEED = 1, 2
 TIMEOUT_S = 20.0
 
@@ -43,11 +50,13 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 
 # ---- the sender side, run in the child process ---------------------------------------------
 
-async def _send_one(sender: KVSender, address: str, kv_caches: dict, transfer: dict) -> dict:
-    head_dim = transfer.get("head_dim", SENDER_LAYOUT.head_dim)
+async def _send_one(sender: KVSender, address: str, kv_caches: dict, planned: dict) -> dict:
+    head_dim = planned.get("head_dim", SENDER_LAYOUT.head_dim)
     layout, kv_cache = kv_caches[head_dim]
     try:
-        result = await sender.send(address, transfer["request_id"], kv_cache, layout, transfer["src"], transfer["dst"])
+        result = await sender.send(
+            address, planned["request_id"], kv_cache, layout, planned["src"], planned["dst"]
+        )
     except KVTransferError as error:
         return {"ok": False, "error_type": type(error).__name__, "field": error.field, "message": error.message}
     return {"ok": True, "num_bytes": result.num_bytes}
@@ -84,6 +93,20 @@ async def run_sender_service() -> None:
 # ---- the receiver side, in the pytest process ----------------------------------------------
 
 @pytest.fixture(scope="module")
+def ucx_loop():
+    """`run(coroutine)` on the one event loop every ucxx call of this module uses; tears ucxx down after."""
+    stop_ucx()  # a context left by an earlier module would serve that module's (closed) loop
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="ucx-test-loop", daemon=True)
+    thread.start()
+    yield lambda coroutine: asyncio.run_coroutine_threadsafe(coroutine, loop).result(2 * TIMEOUT_S)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    stop_ucx()
+    loop.close()
+
+
+@pytest.fixture(scope="module")
 def sender_process():
     process = subprocess.Popen(
         [sys.executable, __file__, "--sender-service"], cwd=REPO_ROOT, text=True,
@@ -95,6 +118,11 @@ def sender_process():
         process.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def transfer(request_id: str, src_block_ids: list[int], dst_block_ids: list[int], **extra) -> dict:
+    """One transfer for the sender process; `head_dim=16` makes it send from a mismatched cache."""
+    return {"request_id": request_id, "src": src_block_ids, "dst": dst_block_ids, **extra}
 
 
 async def ask_sender(process, address: str, transfers: list[dict], corrupt: bool = False) -> list[dict]:
@@ -127,11 +155,11 @@ def assert_untouched(kv_cache: torch.Tensor) -> None:
     assert torch.equal(bits(kv_cache), bits(patterned_cache(RECEIVER_LAYOUT, RECEIVER_SEED)))
 
 
-def test_blocks_arrive_bit_exact_in_destination_slots(sender_process):
+def test_blocks_arrive_bit_exact_in_destination_slots(sender_process, ucx_loop):
     async def scenario(receiver, kv_cache):
         receiver.expect("req-exact", [5, 0, 11])
         replies, result = await asyncio.gather(
-            ask_sender(sender_process, receiver.address, [{"request_id": "req-exact", "src": [2, 9, 3], "dst": [5, 0, 11]}]),
+            ask_sender(sender_process, receiver.address, [transfer("req-exact", [2, 9, 3], [5, 0, 11])]),
             receiver.wait("req-exact", TIMEOUT_S),
         )
         block_bytes = 2 * 2 * 4 * 2 * 8 * 2  # K/V * layers * block_size * kv_heads * head_dim * bf16
@@ -139,55 +167,56 @@ def test_blocks_arrive_bit_exact_in_destination_slots(sender_process):
         assert (result.request_id, result.num_bytes) == ("req-exact", 3 * block_bytes)
         assert (receiver.counters.num_transfers, receiver.counters.total_bytes) == (1, 3 * block_bytes)
         assert_blocks_landed(kv_cache, [2, 9, 3], [5, 0, 11])
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_header_mismatch_is_rejected_naming_the_field_on_both_sides(sender_process):
+def test_header_mismatch_is_rejected_naming_the_field_on_both_sides(sender_process, ucx_loop):
     async def scenario(receiver, kv_cache):
         receiver.expect("req-shape", [1])
-        transfer = {"request_id": "req-shape", "src": [1], "dst": [1], "head_dim": 16}
-        replies = await ask_sender(sender_process, receiver.address, [transfer])
-        assert replies == [{"ok": False, "error_type": "KVTransferRejected", "field": "head_dim", "message": "sender 16, receiver 8"}]
+        replies = await ask_sender(sender_process, receiver.address, [transfer("req-shape", [1], [1], head_dim=16)])
+        assert replies == [
+            {"ok": False, "error_type": "KVTransferRejected", "field": "head_dim", "message": "sender 16, receiver 8"}
+        ]
         with pytest.raises(KVTransferError, match=r"^head_dim: sender 16, receiver 8$"):
             await receiver.wait("req-shape", TIMEOUT_S)
         assert receiver.counters.num_failed == 1
         assert_untouched(kv_cache)
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_unexpected_request_is_rejected_and_the_connection_stays_usable(sender_process):
+def test_unexpected_request_is_rejected_its_bytes_dropped_and_the_sender_reconnects(sender_process, ucx_loop):
     async def scenario(receiver, kv_cache):
-        replies = await ask_sender(sender_process, receiver.address, [{"request_id": "req-stranger", "src": [0], "dst": [0]}])
+        replies = await ask_sender(sender_process, receiver.address, [transfer("req-stranger", [0], [0])])
         assert replies == [{"ok": False, "error_type": "KVTransferRejected", "field": "request_id",
                             "message": "no transfer expected for 'req-stranger'"}]
         assert_untouched(kv_cache)
         receiver.expect("req-after", [4])
-        replies = await ask_sender(sender_process, receiver.address, [{"request_id": "req-after", "src": [6], "dst": [4]}])
+        replies = await ask_sender(sender_process, receiver.address, [transfer("req-after", [6], [4])])
         assert replies[0]["ok"] is True
         await receiver.wait("req-after", TIMEOUT_S)
         assert_blocks_landed(kv_cache, [6], [4])
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_wrong_destination_blocks_are_rejected(sender_process):
+def test_wrong_destination_blocks_are_rejected(sender_process, ucx_loop):
     async def scenario(receiver, kv_cache):
         receiver.expect("req-dst", [1, 2])
-        replies = await ask_sender(sender_process, receiver.address, [{"request_id": "req-dst", "src": [0, 1], "dst": [1, 3]}])
+        replies = await ask_sender(sender_process, receiver.address, [transfer("req-dst", [0, 1], [1, 3])])
         assert replies[0]["message"] == "sender [1, 3], receiver [1, 2]"
         with pytest.raises(KVTransferError, match=r"^dst_block_ids: sender \[1, 3\], receiver \[1, 2\]$"):
             await receiver.wait("req-dst", TIMEOUT_S)
         assert_untouched(kv_cache)
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_eight_concurrent_transfers_all_land_exactly(sender_process):
+def test_eight_concurrent_transfers_all_land_exactly(sender_process, ucx_loop):
     src_block_ids = list(range(8))
     dst_block_ids = [11, 3, 7, 0, 9, 5, 2, 10]
     async def scenario(receiver, kv_cache):
-        transfers = [{"request_id": f"req-{i}", "src": [src], "dst": [dst]}
-                     for i, (src, dst) in enumerate(zip(src_block_ids, dst_block_ids))]
-        for transfer in transfers:
-            receiver.expect(transfer["request_id"], transfer["dst"])
+        pairs = enumerate(zip(src_block_ids, dst_block_ids))
+        transfers = [transfer(f"req-{i}", [src], [dst]) for i, (src, dst) in pairs]
+        for planned in transfers:
+            receiver.expect(planned["request_id"], planned["dst"])
         replies, *results = await asyncio.gather(
             ask_sender(sender_process, receiver.address, transfers),
             *[receiver.wait(t["request_id"], TIMEOUT_S) for t in transfers],
@@ -196,33 +225,46 @@ def test_eight_concurrent_transfers_all_land_exactly(sender_process):
         assert sorted(r.request_id for r in results) == sorted(t["request_id"] for t in transfers)
         assert receiver.counters.num_transfers == 8
         assert_blocks_landed(kv_cache, src_block_ids, dst_block_ids)
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_corrupted_payload_fails_the_checksum_and_writes_nothing(sender_process):
+def test_corrupted_payload_fails_the_checksum_and_writes_nothing(sender_process, ucx_loop):
     async def scenario(receiver, kv_cache):
         receiver.expect("req-corrupt", [3, 4])
         replies = await ask_sender(
-            sender_process, receiver.address, [{"request_id": "req-corrupt", "src": [0, 1], "dst": [3, 4]}], corrupt=True
+            sender_process, receiver.address, [transfer("req-corrupt", [0, 1], [3, 4])], corrupt=True
         )
         assert (replies[0]["ok"], replies[0]["field"]) == (False, "payload_crc32")
         with pytest.raises(KVTransferError, match=r"^payload_crc32: sender 0x[0-9a-f]{8}, received 0x[0-9a-f]{8}$"):
             await receiver.wait("req-corrupt", TIMEOUT_S)
         assert_untouched(kv_cache)
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_wait_times_out_and_withdraws_the_expectation():
+def test_wait_times_out_and_withdraws_the_expectation(ucx_loop):
     async def scenario(receiver, kv_cache):
         receiver.expect("req-late", [0])
-        with pytest.raises(KVTransferError, match=r"^timeout: request 'req-late': no complete transfer within 0.2 s$"):
+        expected_error = r"^timeout: request 'req-late': no complete transfer within 0.2 s$"
+        with pytest.raises(KVTransferError, match=expected_error):
             await receiver.wait("req-late", 0.2)
         with pytest.raises(InvalidRequestError, match=r"^request_id: 'req-late' is not expected$"):
             await receiver.wait("req-late", 0.2)
-    asyncio.run(with_receiver(scenario))
+    ucx_loop(with_receiver(scenario))
 
 
-def test_send_to_an_address_nobody_listens_on_is_a_connection_error():
+def test_closing_the_receiver_fails_its_waiters():
+    async def scenario():
+        receiver = KVReceiver(RECEIVER_LAYOUT.allocate(), RECEIVER_LAYOUT)
+        receiver.expect("req-orphan", [0])
+        waiter = asyncio.ensure_future(receiver.wait("req-orphan", TIMEOUT_S))
+        await asyncio.sleep(0)
+        await receiver.close()
+        with pytest.raises(KVTransferError, match=r"^request_id: 'req-orphan' was withdrawn: the receiver closed$"):
+            await waiter
+    asyncio.run(scenario())
+
+
+def test_send_to_an_address_nobody_listens_on_is_a_connection_error(ucx_loop):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
@@ -230,7 +272,7 @@ def test_send_to_an_address_nobody_listens_on_is_a_connection_error():
     kv_cache = SENDER_LAYOUT.allocate()
     # UCX either fails the connection set-up (refused -> canceled request) or never answers it (timeout).
     with pytest.raises(KVTransferError, match=rf"^connection: request 'req-void'.* {address}"):
-        asyncio.run(sender.send(address, "req-void", kv_cache, SENDER_LAYOUT, [0], [0]))
+        ucx_loop(sender.send(address, "req-void", kv_cache, SENDER_LAYOUT, [0], [0]))
     assert (sender.counters.num_transfers, sender.counters.num_failed) == (0, 1)
 
 
@@ -248,7 +290,8 @@ def test_send_to_an_address_nobody_listens_on_is_a_connection_error():
 def test_bad_send_arguments_are_invalid_input(address, request_id, src_block_ids, dst_block_ids, error):
     sender = KVSender()
     with pytest.raises(InvalidRequestError, match=f"^{error}$"):
-        asyncio.run(sender.send(address, request_id, SENDER_LAYOUT.allocate(), SENDER_LAYOUT, src_block_ids, dst_block_ids))
+        kv_cache = SENDER_LAYOUT.allocate()
+        asyncio.run(sender.send(address, request_id, kv_cache, SENDER_LAYOUT, src_block_ids, dst_block_ids))
 
 
 def test_bad_expectations_are_invalid_input():

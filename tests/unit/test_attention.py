@@ -8,7 +8,9 @@ non-contiguous and shuffled, and the cache around them is full of unrelated data
 import pytest
 import torch
 
+from shared.attention import torch_paged, torch_paged_step
 from shared.attention.torch_paged import TorchPagedAttention
+from shared.attention.torch_paged_step import split_by_length
 from tests.unit.paged_batch import StepSequence, build_batch, slot_of
 
 BLOCK_SIZE = 4
@@ -124,6 +126,38 @@ def test_decodes_alone_and_prefills_alone_match_the_reference(decodes, prefills)
     step = Step(4, 2, torch.float32, decodes, prefills)
     output = step.run(TorchPagedAttention(4, 2, HEAD_DIM), torch.float32)
     torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flat_decode", [True, False], ids=["flat-decode", "grouped-decode"])
+def test_decodes_split_into_length_groups_match_the_reference(monkeypatch, flat_decode):
+    monkeypatch.setattr(torch_paged_step, "GROUP_OVERHEAD_KEY_POSITIONS", 0)
+    decodes = [(13, 1, 0), (1, 1, 0), (6, 1, 1), (2, 1, 0), (11, 1, 0)]
+    step = Step(4, 2, torch.float32, decodes, PREFILLS)
+    backend = TorchPagedAttention(4, 2, HEAD_DIM, flat_decode=flat_decode)
+    groups = backend.prepare(step.batch.metadata, BLOCK_SIZE, torch.float32).decode_groups
+    assert [group.rows.tolist() for group in groups] == [[1, 3], [2], [4, 0]]
+    output = step.run(backend, torch.float32)
+    torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_scores", [1, 2 * 6 * 22])
+def test_prefill_scores_computed_piece_by_piece_match_the_reference(monkeypatch, max_scores):
+    """Pieces of one query row; or of 2 rows for the 5-row chunk with 22 tokens of context and
+    6 heads (2, 2, 1) and of 4 rows for the 9-row prompt (4, 4, 1)."""
+    monkeypatch.setattr(torch_paged, "MAX_SCORES_PER_PIECE", max_scores)
+    step = Step(6, 2, torch.float32, [], PREFILLS)
+    output = step.run(TorchPagedAttention(6, 2, HEAD_DIM), torch.float32)
+    torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
+
+
+def test_length_groups_pay_for_their_overhead():
+    assert split_by_length([5, 5, 5, 5], block_size=16) == [[0, 1, 2, 3]]
+    # 64 decodes, half at 100 tokens and half at 400: two groups save 64 * 400 - (32 * 112 + 32 * 400)
+    # padded key positions, far more than one group's overhead.
+    lengths = [100, 400] * 32
+    assert split_by_length(lengths, block_size=16) == [list(range(0, 64, 2)), list(range(1, 64, 2))]
+    # Two short decodes: splitting saves 16 positions, not worth a group.
+    assert split_by_length([3, 20], block_size=16) == [[0, 1]]
 
 
 def test_flat_decode_is_the_default_only_for_few_kv_heads():

@@ -12,6 +12,7 @@ from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.errors import KVTransferError
 from shared.transfer.framing import recv_message, send_message
 from shared.transfer.staging import StagingPool
+from shared.transfer.ucx_env import ucxx
 from shared.transfer.wire import (
     FORMAT_VERSION, build_header, check_kv_cache, dtype_to_wire, pack_blocks, payload_crc32, scatter_payload,
     validate_header,
@@ -82,7 +83,8 @@ def test_mismatched_header_is_rejected_naming_the_field(overrides, error):
 
 
 def test_unsupported_dtype_is_invalid_input():
-    with pytest.raises(InvalidRequestError, match=r"^dtype: torch.int8 cannot be transferred \(supported: float32, float16, bfloat16\)$"):
+    supported = r"\(supported: float32, float16, bfloat16\)"
+    with pytest.raises(InvalidRequestError, match=rf"^dtype: torch.int8 cannot be transferred {supported}$"):
         dtype_to_wire(torch.int8)
 
 
@@ -123,7 +125,8 @@ def test_crc32_is_zlib_crc32_of_the_payload_bytes():
 
 
 def test_cache_of_another_layout_is_invalid_input():
-    with pytest.raises(InvalidRequestError, match=r"^kv_cache: shape \(2, 2, 5, 4, 2, 8\) torch.bfloat16 does not match"):
+    wrong_shape = r"\(2, 2, 5, 4, 2, 8\)"
+    with pytest.raises(InvalidRequestError, match=rf"^kv_cache: shape {wrong_shape} torch.bfloat16 does not match"):
         check_kv_cache(torch.zeros((2, 2, 5, 4, 2, 8), dtype=torch.bfloat16), LAYOUT)
     with pytest.raises(InvalidRequestError, match=r"^kv_cache: must be contiguous$"):
         check_kv_cache(LAYOUT.allocate().transpose(3, 4).contiguous().transpose(3, 4), LAYOUT)
@@ -142,7 +145,10 @@ def test_staging_pool_reuses_the_smallest_fitting_buffer():
 
 
 class LoopbackEndpoint:
-    """Stands in for a ucxx endpoint: every send is queued and handed to the next recv."""
+    """Stands in for a ucxx endpoint: each send is queued and lands in the next recv's buffer.
+
+    Like UCX, a message may be shorter than the receive buffer, never longer.
+    """
 
     def __init__(self):
         self.messages: asyncio.Queue = asyncio.Queue()
@@ -152,36 +158,48 @@ class LoopbackEndpoint:
 
     async def recv(self, buffer) -> None:
         message = await self.messages.get()
-        memoryview(buffer).cast("B")[:] = message
+        if len(message) > memoryview(buffer).nbytes:
+            raise ucxx.exceptions.UCXMessageTruncatedError("message truncated")
+        memoryview(buffer).cast("B")[: len(message)] = message
 
 
-def test_frames_carry_one_message_each():
+def test_each_frame_is_one_message():
     async def scenario():
         endpoint = LoopbackEndpoint()
-        await send_message(endpoint, pb.KVTransferAck(request_id="req-1", status=pb.KV_TRANSFER_STATUS_ACCEPTED))
-        await send_message(endpoint, pb.KVTransferAck())  # empty body: only the length goes out
-        first = await recv_message(endpoint, pb.KVTransferAck)
-        second = await recv_message(endpoint, pb.KVTransferAck)
-        return first, second, endpoint.messages.qsize()
-    first, second, num_left = asyncio.run(scenario())
-    assert (first.request_id, first.status) == ("req-1", pb.KV_TRANSFER_STATUS_ACCEPTED)
-    assert (second, num_left) == (pb.KVTransferAck(), 0)
+        await send_message(endpoint, pb.KVTransferAck(request_id="req-1", status=pb.KV_TRANSFER_STATUS_COMPLETED))
+        await send_message(endpoint, pb.KVTransferAck())  # empty body: the frame is the 8-byte length alone
+        num_messages = endpoint.messages.qsize()
+        first = await recv_message(endpoint, pb.KVTransferAck, max_bytes=64)
+        second = await recv_message(endpoint, pb.KVTransferAck, max_bytes=64)
+        return num_messages, first, second
+    num_messages, first, second = asyncio.run(scenario())
+    assert num_messages == 2
+    assert (first.request_id, first.status) == ("req-1", pb.KV_TRANSFER_STATUS_COMPLETED)
+    assert second == pb.KVTransferAck()
 
 
-def test_oversized_frame_is_refused_before_allocating():
+def test_frame_longer_than_the_limit_is_refused():
     async def scenario():
         endpoint = LoopbackEndpoint()
-        await send_message(endpoint, pb.KVTransferAck(message="x" * 100))  # tag + length + 100 = 102 bytes
-        await recv_message(endpoint, pb.KVTransferAck, max_bytes=10)
-    with pytest.raises(KVTransferError, match=r"^frame: 102 bytes exceeds the 10-byte limit$"):
+        await send_message(endpoint, pb.KVTransferAck(message="x" * 100))  # 102-byte body
+        await recv_message(endpoint, pb.KVTransferAck, max_bytes=101)
+    with pytest.raises(KVTransferError, match=r"^frame: exceeds the 101-byte limit$"):
+        asyncio.run(scenario())
+
+
+def test_frame_whose_length_field_lies_is_refused():
+    async def scenario():
+        endpoint = LoopbackEndpoint()
+        await endpoint.send(bytearray((500).to_bytes(8, "little")) + b"\x00" * 10)
+        await recv_message(endpoint, pb.KVTransferAck, max_bytes=100)
+    with pytest.raises(KVTransferError, match=r"^frame: says 500 bytes, over the 100-byte limit$"):
         asyncio.run(scenario())
 
 
 def test_garbled_frame_is_refused():
     async def scenario():
         endpoint = LoopbackEndpoint()
-        await endpoint.send(bytearray((3).to_bytes(8, "little")))
-        await endpoint.send(bytearray(b"\xff\xff\xff"))
-        await recv_message(endpoint, pb.KVTransferAck)
+        await endpoint.send(bytearray((3).to_bytes(8, "little")) + b"\xff\xff\xff")
+        await recv_message(endpoint, pb.KVTransferAck, max_bytes=100)
     with pytest.raises(KVTransferError, match=r"^frame: not a KVTransferAck: "):
         asyncio.run(scenario())

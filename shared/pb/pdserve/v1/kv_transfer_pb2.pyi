@@ -17,7 +17,6 @@ class KVDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 class KVTransferStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     KV_TRANSFER_STATUS_UNSPECIFIED: _ClassVar[KVTransferStatus]
-    KV_TRANSFER_STATUS_ACCEPTED: _ClassVar[KVTransferStatus]
     KV_TRANSFER_STATUS_COMPLETED: _ClassVar[KVTransferStatus]
     KV_TRANSFER_STATUS_REJECTED: _ClassVar[KVTransferStatus]
 KV_DTYPE_UNSPECIFIED: KVDtype
@@ -25,7 +24,6 @@ KV_DTYPE_FLOAT32: KVDtype
 KV_DTYPE_FLOAT16: KVDtype
 KV_DTYPE_BFLOAT16: KVDtype
 KV_TRANSFER_STATUS_UNSPECIFIED: KVTransferStatus
-KV_TRANSFER_STATUS_ACCEPTED: KVTransferStatus
 KV_TRANSFER_STATUS_COMPLETED: KVTransferStatus
 KV_TRANSFER_STATUS_REJECTED: KVTransferStatus
 

@@ -1,0 +1,39 @@
+"""Builds an instance's engine from its settings and starts it on its own thread."""
+
+import asyncio
+import logging
+
+import torch
+
+from shared.config import CacheConfig, EngineConfig, SchedulerConfig
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.llm_engine import LLMEngine
+from services.common.settings import InstanceSettings
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+
+def engine_config(settings: InstanceSettings) -> EngineConfig:
+    cache = CacheConfig(block_size=settings.block_size,
+                        kv_cache_memory_bytes=int(settings.kv_cache_memory_gb * GIB),
+                        num_blocks=settings.num_blocks or None)
+    scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
+                                max_num_batched_tokens=settings.max_num_batched_tokens)
+    return EngineConfig(model=settings.model or None, dtype=settings.dtype,
+                        max_model_len=settings.max_model_len or None,
+                        num_threads=settings.num_threads or None, seed=settings.seed,
+                        cache=cache, scheduler=scheduler)
+
+
+async def start_engine(settings: InstanceSettings) -> AsyncEngine:
+    """Load the model off the event loop (health stays NOT_SERVING meanwhile), start the engine thread."""
+    engine = await asyncio.to_thread(LLMEngine.from_config, engine_config(settings))
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    if settings.num_threads:
+        # OpenMP thread counts are per calling thread: set it where the steps run too.
+        await async_engine.call(torch.set_num_threads, settings.num_threads)
+    logger.info("engine ready: %d KV blocks of %d tokens", engine.block_pool.num_blocks, engine.kv_manager.block_size)
+    return async_engine

@@ -1,0 +1,57 @@
+"""Process entry shared by `python -m services.prefill` and `python -m services.decode`.
+
+Parses flags (and PDSERVE_* variables), configures logging, runs the instance until SIGTERM
+or SIGINT, then shuts down gracefully (see InstanceRuntime.stop) and returns the exit code.
+"""
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Sequence
+
+from services.common.flags import parse_settings
+from services.common.role import RoleHandlers
+from services.common.runtime import InstanceRuntime
+from services.common.settings import InstanceSettings
+from services.common.ucx import reset_ucx
+
+logger = logging.getLogger(__name__)
+
+BuildHandlers = Callable[[InstanceRuntime], RoleHandlers]
+
+
+def run_instance(prog: str, roles: Sequence[str], build_handlers: BuildHandlers,
+                 argv: Sequence[str] | None = None) -> int:
+    """0 after a clean shutdown, 1 if the instance failed, 2 for bad flags (argparse's code)."""
+    try:
+        settings = parse_settings(prog, roles, argv)
+    except SystemExit as exit_request:  # --help or a bad flag; argparse printed why
+        return exit_request.code if isinstance(exit_request.code, int) else 2
+    configure_logging(settings)
+    try:
+        asyncio.run(serve_until_signalled(settings, build_handlers))
+    except Exception:  # noqa: BLE001 - reported, then a non-zero exit
+        logger.exception("%s instance failed", settings.role)
+        return 1
+    finally:
+        reset_ucx()
+    return 0
+
+
+def configure_logging(settings: InstanceSettings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s {settings.role} %(name)s: %(message)s")
+
+
+async def serve_until_signalled(settings: InstanceSettings, build_handlers: BuildHandlers) -> None:
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop_requested.set)
+    runtime = InstanceRuntime(settings, build_handlers)
+    try:
+        await runtime.start()
+        await stop_requested.wait()
+        logger.info("stop requested: draining")
+    finally:
+        await runtime.stop()

@@ -1,0 +1,56 @@
+"""How instance RPC handlers fail: raise, and `rpc_errors` turns it into a gRPC status.
+
+    InvalidRequestError -> INVALID_ARGUMENT (the message starts with the field's name)
+    CapacityError       -> RESOURCE_EXHAUSTED (the gateway tries another instance)
+    ServiceError        -> its own code: NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE, ABORTED
+    EngineDeadError     -> UNAVAILABLE
+    anything else       -> INTERNAL (logged with the request id)
+"""
+
+import contextlib
+import logging
+
+import grpc
+
+from shared.engine.async_engine import EngineDeadError
+from shared.engine.llm_engine import CapacityError
+from shared.errors import InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """A request that cannot be served here, with the gRPC status code that says why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+    if isinstance(error, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, CapacityError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, ServiceError):
+        return error.code, error.message
+    if isinstance(error, EngineDeadError):
+        return grpc.StatusCode.UNAVAILABLE, f"engine failed: {error}"
+    return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
+
+
+@contextlib.asynccontextmanager
+async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id: str):
+    """Abort the RPC with the status matching any exception raised inside (cancellation passes)."""
+    try:
+        yield
+    except grpc.aio.AbortError:
+        raise
+    except Exception as error:  # noqa: BLE001 - every failure becomes a status
+        code, message = _status_of(error)
+        if code == grpc.StatusCode.INTERNAL:
+            logger.exception("%s %s failed", method, request_id)
+        else:
+            logger.info("%s %s: %s %s", method, request_id, code.name, message)
+        await context.abort(code, message)

@@ -1,0 +1,69 @@
+"""An instance's presence in Redis: registration with heartbeats (carrying its load), its
+prefix-index entry, and the mirror of its block leases. Never blocks serving on Redis:
+every Redis write happens in background tasks that retry, and shutdown is best effort.
+"""
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio
+
+from shared.cluster.heartbeat import Heartbeater
+from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.keys import ClusterNamespace
+from shared.cluster.lease_mirror import LeaseMirror
+from shared.cluster.prefix_index import PrefixIndex
+from shared.engine.async_engine import AsyncEngine
+from services.common.prefix_publisher import PrefixPublisher
+from services.common.settings import InstanceSettings
+
+logger = logging.getLogger(__name__)
+
+REDIS_TIMEOUT_S = 2.0
+
+
+def instance_load(engine: AsyncEngine) -> InstanceLoad:
+    """The load a heartbeat reports; reservations count as queued work."""
+    load = engine.load()
+    return InstanceLoad(queue_depth=load.num_waiting + load.num_reserved, num_running_requests=load.num_running,
+                        num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks)
+
+
+class ClusterPresence:
+    def __init__(self, settings: InstanceSettings, model_key: str):
+        self.settings = settings
+        self.namespace = ClusterNamespace(settings.deployment, model_key)
+        self.redis = redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+        self.registry = InstanceRegistry(self.redis, self.namespace, ttl_s=settings.heartbeat_ttl_s)
+        self.prefix_index = PrefixIndex(self.redis, self.namespace)
+        self.lease_mirror = LeaseMirror(self.redis, self.namespace)
+        self.heartbeater: Heartbeater | None = None
+        self.publisher: PrefixPublisher | None = None
+
+    def start(self, info: InstanceInfo, engine: AsyncEngine) -> None:
+        """Register (first beat), then keep beating and publishing the prefix index."""
+        self.publisher = PrefixPublisher(self.prefix_index, info.instance_id, engine,
+                                         self.settings.prefix_publish_interval_s)
+        self.heartbeater = Heartbeater(self.registry, info, lambda: instance_load(engine),
+                                       interval_s=self.settings.heartbeat_interval_s,
+                                       on_reconnect=self.publisher.republish,
+                                       beat_timeout_s=REDIS_TIMEOUT_S)
+        self.heartbeater.start()
+        self.publisher.start()
+        logger.info("registering %s (%s) at %s in %s", info.instance_id, info.role, info.grpc_address,
+                    self.namespace.prefix)
+
+    async def stop(self) -> None:
+        """Deregister and drop the prefix-index entry (best effort), then close the client."""
+        if self.publisher is not None:
+            await self.publisher.stop()
+        if self.heartbeater is not None:
+            await self.heartbeater.stop()
+        if self.publisher is not None:
+            await self.publisher.drop()
+        await self.lease_mirror.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await self.redis.aclose()

@@ -1,0 +1,41 @@
+"""The pieces a role plugs into an InstanceRuntime.
+
+A role is up to three handlers on one engine: `prefill` (Prefill), `decode` (Reserve, Decode,
+Release) and `generate` (Generate). The prefill role has the first, the decode role the
+second, a colocated instance all three. The runtime starts them once the engine is loaded,
+stops them at shutdown (after the gRPC server has drained), and lets each add its counters
+to GetStatus.
+"""
+
+from dataclasses import dataclass
+
+from shared.pb.pdserve.v1 import instance_pb2 as pb
+
+
+class RoleHandler:
+    """Base class with no-op hooks."""
+
+    ucx_address: str = ""  # the KV receiver's address, for handlers that own one
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def add_status(self, status: pb.InstanceStatus) -> None:
+        pass
+
+
+@dataclass
+class RoleHandlers:
+    prefill: RoleHandler | None = None
+    decode: RoleHandler | None = None
+    generate: RoleHandler | None = None
+
+    def all(self) -> list[RoleHandler]:
+        return [handler for handler in (self.prefill, self.decode, self.generate) if handler is not None]
+
+    @property
+    def ucx_address(self) -> str:
+        return next((handler.ucx_address for handler in self.all() if handler.ucx_address), "")

@@ -1,0 +1,111 @@
+"""InstanceRuntime: one engine instance's life, from loading to a clean exit.
+
+start():  gRPC server up (health NOT_SERVING) -> engine loaded -> role handlers started
+          (the KV receiver listens) -> health SERVING -> registered in Redis with heartbeats
+          and the prefix-index publisher -> ready file written.
+stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
+          index dropped -> gRPC server stopped with grace (in-flight RPCs finish or are
+          cancelled, which frees what they held) -> role handlers stopped (reservations
+          released, UCX closed) -> engine thread stopped. Safe after a partial start.
+"""
+
+import asyncio
+import logging
+import socket
+import uuid
+from collections.abc import Callable
+
+from shared.cluster.instances import InstanceInfo
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.llm_engine import LLMEngine
+from shared.pb.pdserve.v1 import instance_pb2 as pb
+from services.common.engine_setup import start_engine
+from services.common.grpc_server import GrpcServer, host_port
+from services.common.presence import ClusterPresence
+from services.common.ready_file import write_ready_file
+from services.common.role import RoleHandlers
+from services.common.servicer import InstanceServicer
+from services.common.settings import InstanceSettings
+from services.common.status import engine_status
+
+logger = logging.getLogger(__name__)
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def advertised_host(settings: InstanceSettings) -> str:
+    if settings.advertise_host:
+        return settings.advertise_host
+    return socket.gethostname() if settings.host in WILDCARD_HOSTS else settings.host
+
+
+class InstanceRuntime:
+    def __init__(self, settings: InstanceSettings, build_handlers: Callable[["InstanceRuntime"], RoleHandlers]):
+        self.settings = settings
+        self.role = settings.role
+        self.instance_id = settings.instance_id or f"{settings.role}-{uuid.uuid4().hex[:12]}"
+        self.build_handlers = build_handlers
+        self.async_engine: AsyncEngine | None = None
+        self.handlers: RoleHandlers | None = None  # set once all have started
+        self._started_handlers: list = []
+        self.presence: ClusterPresence | None = None
+        self.server: GrpcServer | None = None
+        self.grpc_address = ""
+        self.is_draining = False
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.async_engine.engine
+
+    @property
+    def ucx_address(self) -> str:
+        return self.handlers.ucx_address if self.handlers is not None else ""
+
+    async def start(self) -> None:
+        self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port)
+        port = await self.server.start()
+        self.grpc_address = host_port(advertised_host(self.settings), port)
+        logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)
+        self.async_engine = await start_engine(self.settings)
+        self.presence = ClusterPresence(self.settings, self.engine.kv_manager.model_key)
+        handlers = self.build_handlers(self)
+        for handler in handlers.all():
+            await handler.start()
+            self._started_handlers.append(handler)
+        self.handlers = handlers
+        await self.server.set_serving(True)
+        self.presence.start(self.info(), self.async_engine)
+        if self.settings.ready_file:
+            write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role)
+        logger.info("%s %s serving on %s (KV receiver: %s)", self.role, self.instance_id, self.grpc_address,
+                    self.ucx_address or "none")
+
+    def info(self) -> InstanceInfo:
+        return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
+                            self.presence.namespace.model)
+
+    async def status(self) -> pb.InstanceStatus:
+        status = await self.async_engine.call(engine_status, self.engine)
+        status.instance_id, status.role = self.instance_id, self.role
+        for handler in self.handlers.all():
+            handler.add_status(status)
+        return status
+
+    async def begin_draining(self) -> None:
+        """Refuse new requests and report NOT_SERVING; what is admitted carries on."""
+        self.is_draining = True
+        if self.server is not None:
+            await self.server.set_serving(False)
+
+    async def stop(self) -> None:
+        logger.info("%s %s shutting down", self.role, self.instance_id)
+        await self.begin_draining()
+        if self.presence is not None:
+            await self.presence.stop()
+        if self.server is not None:
+            await self.server.stop(self.settings.shutdown_grace_s)
+        for handler in reversed(self._started_handlers):
+            await handler.stop()
+        if self.async_engine is not None:
+            await asyncio.to_thread(self.async_engine.stop)
+        logger.info("%s %s stopped", self.role, self.instance_id)

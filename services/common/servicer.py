@@ -1,0 +1,57 @@
+"""The Instance gRPC service: routes each RPC to the role handler that serves it.
+
+An RPC the role does not serve gets UNIMPLEMENTED; any RPC before the engine has loaded gets
+UNAVAILABLE, and so do new requests (Prefill, Reserve, Generate) while draining. Decode and
+Release still run while draining: they finish or free work admitted before.
+"""
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb, instance_pb2_grpc
+from services.common.errors import ServiceError, rpc_errors
+
+
+class InstanceServicer(instance_pb2_grpc.InstanceServicer):
+    def __init__(self, runtime):
+        self.runtime = runtime  # services.common.runtime.InstanceRuntime
+
+    def _handler(self, kind: str, method: str, is_new_work: bool):
+        handlers = self.runtime.handlers
+        if handlers is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"instance {self.runtime.instance_id} is still loading")
+        handler = getattr(handlers, kind)
+        if handler is None:
+            raise ServiceError(grpc.StatusCode.UNIMPLEMENTED, f"a {self.runtime.role} instance does not serve {method}")
+        if is_new_work and self.runtime.is_draining:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"instance {self.runtime.instance_id} is draining")
+        return handler
+
+    async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
+        async with rpc_errors(context, "Prefill", request.request_id):
+            return await self._handler("prefill", "Prefill", True).prefill(request)
+
+    async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
+        async with rpc_errors(context, "Reserve", request.request_id):
+            return await self._handler("decode", "Reserve", True).reserve(request)
+
+    async def Decode(self, request: pb.DecodeRequest, context) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        async with rpc_errors(context, "Decode", request.request_id):
+            async for message in self._handler("decode", "Decode", False).decode(request):
+                yield message
+
+    async def Release(self, request: pb.ReleaseRequest, context) -> pb.ReleaseResponse:
+        async with rpc_errors(context, "Release", request.request_id):
+            return await self._handler("decode", "Release", False).release(request)
+
+    async def Generate(self, request: pb.InstanceGenerateRequest, context) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        async with rpc_errors(context, "Generate", request.request_id):
+            async for message in self._handler("generate", "Generate", True).generate(request):
+                yield message
+
+    async def GetStatus(self, request: pb.StatusRequest, context) -> pb.InstanceStatus:
+        async with rpc_errors(context, "GetStatus", ""):
+            if self.runtime.handlers is None:
+                raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"instance {self.runtime.instance_id} is still loading")
+            return await self.runtime.status()

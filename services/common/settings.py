@@ -1,0 +1,102 @@
+"""InstanceSettings: every setting of an engine instance, each a CLI flag and a PDSERVE_* variable.
+
+Flag `--kv-cache-memory-gb` is variable `PDSERVE_KV_CACHE_MEMORY_GB`, and so on for every
+field below. Precedence: flag, then environment variable, then the documented default.
+
+Default gRPC ports (used by `make run`; tests pass 0 for an ephemeral port and read the
+bound address from `--ready-file`): prefill 50052, decode 50053, colocated 50054. The UCX
+receiver port defaults to 0 (ephemeral); its address is registered in Redis.
+"""
+
+from dataclasses import dataclass, field, fields
+
+from shared.cluster.instance_records import ROLES
+from shared.cluster.keys import validate_name
+from shared.engine.loading import DTYPES
+from shared.errors import InvalidRequestError
+
+DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
+ROLE_DEFAULT_PORT = -1  # grpc_port sentinel: the role's documented default
+
+
+def _setting(default, help_text: str):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class InstanceSettings:
+    role: str = _setting("decode", "instance role: prefill, decode or colocated")
+    model: str = _setting("", "HF folder or .gguf file ('' = the packaged SmolLM2 model)")
+    dtype: str = _setting("bfloat16", "weights and KV cache dtype: bfloat16 or float32")
+    host: str = _setting("127.0.0.1", "address the gRPC server binds")
+    advertise_host: str = _setting("", "host put in the registered gRPC address ('' = --host, "
+                                       "or this machine's hostname when --host is a wildcard)")
+    grpc_port: int = _setting(ROLE_DEFAULT_PORT, "gRPC port (0 = ephemeral; -1 = the role's default: "
+                                                  "prefill 50052, decode 50053, colocated 50054)")
+    ucx_host: str = _setting("127.0.0.1", "host advertised for the UCX KV receiver")
+    ucx_port: int = _setting(0, "UCX KV receiver port (0 = ephemeral)")
+    redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis holding the cluster state")
+    deployment: str = _setting("default", "deployment name; namespaces the Redis keys")
+    instance_id: str = _setting("", "instance id in Redis ('' = generated from role and a random suffix)")
+    num_threads: int = _setting(0, "torch intra-op threads (0 = torch's choice)")
+    kv_cache_memory_gb: float = _setting(1.0, "memory for the KV block pool, GiB")
+    num_blocks: int = _setting(0, "KV blocks; overrides --kv-cache-memory-gb when > 0")
+    block_size: int = _setting(16, "tokens per KV block (must match across the deployment)")
+    max_model_len: int = _setting(0, "longest sequence (0 = the model's limit)")
+    max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
+    max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
+    seed: int = _setting(0, "global sampling seed for unseeded requests")
+    heartbeat_interval_s: float = _setting(1.0, "seconds between registry heartbeats")
+    heartbeat_ttl_s: float = _setting(5.0, "registry entry TTL; a silent instance drops out after it")
+    lease_ms: int = _setting(10_000, "default reservation lease when Reserve asks for 0")
+    prefix_publish_interval_s: float = _setting(0.15, "seconds between prefix-index updates")
+    shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish on SIGTERM")
+    ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
+    log_level: str = _setting("INFO", "Python logging level")
+
+    def __post_init__(self) -> None:
+        validate_settings(self)
+
+    @property
+    def bound_grpc_port(self) -> int:
+        """The port to bind: the flag, or the role's documented default."""
+        return DEFAULT_GRPC_PORTS[self.role] if self.grpc_port == ROLE_DEFAULT_PORT else self.grpc_port
+
+
+def setting_fields():
+    """The dataclass fields, in flag order."""
+    return fields(InstanceSettings)
+
+
+def validate_settings(settings: InstanceSettings) -> None:
+    """Raise InvalidRequestError naming the first bad setting."""
+    if settings.role not in ROLES:
+        raise InvalidRequestError("role", f"must be one of {ROLES}, got {settings.role!r}")
+    if settings.dtype not in DTYPES:
+        raise InvalidRequestError("dtype", f"must be one of {sorted(DTYPES)}, got {settings.dtype!r}")
+    validate_name("deployment", settings.deployment)
+    if settings.instance_id:
+        validate_name("instance_id", settings.instance_id)
+    for name in ("grpc_port", "ucx_port"):
+        low = ROLE_DEFAULT_PORT if name == "grpc_port" else 0
+        if not low <= getattr(settings, name) <= 65535:
+            raise InvalidRequestError(name, f"must be in [{low}, 65535], got {getattr(settings, name)}")
+    _check_positive(settings, ("kv_cache_memory_gb", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                               "heartbeat_interval_s", "heartbeat_ttl_s", "lease_ms",
+                               "prefix_publish_interval_s"))
+    _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
+    if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
+        raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
+                                                     f"({settings.heartbeat_interval_s}), got {settings.heartbeat_ttl_s}")
+
+
+def _check_positive(settings: InstanceSettings, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not getattr(settings, name) > 0:
+            raise InvalidRequestError(name, f"must be > 0, got {getattr(settings, name)!r}")
+
+
+def _check_non_negative(settings: InstanceSettings, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(settings, name) < 0:
+            raise InvalidRequestError(name, f"must be >= 0, got {getattr(settings, name)!r}")

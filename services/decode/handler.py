@@ -1,0 +1,100 @@
+"""Decode: Reserve (admission under a lease), Decode (stream from the prefill's first token),
+Release, on the KV blocks that the prefill instance pushes into this instance's cache over UCX.
+
+Reserve refuses at once with RESOURCE_EXHAUSTED when the engine has no room, so the gateway
+can try another instance. Decode needs the transfer to have completed (FAILED_PRECONDITION
+before that, NOT_FOUND for an unknown or expired reservation). A Decode stream that is
+cancelled or runs past its deadline aborts the request, which frees its blocks.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from shared.cluster.leases import LeaseTable
+from shared.errors import InvalidRequestError
+from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
+from shared.transfer.ucx_transport import KVReceiver
+from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
+from shared.wire.sampling import sampling_from_proto
+from services.common.errors import ServiceError
+from services.common.role import RoleHandler
+from services.decode.reservations import ReservationBook
+
+logger = logging.getLogger(__name__)
+
+LEASE_CHECK_INTERVAL_S = 0.05
+
+
+class DecodeHandler(RoleHandler):
+    def __init__(self, runtime):
+        engine, settings = runtime.engine, runtime.settings
+        self.async_engine = runtime.async_engine
+        self.default_lease_ms = settings.lease_ms
+        self.receiver = KVReceiver(engine.executor.kv_cache, engine.executor.kv_cache_layout,
+                                   host=settings.ucx_host, port=settings.ucx_port)
+        leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
+        self.book = ReservationBook(runtime.async_engine, self.receiver, leases)
+        self._expiry_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.ucx_address = await self.receiver.start()
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_forever())
+
+    async def stop(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry_task
+        await self.book.release_all()
+        await self.receiver.close()
+
+    def add_status(self, status: pb.InstanceStatus) -> None:
+        status.kv_bytes_transferred += self.receiver.counters.total_bytes
+        status.kv_transfer_seconds += self.receiver.counters.total_seconds
+        status.num_lease_expiries += self.book.num_lease_expiries
+
+    async def reserve(self, request: pb.ReserveRequest) -> pb.ReserveResponse:
+        if not request.request_id:
+            raise InvalidRequestError("request_id", "must not be empty")
+        params = sampling_from_proto(request.sampling)
+        salt = request.cache_salt if request.HasField("cache_salt") else None
+        lease_s = (request.lease_ms or self.default_lease_ms) / 1000
+        reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt, lease_s)
+        logger.info("reserved %s: %d blocks (%d prompt tokens cached), lease %.1f s", request.request_id,
+                    len(reservation.block_ids), reservation.num_cached_tokens, lease_s)
+        return pb.ReserveResponse(ucx_address=self.ucx_address, block_ids=reservation.block_ids,
+                                  num_cached_prompt_tokens=reservation.num_cached_tokens)
+
+    async def decode(self, request: pb.DecodeRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        engine = self.async_engine.engine
+        if request.first_token_id >= engine.model_config.vocab_size:
+            raise InvalidRequestError("first_token_id", f"{request.first_token_id} is outside the vocabulary "
+                                                        f"[0, {engine.model_config.vocab_size})")
+        self.book.take(request.request_id)
+        first_logprobs = logprobs_from_proto(request.first_logprobs) if request.HasField("first_logprobs") else None
+
+        def activate():
+            return engine.activate_request(request.request_id, request.first_token_id, first_logprobs)
+
+        async with contextlib.aclosing(self.async_engine.generate(request.request_id, activate)) as outputs:
+            async for output in outputs:
+                for message in request_output_to_protos(output, with_prompt_logprobs=False):
+                    yield message
+
+    async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
+        if not await self.book.release(request.request_id):
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no reservation for {request.request_id!r} to release")
+        logger.info("released %s", request.request_id)
+        return pb.ReleaseResponse(released=True)
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
+            try:
+                await self.book.expire_leases()
+            except Exception:  # noqa: BLE001 - keep expiring; the next tick retries
+                logger.exception("lease expiry failed")

@@ -1,0 +1,52 @@
+"""`python -m services.gateway [flags]`: run one gateway until SIGINT or SIGTERM."""
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from shared.errors import InvalidRequestError
+
+from services.gateway.server import GatewayServer
+from services.gateway.settings import GatewaySettings, parse_settings
+
+logger = logging.getLogger("services.gateway")
+
+
+async def serve(settings: GatewaySettings) -> int:
+    """Serve until a signal (exit 0) or until getting ready fails (exit 1)."""
+    server = GatewayServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await server.start()
+    ready = loop.create_task(server.become_ready())
+    ready.add_done_callback(lambda task: task.cancelled() or task.exception() is None or stop.set())
+    try:
+        await stop.wait()
+    finally:
+        ready.cancel()
+        await asyncio.gather(ready, return_exceptions=True)
+        await server.stop()
+    if not ready.cancelled() and ready.exception() is not None:
+        logger.error("gateway could not get ready: %r", ready.exception())
+        return 1
+    logger.info("gateway stopped on a signal")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except InvalidRequestError as error:
+        print(f"gateway: error: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""One completion on a colocated instance (prefill and decode in one engine).
+
+Instances are tried best first; one that refuses or fails before streaming anything is
+skipped. Once tokens have reached the client, a failure is the client's error.
+"""
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
+
+from services.gateway.deadline import Deadline
+from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
+from services.gateway.relay_context import FAILOVER_CODES, RelayContext
+from services.gateway.request_prep import SubRequest
+from services.gateway.router import Candidate, rank
+
+logger = logging.getLogger(__name__)
+
+
+async def run_colocated(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                        deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
+    choice = rank(candidates, "colocated")
+    ctx.stats.record_route("colocated", choice.reason)
+    request = instance_pb2.InstanceGenerateRequest(
+        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids,
+        sampling=sub.sampling_proto())
+    if sub.parent.cache_salt:
+        request.cache_salt = sub.parent.cache_salt
+    num_refused = 0
+    for target in choice.ranked:
+        call = ctx.channels.stub(target.grpc_address).Generate(request, timeout=deadline.remaining())
+        has_streamed = False
+        try:
+            async for message in call:
+                has_streamed = True
+                yield message
+            return
+        except grpc.aio.AioRpcError as error:
+            if has_streamed or error.code() not in FAILOVER_CODES:
+                raise from_rpc_error(error, f"colocated instance {target.instance_id}") from error
+            num_refused += _note_failure(ctx, sub, target, error)
+        finally:
+            if not call.done():
+                call.cancel()
+    if num_refused:
+        raise no_capacity(num_refused, "colocated")
+    raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                       f"none of the {len(choice.ranked)} colocated instances could be reached")
+
+
+def _note_failure(ctx: RelayContext, sub: SubRequest, target: Candidate,
+                  error: grpc.aio.AioRpcError) -> int:
+    ctx.stats.num_colocated_failovers += 1
+    logger.warning("request %s: colocated %s failed before streaming (%s); trying another",
+                   sub.request_id, target.instance_id, error.code().name)
+    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return 1
+    ctx.view.mark_failed(target.instance_id)
+    return 0

@@ -1,0 +1,159 @@
+"""One completion through the disaggregated path: Reserve on a decode instance, Prefill on a
+prefill instance (retried on others when one fails), then relay the Decode stream.
+
+Whatever happens before Decode starts (failure, client cancel, deadline), the reservation is
+given back with Release in the background; once Decode runs, cancelling its call is enough.
+"""
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
+
+from services.gateway.deadline import Deadline
+from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
+from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, FAILOVER_CODES, RelayContext
+from services.gateway.request_prep import SubRequest
+from services.gateway.router import Candidate, rank
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Reservation:
+    decode: Candidate
+    reply: instance_pb2.ReserveResponse
+
+
+async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                  deadline: Deadline) -> Reservation:
+    """The first decode instance (best first) that grants a reservation."""
+    choice = rank(candidates, "decode")
+    ctx.stats.record_route("decode", choice.reason)
+    message = instance_pb2.ReserveRequest(
+        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids,
+        sampling=sub.sampling_proto(), lease_ms=max(1, round(ctx.lease_s * 1000)))
+    if sub.parent.cache_salt:
+        message.cache_salt = sub.parent.cache_salt
+    num_refused = 0
+    for decode in choice.ranked:
+        try:
+            reply = await ctx.channels.stub(decode.grpc_address).Reserve(
+                message, timeout=deadline.remaining(CONTROL_CALL_TIMEOUT_S))
+            return Reservation(decode, reply)
+        except grpc.aio.AioRpcError as error:
+            num_refused += _note_reserve_failure(ctx, sub, decode, error)
+    if num_refused:
+        raise no_capacity(num_refused)
+    raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                       f"none of the {len(choice.ranked)} decode instances could be reached")
+
+
+def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
+                          error: grpc.aio.AioRpcError) -> int:
+    """1 if the instance refused for lack of room, 0 if it failed; raises for other errors."""
+    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        ctx.stats.num_decode_refusals += 1
+        logger.info("request %s: decode %s refused: %s", sub.request_id, decode.instance_id,
+                    error.details())
+        return 1
+    if error.code() in FAILOVER_CODES:
+        ctx.stats.num_decode_failovers += 1
+        ctx.view.mark_failed(decode.instance_id)
+        logger.warning("request %s: Reserve on %s failed (%s); trying another", sub.request_id,
+                       decode.instance_id, error.code().name)
+        return 0
+    raise from_rpc_error(error, f"decode instance {decode.instance_id}")
+
+
+async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                  reservation: Reservation, deadline: Deadline) -> instance_pb2.PrefillResponse:
+    """Prefill on the best prefill instance; on failure, on the next one (up to the retries)."""
+    message = _prefill_message(ctx, sub, reservation)
+    failed: dict[str, str] = {}
+    for attempt in range(1 + ctx.max_prefill_retries):
+        choice = rank(candidates, "prefill", excluded=failed)
+        if not choice.ranked:
+            break
+        ctx.stats.record_route("prefill", choice.reason if attempt == 0 else "retry")
+        ctx.stats.num_prefill_retries += attempt > 0
+        target = choice.ranked[0]
+        try:
+            return await ctx.channels.stub(target.grpc_address).Prefill(
+                message, timeout=deadline.remaining())
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in FAILOVER_CODES:
+                raise from_rpc_error(error, f"prefill instance {target.instance_id}") from error
+            failed[target.instance_id] = f"{error.code().name}: {error.details()}"
+            ctx.view.mark_failed(target.instance_id)
+            logger.warning("request %s: Prefill on %s failed (%s); retrying elsewhere",
+                           sub.request_id, target.instance_id, error.code().name)
+    raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                       f"prefill failed on every instance tried: {failed or 'none live'}")
+
+
+def _prefill_message(ctx: RelayContext, sub: SubRequest,
+                     reservation: Reservation) -> instance_pb2.PrefillRequest:
+    reply = reservation.reply
+    message = instance_pb2.PrefillRequest(
+        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids,
+        sampling=sub.sampling_proto(), decode_ucx_address=reply.ucx_address,
+        dst_block_ids=reply.block_ids,
+        num_skip_blocks=reply.num_cached_prompt_tokens // ctx.block_size)
+    if sub.parent.cache_salt:
+        message.cache_salt = sub.parent.cache_salt
+    return message
+
+
+async def release(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
+    """Give a reservation back (best effort; its lease frees it anyway)."""
+    ctx.stats.num_releases += 1
+    try:
+        await ctx.channels.stub(reservation.decode.grpc_address).Release(
+            instance_pb2.ReleaseRequest(request_id=request_id), timeout=CONTROL_CALL_TIMEOUT_S)
+    except grpc.aio.AioRpcError as error:
+        logger.warning("request %s: Release on %s failed (%s); its lease will free it", request_id,
+                       reservation.decode.instance_id, error.code().name)
+
+
+async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                            deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
+    """Reserve -> Prefill -> Decode; yields the decode instance's messages, usage fixed up."""
+    reservation = await reserve(ctx, sub, candidates, deadline)
+    decode_started = False
+    try:
+        first = await prefill(ctx, sub, candidates, reservation, deadline)
+        decode_started = True
+        async for message in _decode_stream(ctx, sub, reservation, first, deadline):
+            yield message
+    finally:
+        if not decode_started:
+            ctx.spawn(release(ctx, reservation, sub.request_id), f"release-{sub.request_id}")
+
+
+async def _decode_stream(ctx: RelayContext, sub: SubRequest, reservation: Reservation,
+                         first: instance_pb2.PrefillResponse,
+                         deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
+    request = instance_pb2.DecodeRequest(request_id=sub.request_id,
+                                         first_token_id=first.first_token_id)
+    if first.HasField("first_logprobs"):
+        request.first_logprobs.CopyFrom(first.first_logprobs)
+    call = ctx.channels.stub(reservation.decode.grpc_address).Decode(
+        request, timeout=deadline.remaining())
+    is_first = True
+    try:
+        async for message in call:
+            if is_first and sub.params.prompt_logprobs is not None:
+                message.prompt_logprobs.extend(first.prompt_logprobs)
+            is_first = False
+            if message.HasField("usage"):
+                message.usage.cached_prompt_tokens = first.num_cached_prompt_tokens
+            yield message
+    except grpc.aio.AioRpcError as error:
+        raise from_rpc_error(error, f"decode instance {reservation.decode.instance_id}") from error
+    finally:
+        if not call.done():
+            call.cancel()

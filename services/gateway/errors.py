@@ -1,0 +1,41 @@
+"""Errors the gateway answers with, each carrying its gRPC status code."""
+
+import grpc
+
+from shared.errors import InvalidRequestError
+
+
+class GatewayError(Exception):
+    """An error to return to the client as `code` with `message`."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid_argument(error: InvalidRequestError) -> GatewayError:
+    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+def model_not_found(requested: str, served: str) -> GatewayError:
+    return GatewayError(grpc.StatusCode.NOT_FOUND,
+                        f"model: {requested!r} is not served here; this gateway serves {served!r}")
+
+
+def no_instances(what: str) -> GatewayError:
+    return GatewayError(grpc.StatusCode.UNAVAILABLE, f"no live {what} instance is registered")
+
+
+def no_capacity(num_refused: int, role: str = "decode") -> GatewayError:
+    return GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"every {role} instance that answered ({num_refused}) refused the request for "
+                        "lack of free KV blocks; retry later or with a shorter prompt or max_tokens")
+
+
+def from_rpc_error(error: grpc.aio.AioRpcError, where: str) -> GatewayError:
+    """A downstream failure as the client sees it: the code kept; the place named, except
+    for INVALID_ARGUMENT, whose message must keep starting with the field's name."""
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return GatewayError(error.code(), error.details() or "invalid request")
+    return GatewayError(error.code(), f"{where}: {error.details()}")

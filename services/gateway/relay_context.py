@@ -1,0 +1,52 @@
+"""What every relayed request shares: the cluster view, instance channels, counters, knobs,
+and the background tasks (reservation releases) that must outlive a cancelled request."""
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+
+import grpc
+
+from services.gateway.channels import InstanceChannels
+from services.gateway.cluster_view import ClusterView
+from services.gateway.stats import GatewayStats
+
+logger = logging.getLogger(__name__)
+
+# Instance failures worth trying another instance for (the process died, restarted, or
+# refused); DEADLINE_EXCEEDED is not among them: the request's own time is spent.
+FAILOVER_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
+# Control calls (Reserve, Release) answer at once; a hung instance must not hold a request.
+CONTROL_CALL_TIMEOUT_S = 10.0
+
+
+@dataclass
+class RelayContext:
+    view: ClusterView
+    channels: InstanceChannels
+    stats: GatewayStats = field(default_factory=GatewayStats)
+    block_size: int = 16
+    max_prefill_retries: int = 2
+    lease_s: float = 30.0
+    prefer_colocated: bool = False
+    background: set[asyncio.Task] = field(default_factory=set)
+
+    def spawn(self, coroutine: Coroutine, name: str) -> asyncio.Task:
+        """Run a coroutine that must finish even if the request that started it is cancelled."""
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self.background.add(task)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("background task %s failed: %r", task.get_name(), task.exception())
+
+    async def drain_background(self) -> None:
+        if self.background:
+            await asyncio.gather(*self.background, return_exceptions=True)

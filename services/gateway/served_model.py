@@ -1,0 +1,59 @@
+"""What the gateway knows about the model it serves: names, tokenizer, limits, hashing key.
+
+The gateway needs no weights: only the folder's tokenizer and config.json, and the folder's
+name, which is the engines' prefix-cache model key (`resolve_model(model).name`), so the
+block hashes it computes equal theirs.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.model.config import ModelConfig
+from shared.model.default_model import DEFAULT_MODEL_NAME, resolve_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # what clients put in `model` (and the Redis namespace's model)
+    model_key: str  # extra key of every block hash
+    tokenizer: Any
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    aliases: frozenset[str] = field(default_factory=frozenset)  # other accepted names
+
+    def accepts(self, requested: str) -> bool:
+        """An empty name means the served model."""
+        return requested in ("", self.name) or requested in self.aliases
+
+
+def model_folder(model: str | None) -> Path:
+    """An existing folder as is (weights not needed); otherwise `resolve_model`."""
+    if model and Path(model).expanduser().is_dir():
+        return Path(model).expanduser()
+    return resolve_model(model or None)
+
+
+def load_served_model(model: str | None, served_model_name: str | None, block_size: int,
+                      max_model_len: int | None = None) -> ServedModel:
+    """Read tokenizer and config from the model folder (blocking: seconds)."""
+    from shared.tokenization import load_tokenizer
+
+    model = model or None  # "" also means the default model
+    folder = model_folder(model)
+    config = ModelConfig.from_folder(folder)
+    tokenizer = load_tokenizer(folder)
+    limit = config.max_position_embeddings
+    if max_model_len is not None:
+        limit = min(limit, max_model_len)
+    aliases = {folder.name, DEFAULT_MODEL_NAME if model in (None, DEFAULT_MODEL_NAME) else str(model)}
+    name = served_model_name or folder.name
+    logger.info("serving %s (key %s, max_model_len %d, block size %d)", name, folder.name, limit,
+                block_size)
+    return ServedModel(name=name, model_key=folder.name, tokenizer=tokenizer,
+                       vocab_size=config.vocab_size, max_model_len=limit, block_size=block_size,
+                       aliases=frozenset(aliases - {name}))

@@ -1,0 +1,115 @@
+"""GatewayServer: binds the gRPC port, loads the model's tokenizer, waits for Redis, serves.
+
+Order at start-up: bind and start (health NOT_SERVING, Generate UNAVAILABLE), write the
+ready file with the bound address, load the tokenizer and config (in a thread), wait until
+Redis answers, then SERVING. `stop()` drains: NOT_SERVING, finish calls within the grace
+period, let pending Releases run, close channels and Redis.
+"""
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import redis.asyncio
+
+from shared.cluster.instances import InstanceRegistry
+from shared.cluster.keys import ClusterNamespace
+from shared.cluster.prefix_index import PrefixIndex
+from shared.pb.pdserve.v1 import gateway_pb2_grpc
+
+from services.gateway.channels import CHANNEL_OPTIONS, InstanceChannels
+from services.gateway.cluster_view import ClusterView
+from services.gateway.health import GatewayHealth
+from services.gateway.relay_context import RelayContext
+from services.gateway.served_model import ServedModel, load_served_model
+from services.gateway.servicer import GatewayServicer, GatewayState
+from services.gateway.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
+REDIS_POLL_S = 0.2
+# How often the gateway drops prefix-index entries of instances that stopped heartbeating.
+INDEX_GC_INTERVAL_S = 2.0
+
+
+class GatewayServer:
+    def __init__(self, settings: GatewaySettings,
+                 load_model: Callable[[], ServedModel] | None = None):
+        self.settings = settings
+        self._load_model = load_model or (lambda: load_served_model(
+            settings.model, settings.served_model_name, settings.block_size, settings.max_model_len))
+        self.state = GatewayState(default_deadline_s=settings.default_deadline_s)
+        self.health = GatewayHealth()
+        self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
+        self.health.add_to_server(self.server)
+        self.address: str | None = None
+        self.redis: redis.asyncio.Redis | None = None
+        self.channels = InstanceChannels()
+        self._garbage_collector: asyncio.Task | None = None
+
+    async def start(self) -> str:
+        """Bind and start serving (not yet ready); returns "host:port"."""
+        port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if port == 0:
+            raise OSError(f"cannot bind {self.settings.host}:{self.settings.port}")
+        await self.health.set_serving(False)
+        await self.server.start()
+        host = "127.0.0.1" if self.settings.host in WILDCARD_HOSTS else self.settings.host
+        self.address = f"{host}:{port}"
+        if self.settings.ready_file:
+            write_ready_file(Path(self.settings.ready_file), self.address)
+        logger.info("gateway listening on %s", self.address)
+        return self.address
+
+    async def become_ready(self) -> None:
+        """Load the model, connect the cluster view, wait for Redis; then SERVING."""
+        model = await asyncio.to_thread(self._load_model)
+        self.redis = redis.asyncio.Redis.from_url(
+            self.settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        namespace = ClusterNamespace(self.settings.deployment, model.model_key)
+        view = ClusterView(InstanceRegistry(self.redis, namespace), PrefixIndex(self.redis, namespace),
+                           cache_s=self.settings.routing_cache_s)
+        await _wait_for_redis(view)
+        self._garbage_collector = asyncio.create_task(view.collect_garbage_forever(INDEX_GC_INTERVAL_S))
+        self.state.relay = RelayContext(
+            view, self.channels, block_size=model.block_size,
+            max_prefill_retries=self.settings.max_prefill_retries, lease_s=self.settings.lease_s,
+            prefer_colocated=self.settings.prefer_colocated)
+        self.state.model = model
+        await self.health.set_serving(True)
+        logger.info("gateway ready: model %s, deployment %s", model.name, self.settings.deployment)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.health.shut_down()
+        if self._garbage_collector is not None:
+            self._garbage_collector.cancel()
+        await self.server.stop(grace_s)
+        if self.state.relay is not None:
+            await self.state.relay.drain_background()
+        await self.channels.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+        logger.info("gateway stopped")
+
+
+async def _wait_for_redis(view: ClusterView) -> None:
+    num_tries = 0
+    while not await view.ping():
+        if num_tries % 25 == 0:
+            logger.warning("waiting for Redis to answer")
+        num_tries += 1
+        await asyncio.sleep(REDIS_POLL_S)
+
+
+def write_ready_file(path: Path, grpc_address: str) -> None:
+    """Atomically write {"grpc_address": ...} so a launcher never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"grpc_address": grpc_address}))
+    temporary.replace(path)

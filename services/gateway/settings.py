@@ -1,0 +1,120 @@
+"""Gateway settings: every one a command-line flag and a `PDSERVE_*` environment variable.
+
+A flag given on the command line wins over its environment variable, which wins over the
+documented default. `parse_settings(argv)` returns a frozen GatewaySettings.
+"""
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shared.cluster.keys import validate_name
+from shared.config import DEFAULT_BLOCK_SIZE
+from shared.errors import InvalidRequestError
+
+DEFAULT_PORT = 50051
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DEPLOYMENT = "default"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    model: str | None = None  # HF folder, .gguf file or None for the default model
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0: an ephemeral port (see ready_file)
+    redis_url: str = DEFAULT_REDIS_URL
+    deployment: str = DEFAULT_DEPLOYMENT
+    served_model_name: str | None = None  # None: the resolved model folder's name
+    max_model_len: int | None = None  # None: the model's own limit
+    block_size: int = DEFAULT_BLOCK_SIZE  # must equal the instances' block size
+    default_deadline_s: float = 300.0  # for client calls without a deadline
+    max_prefill_retries: int = 2  # further prefill instances tried after a failure
+    lease_s: float = 30.0  # how long a decode reservation waits for its Decode call
+    routing_cache_s: float = 0.5  # how long a listing of live instances is reused
+    prefer_colocated: bool = False
+    ready_file: str | None = None  # JSON {"grpc_address": ...} written once bound
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        _check(self.port, "port", lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
+        _check(self.block_size, "block_size", lambda v: v >= 1, "must be >= 1")
+        _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
+        _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
+        _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
+        _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
+        validate_name("deployment", self.deployment)
+        if self.max_model_len is not None:
+            _check(self.max_model_len, "max_model_len", lambda v: v >= 2, "must be >= 2")
+
+
+def _check(value, field: str, is_ok: Callable[[object], bool], message: str) -> None:
+    if not is_ok(value):
+        raise InvalidRequestError(field, f"{message}, got {value!r}")
+
+
+def env_name(flag: str) -> str:
+    """`--redis-url` -> `PDSERVE_REDIS_URL`."""
+    return "PDSERVE_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _env_bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+# flag, type, help; the default comes from GatewaySettings.
+_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
+    ("--model", str, "HF folder, .gguf file or model name (default: bundled SmolLM2-135M-Instruct)"),
+    ("--host", str, "address to bind (default: 127.0.0.1)"),
+    ("--port", int, f"gRPC port; 0 binds an ephemeral one (default: {DEFAULT_PORT})"),
+    ("--redis-url", str, f"cluster-state Redis (default: {DEFAULT_REDIS_URL})"),
+    ("--deployment", str, f"deployment name in Redis keys (default: {DEFAULT_DEPLOYMENT})"),
+    ("--served-model-name", str, "model name clients use (default: the model folder's name)"),
+    ("--max-model-len", int, "prompt + output limit (default: the model's own)"),
+    ("--block-size", int, f"KV block size of the instances (default: {DEFAULT_BLOCK_SIZE})"),
+    ("--default-deadline-s", float, "deadline of calls that carry none (default: 300)"),
+    ("--max-prefill-retries", int, "other prefill instances tried after one fails (default: 2)"),
+    ("--lease-s", float, "decode reservation lease, seconds (default: 30)"),
+    ("--routing-cache-s", float, "reuse of the live-instance listing, seconds (default: 0.5)"),
+    ("--prefer-colocated", _env_bool, "route to colocated instances first (default: off)"),
+    ("--ready-file", str, "write {\"grpc_address\": ...} here once bound"),
+    ("--log-level", str, "Python logging level (default: INFO)"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register every gateway flag (also used by `pdserve serve gateway`)."""
+    for flag, kind, help_text in _FLAGS:
+        help_text = f"{help_text} [env {env_name(flag)}]"
+        if kind is _env_bool:
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> GatewaySettings:
+    """Flags first, then PDSERVE_* variables, then the defaults."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for flag, kind, _ in _FLAGS:
+        name = flag.lstrip("-").replace("-", "_")
+        value = getattr(args, name, None)
+        if value is None and environ.get(env_name(flag)):
+            value = _parse_env(flag, kind, environ[env_name(flag)])
+        if value is not None:
+            values[name] = value
+    return GatewaySettings(**values)
+
+
+def _parse_env(flag: str, kind: Callable[[str], object], text: str) -> object:
+    try:
+        return kind(text)
+    except ValueError as error:
+        raise InvalidRequestError(env_name(flag), f"cannot parse {text!r}: {error}") from error
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> GatewaySettings:
+    parser = argparse.ArgumentParser(prog="python -m services.gateway",
+                                     description="pdserve gateway (public gRPC API)")
+    add_arguments(parser)
+    return settings_from_args(parser.parse_args(argv))

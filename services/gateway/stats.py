@@ -1,0 +1,26 @@
+"""Gateway counters (plain numbers, for logs now and a metrics endpoint later)."""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GatewayStats:
+    num_requests: int = 0
+    num_completed: int = 0
+    num_cancelled: int = 0
+    # Final status code name -> requests that ended with it (e.g. "RESOURCE_EXHAUSTED").
+    failures: Counter = field(default_factory=Counter)
+    # "<role>:<reason>" -> decisions, e.g. "decode:prefix", "prefill:load", "colocated:only".
+    routing: Counter = field(default_factory=Counter)
+    num_prefill_retries: int = 0  # prefill attempts after a failed one
+    num_decode_refusals: int = 0  # Reserve answered RESOURCE_EXHAUSTED
+    num_decode_failovers: int = 0  # Reserve failed otherwise (instance unreachable)
+    num_colocated_failovers: int = 0
+    num_releases: int = 0  # reservations given back because Decode never started
+
+    def record_route(self, role: str, reason: str) -> None:
+        self.routing[f"{role}:{reason}"] += 1
+
+    def record_failure(self, code_name: str) -> None:
+        self.failures[code_name] += 1

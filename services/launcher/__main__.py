@@ -1,0 +1,8 @@
+"""`python -m services.launcher [flags]` is `pdserve up [flags]`."""
+
+import sys
+
+from shared.cli.main import main
+
+if __name__ == "__main__":
+    sys.exit(main(["up", *sys.argv[1:]]))

@@ -1,0 +1,96 @@
+"""One child process of the stack: its command, log file, ready file and lifetime."""
+
+import ctypes
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it if the launcher dies (Linux only)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class ChildProcess:
+    """A named child with its own session (so a terminal Ctrl-C reaches only the launcher,
+    which then stops the children in order), stdout+stderr in `log_path`."""
+
+    def __init__(self, name: str, role: str, argv: Sequence[str], log_path: Path,
+                 ready_file: Path | None = None, env: dict[str, str] | None = None):
+        self.name = name
+        self.role = role
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.ready_file = ready_file
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self.expected_exit = False
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def start(self) -> None:
+        if self.ready_file is not None:
+            self.ready_file.unlink(missing_ok=True)
+        self.expected_exit = False
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        logger.info("started %s (pid %d): %s", self.name, self.process.pid, " ".join(self.argv))
+
+    def exit_code(self) -> int | None:
+        """None while running (or never started); the exit status once it has exited."""
+        return None if self.process is None else self.process.poll()
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def send_signal(self, signum: int) -> None:
+        """Signal this child by its pid (no-op once it has exited)."""
+        if self.is_running():
+            self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once exited, False if still running after `timeout_s`."""
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout=max(0.0, timeout_s))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-num_lines:])
+
+
+def stop_children(children: Sequence[ChildProcess], grace_s: float) -> None:
+    """SIGTERM all at once, wait up to `grace_s` for all together, then SIGKILL the rest."""
+    running = [child for child in children if child.is_running()]
+    for child in running:
+        child.expected_exit = True
+        child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in running:
+        if not child.wait(deadline - time.monotonic()):
+            logger.warning("%s (pid %s) ignored SIGTERM for %.0f s; sending SIGKILL",
+                           child.name, child.pid, grace_s)
+            child.send_signal(signal.SIGKILL)
+            child.wait(5.0)

@@ -1,0 +1,63 @@
+"""Command lines and environment of the stack's service processes."""
+
+import os
+from pathlib import Path
+
+from services.launcher.config import StackConfig
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+SERVICE_MODULES = {
+    "prefill": "services.prefill",
+    "decode": "services.decode",
+    "colocated": "services.decode",
+    "gateway": "services.gateway",
+}
+
+
+def module_of(config: StackConfig, kind: str) -> str:
+    """The module run with `python -m` for a child of this kind (overridable for tests)."""
+    return config.service_modules.get(kind, SERVICE_MODULES[kind])
+
+
+def _model_args(config: StackConfig) -> list[str]:
+    return ["--model", config.model] if config.model else []
+
+
+def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
+                  ready_file: Path) -> list[str]:
+    """`python -m services.prefill|services.decode ...` for one engine instance (ports 0)."""
+    argv = [config.python, "-m", module_of(config, role)]
+    if role != "prefill":
+        argv += ["--role", role]
+    argv += [
+        "--instance-id", name, "--host", config.host, "--grpc-port", "0", "--ucx-port", "0",
+        "--redis-url", redis_url, "--ready-file", str(ready_file), "--dtype", config.dtype,
+        *_model_args(config),
+    ]
+    if config.host not in WILDCARD_HOSTS:
+        argv += ["--ucx-host", config.host]
+    if config.num_threads is not None:
+        argv += ["--num-threads", str(config.num_threads)]
+    return argv + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
+
+
+def gateway_argv(config: StackConfig, redis_url: str, ready_file: Path) -> list[str]:
+    """`python -m services.gateway ...` on the configured host and port."""
+    argv = [
+        config.python, "-m", module_of(config, "gateway"), "--host", config.host,
+        "--port", str(config.gateway_port), "--redis-url", redis_url,
+        "--ready-file", str(ready_file), *_model_args(config),
+    ]
+    return argv + config.extra_args.get("gateway", [])
+
+
+def child_env(config: StackConfig) -> dict[str, str]:
+    """The launcher's environment plus the stack's defaults and overrides."""
+    env = dict(os.environ)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    if config.num_threads is not None:
+        env["OMP_NUM_THREADS"] = str(config.num_threads)
+    env.update(config.env)
+    return env

@@ -1,0 +1,59 @@
+"""What a local stack consists of and how its children are started."""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_GATEWAY_PORT = 50051
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass
+class StackConfig:
+    """A local stack: Redis, prefill + decode (or colocated) instances and one gateway.
+
+    Ports are 0 (ephemeral) for every instance listener; only the gateway's port is fixed
+    (default 50051, 0 for an ephemeral one). `extra_args` are appended to the command line
+    of every child of that kind ("gateway", "prefill", "decode", "colocated", or
+    "instance" for all three instance roles).
+    """
+
+    num_prefill: int = 1
+    num_decode: int = 1
+    # Run `num_decode` colocated instances (prefill and decode in one engine), no prefill ones.
+    colocated: bool = False
+    model: str | None = None
+    dtype: str = "bfloat16"
+    num_threads: int | None = None
+    host: str = DEFAULT_HOST
+    gateway_port: int = DEFAULT_GATEWAY_PORT
+    # Use this Redis instead of starting a redis-server.
+    redis_url: str | None = None
+    # Port of the redis-server the stack starts (None: a free one).
+    redis_port: int | None = None
+    # Logs and ready files go here (None: a fresh temporary folder, kept after the stop).
+    run_dir: Path | None = None
+    ready_timeout_s: float = 600.0
+    stop_grace_s: float = 10.0
+    python: str = sys.executable
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
+    # Extra environment variables for every child (on top of the launcher's own).
+    env: dict[str, str] = field(default_factory=dict)
+    # Module run with `python -m` per kind ("gateway", "prefill", ...), replacing the default.
+    service_modules: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_decode < 1:
+            raise ValueError(f"num_decode must be >= 1, got {self.num_decode}")
+        if not self.colocated and self.num_prefill < 1:
+            raise ValueError(f"num_prefill must be >= 1 without --colocated, got {self.num_prefill}")
+        if not 0 <= self.gateway_port <= 65535:
+            raise ValueError(f"gateway_port must be in 0..65535, got {self.gateway_port}")
+
+    def instance_roles(self) -> list[tuple[str, str]]:
+        """(name, role) of every engine instance, prefill ones first."""
+        if self.colocated:
+            return [(f"colocated-{i}", "colocated") for i in range(self.num_decode)]
+        prefill = [(f"prefill-{i}", "prefill") for i in range(self.num_prefill)]
+        decode = [(f"decode-{i}", "decode") for i in range(self.num_decode)]
+        return prefill + decode

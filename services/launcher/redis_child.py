@@ -1,0 +1,61 @@
+"""The stack's own redis-server: loopback only, no persistence, restartable on its port."""
+
+import shutil
+import time
+from pathlib import Path
+
+import redis
+
+from services.launcher.child import ChildProcess, stop_children
+from services.launcher.errors import StackAborted, StackError
+
+MISSING_REDIS_MESSAGE = (
+    "redis-server is not installed; run `make setup` or `apt-get install -y redis-server`"
+)
+
+
+class RedisChild(ChildProcess):
+    """redis-server on a fixed loopback port; `restart()` brings it back empty on that port."""
+
+    def __init__(self, port: int, run_dir: Path, host: str = "127.0.0.1"):
+        executable = shutil.which("redis-server")
+        if executable is None:
+            raise StackError(MISSING_REDIS_MESSAGE)
+        self.host = host
+        self.port = port
+        argv = [
+            executable, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+            "--dir", str(run_dir), "--logfile", "",
+        ]
+        super().__init__("redis", "redis", argv, run_dir / "logs" / "redis.log")
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def wait_ready(self, timeout_s: float = 10.0, should_abort=lambda: False) -> None:
+        """Block until the server answers PING."""
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
+        try:
+            while time.monotonic() < deadline:
+                if should_abort():
+                    raise StackAborted("stop requested while starting redis-server")
+                if not self.is_running():
+                    raise StackError(f"redis-server exited early:\n{self.log_tail()}")
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    time.sleep(0.02)
+        finally:
+            client.close()
+        raise StackError(f"redis-server on port {self.port} did not answer PING in {timeout_s} s")
+
+    def restart(self, down_s: float = 0.0, grace_s: float = 10.0) -> None:
+        """Stop (SIGTERM, then SIGKILL), stay down `down_s`, start again on the same port."""
+        stop_children([self], grace_s)
+        time.sleep(down_s)
+        self.start()
+        self.wait_ready()

@@ -1,0 +1,19 @@
+"""The human-readable summary `pdserve up` prints once the stack is SERVING."""
+
+from services.launcher.stack import LocalStack
+
+
+def describe(stack: LocalStack) -> str:
+    """Where to send requests, then one line per child (pid, address, log file)."""
+    gateway = stack.gateway_address
+    lines = [
+        f"pdserve stack is up: send requests to the gateway at {gateway} (gRPC, pdserve.v1.Gateway)",
+        f"  try:   pdserve generate \"Hello\" --gateway {gateway}",
+        f"  state: pdserve status --redis-url {stack.redis_url}",
+        f"  redis: {stack.redis_url}",
+    ]
+    for child in stack.children():
+        address = stack.addresses.get(child.name, stack.redis_url if child.role == "redis" else "")
+        lines.append(f"  {child.name:<12} pid {child.pid:<8} {address:<22} log {child.log_path}")
+    lines.append("Press Ctrl-C to stop everything.")
+    return "\n".join(lines)

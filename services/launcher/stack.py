@@ -1,0 +1,151 @@
+"""LocalStack: start, watch and stop Redis + engine instances + a gateway as OS processes."""
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.launcher.child import ChildProcess, stop_children
+from services.launcher.commands import child_env, gateway_argv, instance_argv
+from services.launcher.config import StackConfig
+from services.launcher.errors import StackError
+from services.launcher.ports import find_free_port
+from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_serving
+from services.launcher.redis_child import RedisChild
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.2
+
+
+def _never() -> bool:
+    return False
+
+
+class LocalStack:
+    """Usage: `with LocalStack(config) as stack: stack.start(); stack.watch(stop_event)`."""
+
+    def __init__(self, config: StackConfig):
+        self.config = config
+        self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="pdserve-stack-"))
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "ready").mkdir(parents=True, exist_ok=True)
+        self.redis: RedisChild | None = None
+        self.instances: list[ChildProcess] = []
+        self.gateway: ChildProcess | None = None
+        # Ready-file JSON and bound gRPC address of every service child, by name.
+        self.ready_info: dict[str, dict] = {}
+        self.addresses: dict[str, str] = {}
+
+    # ---- starting ------------------------------------------------------------------------
+
+    @property
+    def redis_url(self) -> str:
+        if self.config.redis_url:
+            return self.config.redis_url
+        if self.redis is None:
+            raise StackError("redis-server is not started yet")
+        return self.redis.url
+
+    @property
+    def gateway_address(self) -> str:
+        return self.addresses["gateway"]
+
+    def start(self, should_abort: Callable[[], bool] = _never) -> None:
+        """Start everything and wait until every service is SERVING; on failure stop all."""
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        try:
+            self._start_redis(should_abort)
+            self.start_instances(self.config.instance_roles(), deadline, should_abort)
+            self._start_gateway(deadline, should_abort)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_redis(self, should_abort: Callable[[], bool]) -> None:
+        if self.config.redis_url:
+            return
+        port = self.config.redis_port or find_free_port(self.config.host)
+        self.redis = RedisChild(port, self.run_dir, self.config.host)
+        self.redis.start()
+        self.redis.wait_ready(should_abort=should_abort)
+
+    def start_instances(self, names_and_roles: list[tuple[str, str]], deadline: float,
+                        should_abort: Callable[[], bool] = _never) -> list[ChildProcess]:
+        """Launch these instances together, then wait until each one is SERVING."""
+        children = []
+        for name, role in names_and_roles:
+            ready_file = self._ready_file(name)
+            argv = instance_argv(self.config, name, role, self.redis_url, ready_file)
+            children.append(self._spawn(name, role, argv, ready_file))
+        self.instances.extend(children)
+        for child in children:
+            self._await_serving(child, deadline, should_abort)
+        return children
+
+    def _start_gateway(self, deadline: float, should_abort: Callable[[], bool]) -> None:
+        ready_file = self._ready_file("gateway")
+        argv = gateway_argv(self.config, self.redis_url, ready_file)
+        self.gateway = self._spawn("gateway", "gateway", argv, ready_file)
+        self._await_serving(self.gateway, deadline, should_abort)
+
+    def _ready_file(self, name: str) -> Path:
+        return self.run_dir / "ready" / f"{name}.json"
+
+    def _spawn(self, name: str, role: str, argv: list[str], ready_file: Path) -> ChildProcess:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        child = ChildProcess(name, role, argv, log_path, ready_file, child_env(self.config))
+        child.start()
+        return child
+
+    def _await_serving(self, child: ChildProcess, deadline: float,
+                       should_abort: Callable[[], bool]) -> None:
+        ready = wait_until_ready(child, deadline, should_abort)
+        address = grpc_address_of(ready, self.config.host)
+        wait_until_serving(child, address, deadline, should_abort)
+        self.ready_info[child.name] = ready
+        self.addresses[child.name] = address
+        logger.info("%s is SERVING at %s", child.name, address)
+
+    # ---- watching and stopping -----------------------------------------------------------
+
+    def children(self) -> list[ChildProcess]:
+        """Every child, in start order."""
+        redis = [self.redis] if self.redis is not None else []
+        gateway = [self.gateway] if self.gateway is not None else []
+        return redis + self.instances + gateway
+
+    def find_dead_child(self) -> ChildProcess | None:
+        """The first child that exited without being asked to, if any."""
+        for child in self.children():
+            if child.exit_code() is not None and not child.expected_exit:
+                return child
+        return None
+
+    def watch(self, stop_event: threading.Event) -> ChildProcess | None:
+        """Block until `stop_event` is set (returns None) or a child dies (returns it)."""
+        while not stop_event.wait(WATCH_INTERVAL_S):
+            dead = self.find_dead_child()
+            if dead is not None:
+                logger.error("%s (pid %s) exited unexpectedly with status %s; last log lines "
+                             "(%s):\n%s", dead.name, dead.pid, dead.exit_code(), dead.log_path,
+                             dead.log_tail())
+                return dead
+        return None
+
+    def stop(self) -> None:
+        """Gateway first, then all instances together, then Redis (so instances deregister)."""
+        grace_s = self.config.stop_grace_s
+        if self.gateway is not None:
+            stop_children([self.gateway], grace_s)
+        stop_children(self.instances, grace_s)
+        if self.redis is not None:
+            stop_children([self.redis], grace_s)
+
+    def __enter__(self) -> "LocalStack":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

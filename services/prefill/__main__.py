@@ -1,0 +1,5 @@
+import sys
+
+from services.prefill import main
+
+sys.exit(main())

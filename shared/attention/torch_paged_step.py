@@ -1,0 +1,125 @@
+"""What `TorchPagedAttention.prepare` derives from a step's AttentionMetadata, once for all layers.
+
+Decodes are sorted by context length and split into a few groups when that saves more padded
+key positions than the extra operations cost; each group is gathered and masked as one batch.
+Each prefill chunk gets the blocks covering its context and a causal mask, offset by the
+number of the sequence's tokens cached before the chunk.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from shared.attention.metadata import AttentionMetadata
+
+MAX_DECODE_GROUPS = 4
+# What one more decode group costs (a handful of extra operations per layer), in key positions
+# of gather-and-multiply work it must save to pay off; measured on SmolLM2-135M shapes.
+GROUP_OVERHEAD_KEY_POSITIONS = 512
+
+
+@dataclass
+class DecodeGroup:
+    """Decodes of similar context length, padded to the longest of them."""
+    # (n,) the group's decode rows; None when the group is every decode, in row order.
+    rows: torch.Tensor | None
+    # (n * num_blocks,) the group's block tables, right-padded and flattened.
+    block_ids: torch.Tensor
+    # Key positions per sequence after padding: num_blocks * block_size.
+    padded_len: int
+    # (n, padded_len) True where the key position is inside the sequence's context.
+    is_in_context: torch.Tensor
+    # Additive 0 / -inf mask whose layout the decode kernel chooses (see TorchPagedAttention).
+    score_bias: torch.Tensor | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.is_in_context.shape[0]
+
+
+@dataclass
+class PrefillChunk:
+    first_row: int
+    query_len: int
+    context_len: int
+    # (ceil(context_len / block_size),) the blocks holding the context.
+    block_ids: torch.Tensor
+    # (query_len, context_len) True where a row may attend: causal, offset by the
+    # context_len - query_len tokens cached before this chunk.
+    causal_mask: torch.Tensor
+    # Additive 0 / -inf form of causal_mask in the model's dtype, set by the backend.
+    score_bias: torch.Tensor | None = None
+
+
+@dataclass
+class TorchPagedStep:
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillChunk]
+
+
+def plan_decode_groups(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
+    if not metadata.num_decode_tokens:
+        return []
+    context_lens = metadata.decode_context_lens
+    row_groups = split_by_length(context_lens.tolist(), block_size)
+    if len(row_groups) == 1:
+        return [_decode_group(None, metadata.decode_block_tables, context_lens, block_size)]
+    groups = []
+    for rows in row_groups:
+        rows = torch.tensor(rows, dtype=torch.long)
+        groups.append(_decode_group(rows, metadata.decode_block_tables[rows], context_lens[rows], block_size))
+    return groups
+
+
+def split_by_length(context_lens: list[int], block_size: int) -> list[list[int]]:
+    """Row indices of the decodes in 1..MAX_DECODE_GROUPS equal-count groups of ascending
+    context length, choosing the count with the least padded work plus per-group overhead."""
+    num_seqs = len(context_lens)
+    best_groups = [list(range(num_seqs))]
+    best_cost = num_seqs * _round_up(max(context_lens), block_size)
+    order = sorted(range(num_seqs), key=context_lens.__getitem__)
+    for num_groups in range(2, min(MAX_DECODE_GROUPS, num_seqs) + 1):
+        bounds = [round(i * num_seqs / num_groups) for i in range(num_groups + 1)]
+        groups = [order[start:end] for start, end in zip(bounds, bounds[1:])]
+        padded = sum(len(group) * _round_up(context_lens[group[-1]], block_size) for group in groups)
+        cost = padded + GROUP_OVERHEAD_KEY_POSITIONS * (num_groups - 1)
+        if cost < best_cost:
+            best_groups, best_cost = groups, cost
+    return best_groups
+
+
+def plan_prefill_chunks(metadata: AttentionMetadata, block_size: int) -> list[PrefillChunk]:
+    chunks = []
+    first_row = metadata.num_decode_tokens
+    for query_len, context_len, block_table in zip(
+            metadata.prefill_query_lens, metadata.prefill_context_lens, metadata.prefill_block_tables):
+        num_blocks = math.ceil(context_len / block_size)
+        causal_mask = offset_causal_mask(query_len, context_len)
+        chunks.append(PrefillChunk(first_row, query_len, context_len, block_table[:num_blocks], causal_mask))
+        first_row += query_len
+    return chunks
+
+
+def offset_causal_mask(query_len: int, context_len: int) -> torch.Tensor:
+    """Row i (context position context_len - query_len + i) sees positions up to its own."""
+    row_positions = torch.arange(context_len - query_len, context_len)
+    return torch.arange(context_len)[None, :] <= row_positions[:, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
+def _decode_group(rows: torch.Tensor | None, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                  block_size: int) -> DecodeGroup:
+    num_blocks = -(-int(context_lens.max()) // block_size)
+    padded_len = num_blocks * block_size
+    is_in_context = torch.arange(padded_len) < context_lens[:, None]
+    return DecodeGroup(rows, block_tables[:, :num_blocks].reshape(-1), padded_len, is_in_context)
+
+
+def _round_up(length: int, block_size: int) -> int:
+    return -(-length // block_size) * block_size

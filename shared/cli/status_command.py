@@ -1,0 +1,106 @@
+"""`pdserve status`: the instances registered in Redis, their load, and block leases.
+
+Reads the cluster state of one deployment and model (the same namespace the services use)
+and prints a table; `--json` prints the same as JSON.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Called by shared.cli.main.build_parser to register this subcommand."""
+    parser = subparsers.add_parser("status", help="list registered instances, their load and leases")
+    parser.add_argument("--redis-url", default=os.environ.get("PDSERVE_REDIS_URL", DEFAULT_REDIS_URL),
+                        help=f"Redis (default: $PDSERVE_REDIS_URL or {DEFAULT_REDIS_URL})")
+    parser.add_argument("--deployment", default=os.environ.get("PDSERVE_DEPLOYMENT", "default"),
+                        help="deployment (default: $PDSERVE_DEPLOYMENT or default)")
+    parser.add_argument("--model", default=os.environ.get("PDSERVE_SERVED_MODEL_NAME")
+                        or os.environ.get("PDSERVE_MODEL"),
+                        help="served model name, folder or .gguf (default: the bundled model)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=run)
+
+
+def namespace_model_name(model: str | None) -> str:
+    """The name the services register under: a folder's (or converted GGUF's) folder name."""
+    from shared.model.default_model import DEFAULT_MODEL_NAME, cache_entry_name, default_gguf_path
+
+    if model is None or model == DEFAULT_MODEL_NAME:
+        return cache_entry_name(default_gguf_path())
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.name
+    if path.is_file() and path.suffix == ".gguf":
+        return cache_entry_name(path)
+    return model
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from shared.cluster.keys import ClusterNamespace
+
+    namespace = ClusterNamespace(args.deployment, namespace_model_name(args.model))
+    try:
+        instances, leases = asyncio.run(_read(args.redis_url, namespace))
+    except OSError as error:  # redis ConnectionError/TimeoutError derive from OSError here
+        print(f"pdserve status: error: cannot read {args.redis_url}: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(_as_json(namespace, instances, leases), indent=2))
+    else:
+        print_table(namespace, instances, leases)
+    return 0
+
+
+async def _read(redis_url: str, namespace):
+    import redis.asyncio
+
+    from shared.cluster.instances import InstanceRegistry
+    from shared.cluster.lease_mirror import list_mirrored_leases
+
+    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=3.0, socket_connect_timeout=3.0)
+    try:
+        instances = await InstanceRegistry(client, namespace).list_live()
+        leases = await list_mirrored_leases(client, namespace)
+    except redis.exceptions.RedisError as error:
+        raise OSError(str(error)) from error
+    finally:
+        await client.aclose()
+    return instances, leases
+
+
+def _as_json(namespace, instances, leases) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "deployment": namespace.deployment, "model": namespace.model,
+        "instances": [{**asdict(info), **asdict(load)} for info, load in instances],
+        "leases": [asdict(lease) for lease in leases],
+    }
+
+
+def print_table(namespace, instances, leases) -> None:
+    print(f"deployment {namespace.deployment}, model {namespace.model}: {len(instances)} live instances")
+    header = ("INSTANCE", "ROLE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS")
+    rows = [(info.instance_id, info.role, info.grpc_address, info.ucx_address or "-",
+             str(load.queue_depth), str(load.num_running_requests),
+             f"{load.num_free_blocks}/{load.num_total_blocks}") for info, load in instances]
+    _print_rows(header, rows)
+    print(f"\n{len(leases)} block leases")
+    if leases:
+        _print_rows(("INSTANCE", "REQUEST", "BLOCKS", "EXPIRES IN"),
+                    [(lease.instance_id, lease.request_id, str(len(lease.block_ids)),
+                      f"{lease.remaining_s:.1f}s") for lease in leases])
+
+
+def _print_rows(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

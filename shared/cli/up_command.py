@@ -1,0 +1,90 @@
+"""`pdserve up`: run a local stack (Redis, prefill, decode or colocated instances, a gateway)
+as separate processes on loopback until Ctrl-C or SIGTERM.
+
+Every flag has an environment variable (shown in --help); flags win over variables.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+DTYPE_CHOICES = ("bfloat16", "float32")
+
+
+def _env(name: str, default, convert=str):
+    value = os.environ.get(name)
+    return default if value in (None, "") else convert(value)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Called by shared.cli.main.build_parser to register this subcommand."""
+    parser = subparsers.add_parser(
+        "up", help="run a local stack: redis, prefill, decode and a gateway",
+        description="Starts redis-server, the engine instances and a gateway as separate "
+                    "processes, waits until all are healthy, prints where to send requests, "
+                    "and stops everything on Ctrl-C or SIGTERM.")
+    add_stack_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The stack's flags, each with a PDSERVE_UP_* (or PDSERVE_*) environment default."""
+    parser.add_argument("--num-prefill", type=int, default=_env("PDSERVE_UP_NUM_PREFILL", 1, int),
+                        help="prefill instances (default 1; env PDSERVE_UP_NUM_PREFILL)")
+    parser.add_argument("--num-decode", type=int, default=_env("PDSERVE_UP_NUM_DECODE", 1, int),
+                        help="decode (or colocated) instances (default 1; env PDSERVE_UP_NUM_DECODE)")
+    parser.add_argument("--colocated", action="store_true", default=_env_flag("PDSERVE_UP_COLOCATED"),
+                        help="run --num-decode colocated instances and no prefill ones "
+                             "(env PDSERVE_UP_COLOCATED=1)")
+    parser.add_argument("--host", default=_env("PDSERVE_UP_HOST", "127.0.0.1"),
+                        help="address every service binds (default 127.0.0.1; env PDSERVE_UP_HOST)")
+    parser.add_argument("--gateway-port", type=int, default=_env("PDSERVE_UP_GATEWAY_PORT", 50051, int),
+                        help="gateway gRPC port, 0 = any free one (default 50051; env PDSERVE_UP_GATEWAY_PORT)")
+    parser.add_argument("--model", default=_env("PDSERVE_MODEL", None),
+                        help="HF folder or GGUF file (default: bundled SmolLM2; env PDSERVE_MODEL)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=_env("PDSERVE_DTYPE", "bfloat16"),
+                        help="engine dtype (default bfloat16; env PDSERVE_DTYPE)")
+    parser.add_argument("--num-threads", type=int, default=_env("PDSERVE_NUM_THREADS", None, int),
+                        help="torch threads per instance (default: torch's choice; env PDSERVE_NUM_THREADS)")
+    parser.add_argument("--redis-url", default=_env("PDSERVE_UP_REDIS_URL", None),
+                        help="use this Redis instead of starting redis-server (env PDSERVE_UP_REDIS_URL)")
+    parser.add_argument("--run-dir", type=Path, default=_env("PDSERVE_UP_RUN_DIR", None, Path),
+                        help="folder for logs and ready files (default: a new temp folder; env PDSERVE_UP_RUN_DIR)")
+    parser.add_argument("--ready-timeout", type=float, default=_env("PDSERVE_UP_READY_TIMEOUT", 600.0, float),
+                        help="seconds to wait for every service to be SERVING (default 600)")
+    parser.add_argument("--stop-grace", type=float, default=_env("PDSERVE_UP_STOP_GRACE", 10.0, float),
+                        help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    for kind in ("gateway", "instance", "prefill", "decode"):
+        parser.add_argument(f"--{kind}-arg", dest=f"{kind}_args", action="append", default=[],
+                            metavar="ARG", help=f"extra argument for every {kind} process (repeatable; "
+                                                f"use --{kind}-arg=--flag for dash-led values)")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The StackConfig the parsed flags describe."""
+    from services.launcher.config import StackConfig
+
+    extra_args = {"gateway": args.gateway_args, "instance": args.instance_args,
+                  "prefill": args.prefill_args, "decode": args.decode_args,
+                  "colocated": args.decode_args}
+    return StackConfig(
+        num_prefill=args.num_prefill, num_decode=args.num_decode, colocated=args.colocated,
+        model=args.model, dtype=args.dtype, num_threads=args.num_threads, host=args.host,
+        gateway_port=args.gateway_port, redis_url=args.redis_url, run_dir=args.run_dir,
+        ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, extra_args=extra_args,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.launcher.run import run_stack
+    from shared.errors import InvalidRequestError
+
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        raise InvalidRequestError("up", str(error)) from error
+    return run_stack(config)

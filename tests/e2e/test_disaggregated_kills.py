@@ -1,0 +1,125 @@
+"""Instances dying (SIGKILL: no deregistration, no goodbye) with real processes: Redis, a
+gateway, 2 prefill and 2 decode instances with short heartbeat TTLs.
+
+Proves: a request whose prefill instance is killed mid-prompt is retried on the other one
+and completes with the same tokens as the offline engine; a killed instance stops
+heartbeating and drops out of routing and the prefix index, and requests keep succeeding,
+also right after a decode instance dies. Live instances end every test with no blocks held.
+"""
+
+import threading
+
+import grpc
+import pytest
+
+from shared.engine import LLM, SamplingParams
+from tests.helpers.gateway_client import FINISHED, generate, generate_request, random_token_ids
+from tests.helpers.stack import running_stack
+
+DTYPE = "bfloat16"
+PREFILL_CHUNK_TOKENS = 64
+LONG_PROMPT_TOKENS = 1200
+HEARTBEAT_TTL_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def stack(smollm2_folder, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("stack")
+    yield from running_stack(smollm2_folder, DTYPE, run_dir=run_dir, extra_args={
+        "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
+                     "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S)],
+        "prefill": ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)]})
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_folder) -> LLM:
+    """Offline engine computing prompts in the same chunks as the prefill instances."""
+    return LLM(model=str(smollm2_folder), dtype=DTYPE, num_threads=1,
+               max_num_batched_tokens=PREFILL_CHUNK_TOKENS)
+
+
+@pytest.fixture(autouse=True)
+def no_stranded_blocks(stack):
+    yield
+    stack.wait_all_blocks_free()
+
+
+def prompt_counters(stack) -> dict[str, int]:
+    return {name: status.num_prompt_tokens_computed for name, status in stack.statuses("prefill").items()}
+
+
+def moved(stack, before: dict[str, int]) -> str | None:
+    now = prompt_counters(stack)
+    return next((name for name in now if now[name] > before.get(name, 0)), None)
+
+
+def ensure_live(stack, role: str, count: int) -> None:
+    """Start replacements so that `count` instances of `role` run (earlier tests kill some)."""
+    index = len(stack.instances(role, live_only=False))
+    while len(stack.instances(role)) < count:
+        stack.add_instance(f"{role}-{index}", role)
+        index += 1
+    names = {instance.name for instance in stack.instances()}
+    stack.wait_for(lambda: stack.registered_ids() == names, 20.0, "every live instance registered")
+
+
+def test_prefill_killed_mid_request_is_retried_on_another_and_completes(stack, reference):
+    ensure_live(stack, "prefill", 2)
+    prompt = random_token_ids(LONG_PROMPT_TOKENS, seed=21)
+    expected = reference.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0))[0]
+    before = prompt_counters(stack)
+    result = {}
+
+    def run():
+        try:
+            result["completion"] = generate(stack.gateway, generate_request(token_ids=prompt, max_tokens=8),
+                                            timeout_s=180)
+        except grpc.RpcError as error:
+            result["error"] = error
+
+    client = threading.Thread(target=run)
+    client.start()
+    victim = stack.wait_for(lambda: moved(stack, before), 60.0, "a prefill instance to start", 0.05)
+    assert prompt_counters(stack)[victim] - before[victim] < LONG_PROMPT_TOKENS, "killed too late"
+    stack.kill(stack.instance(victim))
+    client.join(timeout=180)
+    assert "error" not in result, (result["error"].code(), result["error"].details())
+    completion = result["completion"]
+    assert completion.token_ids == expected.token_ids
+    survivor = moved(stack, {n: v for n, v in before.items() if n != victim})
+    assert survivor is not None and survivor != victim
+    assert prompt_counters(stack)[survivor] - before[survivor] == LONG_PROMPT_TOKENS
+
+
+def test_killed_prefill_drops_out_of_routing_and_the_prefix_index(stack):
+    ensure_live(stack, "prefill", 2)
+    prompt = random_token_ids(160, seed=22)
+    before = prompt_counters(stack)
+    generate(stack.gateway, generate_request(token_ids=prompt, max_tokens=2))
+    holder = moved(stack, before)
+    stack.wait_for(lambda: stack.prefix_holders(prompt, {holder})[holder] == 10, 10.0,
+                   f"the prefix index to show {holder} holding the prompt")
+
+    stack.kill(stack.instance(holder))
+    stack.wait_for(lambda: holder not in stack.registered_ids(), 3 * HEARTBEAT_TTL_S + 5,
+                   f"{holder}'s registration to lapse")
+    before = prompt_counters(stack)
+    completion = generate(stack.gateway, generate_request(token_ids=prompt, max_tokens=2))
+    assert completion.finish_reason in FINISHED
+    [survivor] = prompt_counters(stack)
+    assert prompt_counters(stack)[survivor] - before[survivor] == len(prompt)
+    stack.wait_for(lambda: holder not in stack.indexed_ids(), 10.0,
+                   f"{holder}'s prefix-index entry to be dropped")
+
+
+def test_requests_keep_succeeding_when_a_decode_instance_dies(stack):
+    victim, survivor = stack.instances("decode")[:2]
+    stack.kill(victim)
+    for index in range(3):  # right away: its registration is still live
+        completion = generate(stack.gateway, generate_request(text=f"Fact {index}: the moon", max_tokens=3))
+        assert completion.finish_reason in FINISHED
+    stack.wait_for(lambda: victim.name not in stack.registered_ids(), 3 * HEARTBEAT_TTL_S + 5,
+                   f"{victim.name}'s registration to lapse")
+    before = stack.status(survivor).num_requests_finished
+    generate(stack.gateway, generate_request(text="After the drop-out,", max_tokens=3))
+    assert stack.status(survivor).num_requests_finished == before + 1

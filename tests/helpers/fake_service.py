@@ -1,0 +1,68 @@
+"""A stand-in service for the launcher's unit tests: `python -m tests.helpers.fake_service`.
+
+Accepts the real services' flags (ignoring all but --host, --port/--grpc-port, --ready-file,
+--instance-id), serves only the standard gRPC health service, writes the ready file, and
+exits 0 on SIGTERM. Misbehaviour is chosen per instance with FAKE_SERVICE_MODE_<NAME> (name
+upper-cased, '-' as '_'), else FAKE_SERVICE_MODE:
+  ok             behave
+  exit_at_start  exit 3 before binding
+  not_serving    bind and write the ready file, never report SERVING
+  die_after      exit 4 one second after becoming ready
+  ignore_term    ignore SIGTERM (the launcher must SIGKILL it)
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", "--grpc-port", dest="port", type=int, default=0)
+    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--instance-id", default="gateway")
+    args, _ = parser.parse_known_args(argv)
+    return args
+
+
+def mode_of(name: str) -> str:
+    specific = os.environ.get(f"FAKE_SERVICE_MODE_{name.upper().replace('-', '_')}")
+    return specific or os.environ.get("FAKE_SERVICE_MODE", "ok")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    mode = mode_of(args.instance_id)
+    if mode == "exit_at_start":
+        return 3
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore_term" else lambda *_: stopped.set())
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    server.start()
+    status = health_pb2.HealthCheckResponse
+    servicer.set("", status.NOT_SERVING if mode == "not_serving" else status.SERVING)
+    with open(args.ready_file, "w") as ready:
+        json.dump({"grpc_address": f"{args.host}:{port}", "pid": os.getpid()}, ready)
+    if mode == "die_after":
+        time.sleep(1.0)
+        return 4
+    while not stopped.wait(0.1):
+        pass
+    server.stop(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,209 @@
+"""A real pdserve stack for end-to-end tests, built on services.launcher.
+
+`start_test_stack(model_folder, dtype)` starts redis-server, 2 prefill and 2 decode
+instances (or what the caller asks for) and one gateway as separate OS processes, every
+listener on an ephemeral loopback port, and waits until all are SERVING. The returned
+StackHarness gives the tests gRPC stubs, GetStatus per instance, SIGKILL of one instance,
+a Redis restart on the same port, registry/prefix-index views, and the "no stranded blocks"
+check every test ends with.
+"""
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import redis.asyncio
+
+from services.launcher import LocalStack, StackConfig
+from services.launcher.child import ChildProcess, stop_children
+from shared.cluster.instances import InstanceRegistry
+from shared.cluster.keys import ClusterNamespace
+from shared.cluster.prefix_index import PrefixIndex
+from shared.kv_cache.block_hash import hash_full_blocks
+from shared.pb.pdserve.v1 import gateway_pb2_grpc, instance_pb2, instance_pb2_grpc
+
+DEPLOYMENT = "default"
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One engine instance of the stack: its name (= instance id), role and gRPC address."""
+
+    name: str
+    role: str
+    address: str
+    child: ChildProcess
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid
+
+    def is_running(self) -> bool:
+        return self.child.is_running()
+
+
+class StackHarness:
+    def __init__(self, stack: LocalStack, model_folder: Path):
+        self.stack = stack
+        self.model_folder = Path(model_folder)
+        self.namespace = ClusterNamespace(DEPLOYMENT, self.model_folder.name)
+        self._channels: dict[str, grpc.Channel] = {}
+
+    # ---- processes -----------------------------------------------------------------------
+
+    def instances(self, role: str | None = None, live_only: bool = True) -> list[Instance]:
+        found = []
+        for child in self.stack.instances:
+            if (role is None or child.role == role) and (child.is_running() or not live_only):
+                found.append(Instance(child.name, child.role, self.stack.addresses[child.name], child))
+        return found
+
+    def instance(self, name: str) -> Instance:
+        for instance in self.instances(live_only=False):
+            if instance.name == name:
+                return instance
+        raise KeyError(name)
+
+    def kill(self, instance: Instance, signum: int = signal.SIGKILL) -> None:
+        """Signal one instance (default SIGKILL: no deregistration) and wait for its exit."""
+        instance.child.expected_exit = True
+        instance.child.send_signal(signum)
+        assert instance.child.wait(30.0), f"{instance.name} did not exit after {signum}"
+        channel = self._channels.pop(instance.address, None)
+        if channel is not None:
+            channel.close()
+
+    def restart_redis(self, down_s: float = 0.5) -> None:
+        """Redis goes away and comes back empty on the same port (no persistence)."""
+        self.stack.redis.restart(down_s=down_s)
+
+    def stop_redis(self) -> None:
+        stop_children([self.stack.redis], grace_s=10.0)
+
+    def start_redis(self) -> None:
+        """Start it again, empty, on the same port."""
+        self.stack.redis.start()
+        self.stack.redis.wait_ready()
+
+    def add_instance(self, name: str, role: str) -> Instance:
+        """Start one more instance (e.g. to replace a killed one) and wait until SERVING."""
+        deadline = time.monotonic() + self.stack.config.ready_timeout_s
+        [child] = self.stack.start_instances([(name, role)], deadline)
+        return self.instance(child.name)
+
+    def check_children_alive(self) -> None:
+        dead = self.stack.find_dead_child()
+        assert dead is None, (f"{dead.name} died with status {dead.exit_code()}; log tail "
+                              f"({dead.log_path}):\n{dead.log_tail(40)}")
+
+    def stop(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self.stack.stop()
+
+    # ---- gRPC ----------------------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.insecure_channel(address)
+        return self._channels[address]
+
+    @property
+    def gateway(self) -> gateway_pb2_grpc.GatewayStub:
+        return gateway_pb2_grpc.GatewayStub(self.channel(self.stack.gateway_address))
+
+    def stub(self, instance: Instance) -> instance_pb2_grpc.InstanceStub:
+        return instance_pb2_grpc.InstanceStub(self.channel(instance.address))
+
+    def status(self, instance: Instance, timeout_s: float = 10.0) -> instance_pb2.InstanceStatus:
+        return self.stub(instance).GetStatus(instance_pb2.StatusRequest(), timeout=timeout_s)
+
+    def statuses(self, role: str | None = None) -> dict[str, instance_pb2.InstanceStatus]:
+        return {instance.name: self.status(instance) for instance in self.instances(role)}
+
+    # ---- blocks --------------------------------------------------------------------------
+
+    def stranded_blocks(self) -> dict[str, tuple[int, int]]:
+        """Live instances whose free-block count is below their total: name -> (free, total)."""
+        stranded = {}
+        for name, status in self.statuses().items():
+            if status.num_free_blocks != status.num_total_blocks:
+                stranded[name] = (status.num_free_blocks, status.num_total_blocks)
+        return stranded
+
+    def wait_all_blocks_free(self, timeout_s: float = 15.0) -> None:
+        """Every live instance's free-block count back at its total (releases are async)."""
+        deadline = time.monotonic() + timeout_s
+        while (stranded := self.stranded_blocks()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not stranded, (f"blocks still held after {timeout_s} s (free, total): {stranded}; "
+                              f"logs in {self.stack.run_dir / 'logs'}")
+
+    # ---- cluster state in Redis ----------------------------------------------------------
+
+    def registered_ids(self, role: str | None = None) -> set[str]:
+        """Instance ids with a live registration in Redis."""
+        async def read() -> set[str]:
+            async with redis.asyncio.Redis.from_url(self.stack.redis_url) as client:
+                return await InstanceRegistry(client, self.namespace).live_instance_ids(role)
+        return asyncio.run(read())
+
+    def prefix_holders(self, token_ids: list[int], instance_ids: set[str]) -> dict[str, int]:
+        """Leading full blocks of `token_ids` each given instance holds per the prefix index."""
+        hashes = hash_full_blocks(token_ids, BLOCK_SIZE, (self.model_folder.name,))
+
+        async def read() -> dict[str, int]:
+            async with redis.asyncio.Redis.from_url(self.stack.redis_url) as client:
+                return await PrefixIndex(client, self.namespace).longest_prefix(hashes, instance_ids)
+        return asyncio.run(read())
+
+    def indexed_ids(self) -> set[str]:
+        """Instances that have an entry in the prefix index (live or not)."""
+        async def read() -> set[str]:
+            async with redis.asyncio.Redis.from_url(self.stack.redis_url) as client:
+                return await PrefixIndex(client, self.namespace).indexed_instance_ids()
+        return asyncio.run(read())
+
+    def wait_for(self, predicate, timeout_s: float, what: str, interval_s: float = 0.2):
+        """Poll `predicate()` until truthy; returns its value or fails naming `what`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval_s)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_decode: int = 2,
+                      extra_args: dict[str, list[str]] | None = None,
+                      run_dir: Path | None = None) -> StackConfig:
+    """Loopback, ephemeral ports, one torch thread per instance."""
+    return StackConfig(
+        num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
+        num_threads=1, gateway_port=0, run_dir=run_dir, ready_timeout_s=300.0,
+        stop_grace_s=10.0, extra_args=extra_args or {},
+        env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+
+
+def start_test_stack(model_folder: Path, dtype: str, **kwargs) -> StackHarness:
+    config = make_stack_config(model_folder, dtype, **kwargs)
+    stack = LocalStack(config)
+    stack.start()
+    return StackHarness(stack, model_folder)
+
+
+def running_stack(model_folder: Path, dtype: str, **kwargs) -> Iterator[StackHarness]:
+    """For module-scoped fixtures: `yield from running_stack(folder, "float32")`."""
+    harness = start_test_stack(model_folder, dtype, **kwargs)
+    try:
+        yield harness
+    finally:
+        harness.stop()

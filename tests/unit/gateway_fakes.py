@@ -1,0 +1,122 @@
+"""Fake engine instances for gateway tests: grpc.aio servers on port 0 that implement the
+Instance service with canned behaviour, registered in a real Redis."""
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.prefix_index import PrefixIndex
+from shared.pb.pdserve.v1 import generation_pb2 as gen
+from shared.pb.pdserve.v1 import instance_pb2 as inst
+from shared.pb.pdserve.v1 import instance_pb2_grpc
+
+FIRST_TOKEN_ID = 42
+DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
+
+
+@dataclass
+class Behaviour:
+    reserve_error: grpc.StatusCode | None = None
+    prefill_error: grpc.StatusCode | None = None
+    prefill_blocks: bool = False  # Prefill waits until cancelled
+    decode_blocks_after_first: bool = False  # Decode sends one message, then waits
+    num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
+    block_ids: list[int] = field(default_factory=lambda: [7, 8, 9, 10])
+
+
+class FakeInstance(instance_pb2_grpc.InstanceServicer):
+    def __init__(self, instance_id: str, role: str, behaviour: Behaviour | None = None):
+        self.instance_id = instance_id
+        self.role = role
+        self.behaviour = behaviour or Behaviour()
+        self.calls: list[tuple[str, object]] = []  # (method, request message)
+        self.cancelled = asyncio.Event()  # a call of ours saw the client cancel
+        self.started = asyncio.Event()  # Prefill or Decode began
+        self.server: grpc.aio.Server | None = None
+        self.address = ""
+
+    def methods(self) -> list[str]:
+        return [method for method, _ in self.calls]
+
+    def requests_of(self, method: str) -> list:
+        return [request for name, request in self.calls if name == method]
+
+    async def start(self) -> None:
+        self.server = grpc.aio.server()
+        instance_pb2_grpc.add_InstanceServicer_to_server(self, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        self.address = f"127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        await self.server.stop(0)
+
+    async def Reserve(self, request, context):
+        self.calls.append(("Reserve", request))
+        if self.behaviour.reserve_error is not None:
+            await context.abort(self.behaviour.reserve_error, f"{self.instance_id} says no")
+        return inst.ReserveResponse(ucx_address=f"ucx-{self.instance_id}", block_ids=self.behaviour.block_ids,
+                                    num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens)
+
+    async def Prefill(self, request, context):
+        self.calls.append(("Prefill", request))
+        self.started.set()
+        if self.behaviour.prefill_error is not None:
+            await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
+        if self.behaviour.prefill_blocks:
+            await self._wait_for_cancel()
+        return inst.PrefillResponse(
+            first_token_id=FIRST_TOKEN_ID, num_computed_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens,
+            prompt_logprobs=[gen.PositionLogprobs(token_id=t, logprob=-1.0) for t in request.prompt_token_ids[1:]])
+
+    async def Decode(self, request, context):
+        self.calls.append(("Decode", request))
+        self.started.set()
+        for position, (text, token_ids) in enumerate(DECODE_PIECES):
+            message = gen.GenerateResponse(request_id=request.request_id, text=text, token_ids=token_ids)
+            if position == len(DECODE_PIECES) - 1:
+                message.finish_reason = gen.FINISH_REASON_STOP
+                message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=3, cached_prompt_tokens=999))
+            yield message
+            if self.behaviour.decode_blocks_after_first:
+                await self._wait_for_cancel()
+
+    async def Release(self, request, context):
+        self.calls.append(("Release", request))
+        return inst.ReleaseResponse(released=True)
+
+    async def Generate(self, request, context):
+        self.calls.append(("Generate", request))
+        for position, (text, token_ids) in enumerate(DECODE_PIECES):
+            message = gen.GenerateResponse(request_id=request.request_id, text=text, token_ids=token_ids)
+            if position == len(DECODE_PIECES) - 1:
+                message.finish_reason = gen.FINISH_REASON_LENGTH
+                message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=3))
+            yield message
+
+    async def _wait_for_cancel(self) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+async def register(registry: InstanceRegistry, fake: FakeInstance, model: str,
+                   load: InstanceLoad = InstanceLoad(0, 0, 50, 100)) -> None:
+    info = InstanceInfo(fake.instance_id, fake.role, fake.address, f"ucx-{fake.instance_id}", model)
+    await registry.register(info, load)
+
+
+async def start_fakes(registry: InstanceRegistry, model: str, *fakes: FakeInstance) -> list[FakeInstance]:
+    for fake in fakes:
+        await fake.start()
+        await register(registry, fake, model)
+    return list(fakes)
+
+
+async def hold_prefix(index: PrefixIndex, fake: FakeInstance, block_hashes: list[bytes]) -> None:
+    await index.add(fake.instance_id, block_hashes)

@@ -1,0 +1,82 @@
+"""Pure routing decisions of the gateway: exact choices and reasons."""
+
+from services.gateway.router import COLOCATED, DISAGGREGATED, Candidate, plan_route, rank
+
+
+def decode(instance_id, prefix=0, free=10, running=0, suspect=False):
+    return Candidate(instance_id, "decode", f"{instance_id}:1", prefix_blocks=prefix, free_blocks=free,
+                     total_blocks=100, num_running=running, is_suspect=suspect)
+
+
+def prefill(instance_id, prefix=0, queue=0, running=0, suspect=False):
+    return Candidate(instance_id, "prefill", f"{instance_id}:1", prefix_blocks=prefix, queue_depth=queue,
+                     num_running=running, is_suspect=suspect)
+
+
+def colocated(instance_id, prefix=0, queue=0, running=0, free=10):
+    return Candidate(instance_id, "colocated", f"{instance_id}:1", prefix_blocks=prefix, queue_depth=queue,
+                     num_running=running, free_blocks=free)
+
+
+def ids(choice):
+    return [c.instance_id for c in choice.ranked]
+
+
+def test_decode_prefers_prefix_then_free_blocks_then_fewest_running():
+    candidates = [decode("d0", free=90), decode("d1", prefix=2, free=5), decode("d2", prefix=3, free=1),
+                  decode("d3", free=90, running=1), decode("d4", free=50)]
+    choice = rank(candidates, "decode")
+    assert ids(choice) == ["d2", "d1", "d0", "d3", "d4"]
+    assert choice.reason == "prefix"
+
+
+def test_decode_by_load_when_no_prefix():
+    choice = rank([decode("d0", free=10), decode("d1", free=20), decode("d2", free=20, running=3)], "decode")
+    assert ids(choice) == ["d1", "d2", "d0"]
+    assert choice.reason == "load"
+
+
+def test_decode_ties_broken_by_instance_id():
+    assert ids(rank([decode("b"), decode("a"), decode("c")], "decode")) == ["a", "b", "c"]
+
+
+def test_prefill_prefers_prefix_then_shortest_queue():
+    candidates = [prefill("p0", queue=0), prefill("p1", prefix=4, queue=9), prefill("p2", queue=1),
+                  prefill("p3", queue=0, running=2)]
+    choice = rank(candidates, "prefill")
+    assert ids(choice) == ["p1", "p0", "p3", "p2"]
+    assert choice.reason == "prefix"
+    assert rank([prefill("p0", queue=3), prefill("p1", queue=1)], "prefill").reason == "load"
+
+
+def test_excluded_instances_and_other_roles_are_left_out():
+    candidates = [prefill("p0", prefix=5), prefill("p1"), decode("d0"), colocated("c0")]
+    choice = rank(candidates, "prefill", excluded={"p0"})
+    assert ids(choice) == ["p1"]
+    assert choice.reason == "only"
+    empty = rank(candidates, "prefill", excluded={"p0", "p1"})
+    assert (ids(empty), empty.reason) == ([], "none")
+
+
+def test_suspect_instances_go_last_even_with_a_prefix():
+    choice = rank([prefill("p0", prefix=8, suspect=True), prefill("p1", queue=5)], "prefill")
+    assert ids(choice) == ["p1", "p0"]
+    assert choice.reason == "load"
+
+
+def test_colocated_prefers_prefix_then_least_busy():
+    candidates = [colocated("c0", queue=1, running=1), colocated("c1", running=1),
+                  colocated("c2", prefix=1, queue=5)]
+    assert ids(rank(candidates, "colocated")) == ["c2", "c1", "c0"]
+
+
+def test_plan_route_pair_first_colocated_as_fallback_or_when_preferred():
+    pair = [prefill("p0"), decode("d0")]
+    assert plan_route(pair) == DISAGGREGATED
+    assert plan_route(pair + [colocated("c0")]) == DISAGGREGATED
+    assert plan_route(pair + [colocated("c0")], prefer_colocated=True) == COLOCATED
+    assert plan_route([prefill("p0"), colocated("c0")]) == COLOCATED
+    assert plan_route([decode("d0"), colocated("c0")]) == COLOCATED
+    assert plan_route([decode("d0")]) is None
+    assert plan_route([]) is None
+    assert plan_route(pair, prefer_colocated=True) == DISAGGREGATED

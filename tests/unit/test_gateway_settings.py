@@ -1,0 +1,35 @@
+"""Gateway settings: flags win over PDSERVE_* variables, which win over the defaults."""
+
+import argparse
+
+import pytest
+
+from services.gateway.settings import GatewaySettings, add_arguments, env_name, settings_from_args
+from shared.errors import InvalidRequestError
+
+
+def parse(argv, environ):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return settings_from_args(parser.parse_args(argv), environ)
+
+
+def test_defaults():
+    assert parse([], {}) == GatewaySettings()
+    assert (GatewaySettings().port, GatewaySettings().block_size) == (50051, 16)
+
+
+def test_env_then_flag_precedence():
+    environ = {"PDSERVE_PORT": "6000", "PDSERVE_REDIS_URL": "redis://h:1/0", "PDSERVE_PREFER_COLOCATED": "1",
+               "PDSERVE_ROUTING_CACHE_S": "0.25"}
+    settings = parse(["--port", "0", "--ready-file", "/tmp/r.json"], environ)
+    assert (settings.port, settings.redis_url, settings.prefer_colocated) == (0, "redis://h:1/0", True)
+    assert (settings.routing_cache_s, settings.ready_file) == (0.25, "/tmp/r.json")
+
+
+def test_bad_values_name_the_setting():
+    with pytest.raises(InvalidRequestError, match="^port:"):
+        parse(["--port", "70000"], {})
+    with pytest.raises(InvalidRequestError, match="PDSERVE_BLOCK_SIZE"):
+        parse([], {"PDSERVE_BLOCK_SIZE": "sixteen"})
+    assert env_name("--max-prefill-retries") == "PDSERVE_MAX_PREFILL_RETRIES"
