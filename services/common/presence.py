@@ -55,14 +55,21 @@ class ClusterPresence:
         logger.info("registering %s (%s) at %s in %s", info.instance_id, info.role, info.grpc_address,
                     self.namespace.prefix)
 
-    async def stop(self) -> None:
-        """Deregister and drop the prefix-index entry (best effort), then close the client."""
+    async def withdraw(self) -> None:
+        """Leave routing: stop beating and deregister, stop publishing and drop the prefix-index
+        entry (best effort). Lease mirroring carries on until `close`."""
         if self.publisher is not None:
             await self.publisher.stop()
         if self.heartbeater is not None:
             await self.heartbeater.stop()
         if self.publisher is not None:
             await self.publisher.drop()
+
+    async def close(self) -> None:
+        """After the last lease is released: flush the lease mirror, then close the client."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await self.lease_mirror.flush()
         await self.lease_mirror.close()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(REDIS_TIMEOUT_S):

@@ -6,7 +6,7 @@ start():  gRPC server up (health NOT_SERVING) -> engine loaded -> role handlers 
 stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
           index dropped -> gRPC server stopped with grace (in-flight RPCs finish or are
           cancelled, which frees what they held) -> role handlers stopped (reservations
-          released, UCX closed) -> engine thread stopped. Safe after a partial start.
+          released, UCX closed) -> Redis client closed -> engine thread stopped. Safe after a partial start.
 """
 
 import asyncio
@@ -52,6 +52,7 @@ class InstanceRuntime:
         self.server: GrpcServer | None = None
         self.grpc_address = ""
         self.is_draining = False
+        self._is_stopped = False
 
     @property
     def engine(self) -> LLMEngine:
@@ -67,7 +68,8 @@ class InstanceRuntime:
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)
         self.async_engine = await start_engine(self.settings)
-        self.presence = ClusterPresence(self.settings, self.engine.kv_manager.model_key)
+        model_name = self.settings.served_model_name or self.engine.kv_manager.model_key
+        self.presence = ClusterPresence(self.settings, model_name)
         handlers = self.build_handlers(self)
         for handler in handlers.all():
             await handler.start()
@@ -98,14 +100,20 @@ class InstanceRuntime:
             await self.server.set_serving(False)
 
     async def stop(self) -> None:
+        """Idempotent; see the module docstring for the order."""
+        if self._is_stopped:
+            return
+        self._is_stopped = True
         logger.info("%s %s shutting down", self.role, self.instance_id)
         await self.begin_draining()
         if self.presence is not None:
-            await self.presence.stop()
+            await self.presence.withdraw()
         if self.server is not None:
             await self.server.stop(self.settings.shutdown_grace_s)
         for handler in reversed(self._started_handlers):
             await handler.stop()
+        if self.presence is not None:
+            await self.presence.close()
         if self.async_engine is not None:
             await asyncio.to_thread(self.async_engine.stop)
         logger.info("%s %s stopped", self.role, self.instance_id)

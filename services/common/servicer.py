@@ -45,7 +45,8 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
         async with rpc_errors(context, "Release", request.request_id):
             return await self._handler("decode", "Release", False).release(request)
 
-    async def Generate(self, request: pb.InstanceGenerateRequest, context) -> AsyncIterator[generation_pb2.GenerateResponse]:
+    async def Generate(self, request: pb.InstanceGenerateRequest,
+                       context) -> AsyncIterator[generation_pb2.GenerateResponse]:
         async with rpc_errors(context, "Generate", request.request_id):
             async for message in self._handler("generate", "Generate", True).generate(request):
                 yield message

@@ -27,6 +27,8 @@ def _setting(default, help_text: str):
 class InstanceSettings:
     role: str = _setting("decode", "instance role: prefill, decode or colocated")
     model: str = _setting("", "HF folder or .gguf file ('' = the packaged SmolLM2 model)")
+    served_model_name: str = _setting("", "model name in the Redis keys ('' = the model folder's name; "
+                                          "must match the gateway's)")
     dtype: str = _setting("bfloat16", "weights and KV cache dtype: bfloat16 or float32")
     host: str = _setting("127.0.0.1", "address the gRPC server binds")
     advertise_host: str = _setting("", "host put in the registered gRPC address ('' = --host, "
@@ -75,6 +77,8 @@ def validate_settings(settings: InstanceSettings) -> None:
     if settings.dtype not in DTYPES:
         raise InvalidRequestError("dtype", f"must be one of {sorted(DTYPES)}, got {settings.dtype!r}")
     validate_name("deployment", settings.deployment)
+    if settings.served_model_name:
+        validate_name("served_model_name", settings.served_model_name)
     if settings.instance_id:
         validate_name("instance_id", settings.instance_id)
     for name in ("grpc_port", "ucx_port"):
@@ -87,7 +91,8 @@ def validate_settings(settings: InstanceSettings) -> None:
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
-                                                     f"({settings.heartbeat_interval_s}), got {settings.heartbeat_ttl_s}")
+                                                     f"({settings.heartbeat_interval_s}), "
+                                                     f"got {settings.heartbeat_ttl_s}")
 
 
 def _check_positive(settings: InstanceSettings, names: tuple[str, ...]) -> None:

@@ -78,7 +78,8 @@ class ReservationBook:
                                                           "released, expired, or already decoding)")
         if not pending.arrived.is_set():
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"the KV of {request_id!r} has not arrived ({pending.num_failed_transfers} failed transfers)")
+                               f"the KV of {request_id!r} has not arrived "
+                               f"({pending.num_failed_transfers} failed transfers)")
         del self._pending[request_id]
         self.leases.release(request_id)
         return pending
@@ -129,7 +130,8 @@ class ReservationBook:
                 if error.field == "timeout":
                     return  # the lease expiry frees the blocks
                 pending.num_failed_transfers += 1
-                logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id, error)
+                logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id,
+                               str(error))
                 self.receiver.expect(pending.request_id, pending.dst_block_ids)
                 continue
             pending.arrived.set()

@@ -1,6 +1,7 @@
 """Prefill: compute a prompt's KV here, sample its first token, push the blocks to a decode instance.
 
-The prompt runs with max_tokens=1 and no stop strings (the decode side applies those), and
+The prompt runs in the engine under `<request_id>:prefill` (so a colocated instance can prefill
+into its own reservation of `<request_id>`) with max_tokens=1 and no stop strings (the decode side applies those), and
 its blocks are held past the request's end so they can be shipped; they are released in a
 `finally` whatever happens: success, a failed transfer, cancellation or deadline. Blocks the
 decode instance already holds (its prefix cache: the first `num_skip_blocks`) are not sent.
@@ -23,6 +24,8 @@ from services.common.errors import ServiceError
 from services.common.role import RoleHandler
 
 logger = logging.getLogger(__name__)
+
+ENGINE_ID_SUFFIX = ":prefill"
 
 
 def prefill_params(params: SamplingParams) -> SamplingParams:
@@ -83,39 +86,42 @@ class PrefillHandler(RoleHandler):
         engine = self.async_engine.engine
         check_transfer_request(request, engine.kv_manager.block_size)
         params = prefill_params(sampling_from_proto(request.sampling))
+        engine_request_id = f"{request.request_id}{ENGINE_ID_SUFFIX}"
         try:
-            output = await self._run_prompt(request, params)
-            sent = await self._push_blocks(request)
+            output = await self._run_prompt(request, engine_request_id, params)
+            sent = await self._push_blocks(request, engine_request_id)
         finally:
-            self.async_engine.submit(engine.release_request, request.request_id)
+            self.async_engine.submit(engine.release_request, engine_request_id)
         logger.info("prefill %s: %d prompt tokens (%d cached), %d KV bytes to %s in %.1f ms", request.request_id,
                     len(request.prompt_token_ids), output.num_cached_tokens, sent.num_bytes,
                     request.decode_ucx_address, sent.seconds * 1e3)
         return prefill_response(request, output, sent)
 
-    async def _run_prompt(self, request: pb.PrefillRequest, params: SamplingParams) -> RequestOutput:
+    async def _run_prompt(self, request: pb.PrefillRequest, engine_request_id: str,
+                          params: SamplingParams) -> RequestOutput:
         engine = self.async_engine.engine
         salt = request.cache_salt if request.HasField("cache_salt") else None
 
         def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
-            engine.add_request(list(request.prompt_token_ids), params, request.request_id, salt,
+            engine.add_request(list(request.prompt_token_ids), params, engine_request_id, salt,
                                hold_blocks_on_finish=True)
 
         output = None
-        async for output in self.async_engine.generate(request.request_id, add):
+        async for output in self.async_engine.generate(engine_request_id, add):
             pass
         if output is None or output.outputs[0].finish_reason == "abort" or not output.outputs[0].token_ids:
             raise ServiceError(grpc.StatusCode.ABORTED, f"prefill of {request.request_id!r} was aborted")
         return output
 
-    async def _push_blocks(self, request: pb.PrefillRequest) -> TransferResult:
+    async def _push_blocks(self, request: pb.PrefillRequest, engine_request_id: str) -> TransferResult:
         engine = self.async_engine.engine
-        block_ids = await self.async_engine.call(engine.held_block_ids, request.request_id)
+        block_ids = await self.async_engine.call(engine.held_block_ids, engine_request_id)
         skip = request.num_skip_blocks
         executor = engine.executor
         try:
             return await self.sender.send(request.decode_ucx_address, request.request_id, executor.kv_cache,
-                                          executor.kv_cache_layout, block_ids[skip:], list(request.dst_block_ids)[skip:])
+                                          executor.kv_cache_layout, block_ids[skip:],
+                                          list(request.dst_block_ids)[skip:])
         except KVTransferError as error:
             raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
                                                         f"{request.decode_ucx_address} failed: {error}") from error

@@ -4,10 +4,11 @@ Every layer first stores the step's new keys/values at their cache slots, then r
 sequence's whole context back THROUGH its block table: earlier prompt chunks and prefix-cache
 hits exist only in the cache.
 
-Decodes (one query row per sequence) run batched, with no Python loop over sequences: the
-blocks of a group of decodes are gathered at once with `index_select` over whole blocks (each
-block is a contiguous slab, so this is a memcpy per block), key positions past a sequence's
-context are masked, and two batched matmuls do the rest. With few KV heads the "flat" kernel
+Decodes (one query row per sequence) run batched, with no Python loop over sequences: at most
+a few groups of similar context length (torch_paged_step.py), each padded to its longest; a
+group's blocks are gathered at once with `index_select` over whole blocks (each block is a
+contiguous slab, so this is a memcpy per block), key positions past a sequence's context are
+masked, and two batched matmuls do the rest. With few KV heads the "flat" kernel
 treats a sequence's (position, kv_head) rows as one key matrix and masks the other heads'
 columns: the wasted multiply-adds cost less than the copies a per-head layout would need.
 Prefill chunks run one sequence at a time (a step has few) as two batched matmuls over the
@@ -26,6 +27,9 @@ from shared.attention.torch_paged_step import (
 FLAT_DECODE_MAX_KV_HEADS = 4
 # Bound on a prefill chunk's attention scores held at once (elements), ~8 MiB in bf16.
 MAX_SCORES_PER_PIECE = 1 << 22
+# Query rows per piece of a prefill chunk: smaller pieces skip more of the causally masked
+# scores but cost more operations.
+PREFILL_PIECE_ROWS = 128
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -92,19 +96,23 @@ class TorchPagedAttention(AttentionBackend):
         """(query_len, num_heads, head_dim) rows of one sequence -> outputs, same shape.
 
         Two batched matmuls over the heads, each KV head's keys and values copied for its query
-        heads (cheap next to the scores); the scores are built a piece of query rows at a time
-        to bound their memory."""
+        heads (cheap next to the scores). Query rows go a piece at a time, each piece against
+        only the keys its last row may see, which skips most of the causally masked work and
+        bounds the scores' memory."""
         keys = key_cache.index_select(0, chunk.block_ids).flatten(0, 1)[:chunk.context_len]
         values = value_cache.index_select(0, chunk.block_ids).flatten(0, 1)[:chunk.context_len]
         keys_t = keys.permute(1, 2, 0).repeat_interleave(self.num_queries_per_kv, dim=0)
         values = values.transpose(0, 1).repeat_interleave(self.num_queries_per_kv, dim=0)
         queries = query.transpose(0, 1)
         output = query.new_empty(queries.shape)
-        piece = max(1, MAX_SCORES_PER_PIECE // (self.num_heads * chunk.context_len))
+        num_cached = chunk.context_len - chunk.query_len
+        piece = min(PREFILL_PIECE_ROWS, max(1, MAX_SCORES_PER_PIECE // (self.num_heads * chunk.context_len)))
         for start in range(0, chunk.query_len, piece):
-            rows = slice(start, start + piece)
-            scores = torch.baddbmm(chunk.score_bias[rows], queries[:, rows], keys_t, alpha=self.scale)
-            torch.bmm(torch.softmax(scores, dim=-1), values, out=output[:, rows])
+            stop = min(start + piece, chunk.query_len)
+            visible = num_cached + stop
+            scores = torch.baddbmm(chunk.score_bias[start:stop, :visible], queries[:, start:stop],
+                                   keys_t[:, :, :visible], alpha=self.scale)
+            torch.bmm(torch.softmax(scores, dim=-1), values[:, :visible], out=output[:, start:stop])
         return output.transpose(0, 1)
 
     def _decode_score_bias(self, is_in_context: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -72,11 +72,12 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, add: Callable[[], Any]) -> AsyncIterator[RequestOutput]:
         """Open the output stream of `request_id`, run `add` on the engine thread (it queues
-        or activates the request), then yield outputs until the request finishes."""
+        or activates the request; outputs it returns are streamed first), then yield outputs
+        until the request finishes."""
         stream = self._open_stream(request_id)
         finished = False
         try:
-            await self.call(lambda: self._dispatch(add() or []))
+            await self.call(lambda: self._dispatch(_outputs_of(add())))
             while not finished:
                 output = await stream.queue.get()
                 if isinstance(output, BaseException):
@@ -142,6 +143,11 @@ class AsyncEngine:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
+
+
+def _outputs_of(result: Any) -> list[RequestOutput]:
+    """`add` may return outputs (activate_request) or something else (add_request's id)."""
+    return result if isinstance(result, list) else []
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

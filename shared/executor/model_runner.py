@@ -9,6 +9,7 @@ from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
 from shared.executor.input_batch import ModelInputs, build_model_inputs
 from shared.kv_cache.layout import KVCacheLayout
+from shared.sampling.random_draw import skip_draws
 from shared.sampling.sampler import Sampler, SamplingRow, make_generator
 
 
@@ -56,6 +57,8 @@ class ModelRunner:
             generator = self._generators.get(item.request_id)
             if generator is None:
                 generator = self._generators[item.request_id] = make_generator(params.seed)
+                if not params.is_greedy:
+                    skip_draws(generator, len(item.output_token_ids))
         return SamplingRow(params=params, prompt_token_ids=item.prompt_token_ids,
                            output_token_ids=item.output_token_ids, generator=generator,
                            stop_and_eos_token_ids=item.stop_and_eos_token_ids)

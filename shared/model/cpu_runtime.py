@@ -1,4 +1,5 @@
-"""Process-wide CPU settings that make the model's steps fast. Call once at engine start-up.
+"""Process-wide CPU settings that make the model's steps fast (`load_model` applies the
+allocator setting; `configure_cpu_runtime` also sets the thread count, for benchmarks).
 
 glibc hands every allocation above its mmap threshold (128 KiB at first) straight to the
 kernel and gives it back on free, so a step's large temporaries (activations, gathered KV

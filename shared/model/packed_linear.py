@@ -2,8 +2,10 @@
 
 `F.linear` on bf16 re-lays out the weight for oneDNN's kernel on every call; packing it once
 (`torch.ops.mkldnn._reorder_linear_weight`) saves 10-20% of decode-step time at batch 64 and
-more at small batches, with bit-identical results. `load_model` calls `pack_linear_layers` on
-bf16 models; anything the CPU's oneDNN cannot run in bf16 keeps plain `nn.Linear`.
+more at small batches, with bit-identical results. The MLP goes further: its SiLU and the
+gate * up product run as oneDNN post-ops of the gate and up matmuls, saving two passes over the
+intermediate activations. `load_model` calls `pack_for_cpu` on bf16 models; where the CPU's
+oneDNN has no native bf16 kernels the model keeps plain `nn.Linear` layers.
 """
 
 import logging
@@ -11,7 +13,19 @@ import logging
 import torch
 from torch import nn
 
+from shared.model.llama import LlamaMLP
+
 logger = logging.getLogger(__name__)
+
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def _detached(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.detach()
 
 
 class PackedLinear(nn.Module):
@@ -21,15 +35,34 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()))
-        bias = None if linear.bias is None else linear.bias.detach()
-        self.register_buffer("bias", bias)
+        self.register_buffer("packed_weight", _pack(linear.weight))
+        self.register_buffer("bias", _detached(linear.bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return _linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class PackedGatedMLP(nn.Module):
+    """Inference-only stand-in for `LlamaMLP`: down(silu(x Wg^T) * (x Wu^T)), the SiLU fused
+    into the gate matmul and the product into the up matmul."""
+
+    def __init__(self, mlp: LlamaMLP):
+        super().__init__()
+        gate_weight, up_weight = mlp.gate_up_proj.weight.chunk(2)
+        gate_bias, up_bias = (None, None) if mlp.gate_up_proj.bias is None else mlp.gate_up_proj.bias.chunk(2)
+        self.register_buffer("gate_weight", _pack(gate_weight))
+        self.register_buffer("up_weight", _pack(up_weight))
+        self.register_buffer("gate_bias", _detached(gate_bias))
+        self.register_buffer("up_bias", _detached(up_bias))
+        self.down_proj = PackedLinear(mlp.down_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        activated_gate = _linear_pointwise(x, self.gate_weight, self.gate_bias, "swish", [], "")
+        product = _linear_pointwise.binary(x, activated_gate, self.up_weight, self.up_bias, "mul")
+        return self.down_proj(product)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -38,13 +71,22 @@ def can_pack(dtype: torch.dtype) -> bool:
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_linear_layers(model: nn.Module) -> int:
-    """Replace every bf16 `nn.Linear` under `model` by a `PackedLinear`; returns how many."""
-    targets = [(name, module) for name, module in model.named_modules()
+def pack_for_cpu(model: nn.Module) -> int:
+    """Replace every bf16 `LlamaMLP` under `model` by a `PackedGatedMLP` and every other bf16
+    `nn.Linear` by a `PackedLinear`; returns how many modules were replaced."""
+    mlps = [(name, module) for name, module in model.named_modules()
+            if isinstance(module, LlamaMLP) and can_pack(module.gate_up_proj.weight.dtype)]
+    for name, mlp in mlps:
+        _replace(model, name, PackedGatedMLP(mlp))
+    linears = [(name, module) for name, module in model.named_modules()
                if isinstance(module, nn.Linear) and can_pack(module.weight.dtype)]
-    for name, linear in targets:
-        parent_name, _, child_name = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child_name, PackedLinear(linear))
-    logger.debug("packed %d linear layers for oneDNN", len(targets))
-    return len(targets)
+    for name, linear in linears:
+        _replace(model, name, PackedLinear(linear))
+    logger.debug("packed %d MLPs and %d linear layers for oneDNN", len(mlps), len(linears))
+    return len(mlps) + len(linears)
+
+
+def _replace(model: nn.Module, name: str, replacement: nn.Module) -> None:
+    parent_name, _, child_name = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child_name, replacement)

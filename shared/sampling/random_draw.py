@@ -21,6 +21,13 @@ def make_generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed % 2**64)
 
 
+def skip_draws(generator: torch.Generator, num_draws: int) -> None:
+    """Advance a seeded request's generator past the draws of tokens sampled elsewhere (a
+    prefill instance sampled the first token), so its later draws match a local run."""
+    for _ in range(num_draws):
+        torch.rand(1, generator=generator)
+
+
 def draw_uniforms(generators: Sequence[torch.Generator | None],
                   global_generator: torch.Generator | None) -> torch.Tensor:
     """(num_rows,) float32 in [0, 1): one per row, from the row's generator or the global one.

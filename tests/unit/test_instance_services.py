@@ -6,6 +6,7 @@ Every instance is checked on the way out: no request left and every KV block fre
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -39,7 +40,9 @@ TIMEOUT_S = 20.0
 
 @pytest.fixture(autouse=True)
 def fresh_ucx():
-    """ucxx's context is bound to one event loop; each test runs its own, so reset after it."""
+    """ucxx's context is bound to one event loop; each test runs its own, so reset after it.
+    (The reset clears the context even when pytest's captured log records still reference an
+    endpoint through an exception, in which case it only warns.)"""
     yield
     reset_ucx()
 
@@ -139,13 +142,17 @@ async def reserve(decode: Instance, request_id: str, prompt: list[int], sampling
                                                        sampling=sampling, lease_ms=lease_ms), timeout=TIMEOUT_S)
 
 
+def prefill_request(reserved: pb.ReserveResponse, request_id: str, prompt: list[int], **changes) -> pb.PrefillRequest:
+    fields = dict(request_id=request_id, prompt_token_ids=prompt, sampling=greedy(3),
+                  decode_ucx_address=reserved.ucx_address, dst_block_ids=list(reserved.block_ids),
+                  num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE)
+    return pb.PrefillRequest(**{**fields, **changes})
+
+
 async def prefill_into(prefill: Instance, reserved: pb.ReserveResponse, request_id: str, prompt: list[int],
                        sampling, dst_block_ids=None) -> pb.PrefillResponse:
-    request = pb.PrefillRequest(
-        request_id=request_id, prompt_token_ids=prompt, sampling=sampling, decode_ucx_address=reserved.ucx_address,
-        dst_block_ids=reserved.block_ids if dst_block_ids is None else dst_block_ids,
-        num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE)
-    return await prefill.stub.Prefill(request, timeout=TIMEOUT_S)
+    changes = {"sampling": sampling} if dst_block_ids is None else {"sampling": sampling, "dst_block_ids": dst_block_ids}
+    return await prefill.stub.Prefill(prefill_request(reserved, request_id, prompt, **changes), timeout=TIMEOUT_S)
 
 
 def decode_request(request_id: str, prefilled: pb.PrefillResponse) -> pb.DecodeRequest:
@@ -183,9 +190,14 @@ def test_reserve_prefill_decode_gives_the_offline_engines_tokens(redis_server, t
     async def scenario():
         async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
             for request_id, prompt in prompts.items():
-                run = await run_disaggregated(prefill, decode, request_id, prompt, greedy(10, logprobs=2))
-                expected = offline_output(offline, prompt, temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=2)
+                run = await run_disaggregated(prefill, decode, request_id, prompt,
+                                              greedy(10, logprobs=2, prompt_logprobs=1))
+                expected = offline_output(offline, prompt, temperature=0.0, max_tokens=10, ignore_eos=True,
+                                          logprobs=2, prompt_logprobs=1)
                 assert run.token_ids == expected.token_ids
+                assert [e.token_id for e in run.prefilled.prompt_logprobs] == prompt[1:]
+                assert [e.logprob for e in run.prefilled.prompt_logprobs] == pytest.approx(
+                    [e.logprob for e in expected.prompt_logprobs], abs=1e-4)
                 got_logprobs = [entry.logprob for message in run.messages for entry in message.logprobs]
                 assert got_logprobs == pytest.approx([e.logprob for e in expected.outputs[0].logprobs], abs=1e-4)
                 num_blocks = -(-len(prompt) // BLOCK_SIZE)
@@ -238,6 +250,23 @@ def test_a_failed_transfer_re_arms_the_receiver_for_a_retried_prefill(redis_serv
             messages = [m async for m in decode.stub.Decode(decode_request("retried", prefilled), timeout=TIMEOUT_S)]
             expected = offline_output(offline, prompt, temperature=0.0, max_tokens=5, ignore_eos=True)
             assert [t for m in messages for t in m.token_ids] == expected.token_ids
+    asyncio.run(scenario())
+
+
+def test_a_prefill_past_its_deadline_releases_its_blocks(redis_server, tiny_llama_folder):
+    prompt = prompt_ids(24, 15)
+
+    async def scenario():
+        silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)  # accepts, never answers
+        stuck_decode = pb.ReserveResponse(ucx_address=f"127.0.0.1:{silent.sockets[0].getsockname()[1]}",
+                                          block_ids=[0, 1])
+        async with running(make_settings("prefill", tiny_llama_folder, redis_server.url)) as prefill:
+            call = prefill.stub.Prefill(prefill_request(stuck_decode, "stuck", prompt), timeout=0.5)
+            await expect_status(call, grpc.StatusCode.DEADLINE_EXCEEDED)
+            await assert_everything_freed(prefill)
+            status = await prefill.status()
+            assert (status.num_prompt_tokens_computed, status.num_requests_finished) == (len(prompt), 1)
+        silent.close()
     asyncio.run(scenario())
 
 
@@ -299,6 +328,20 @@ async def _status_if(instance: Instance, predicate):
     return status if predicate(status) else None
 
 
+def test_a_reserve_past_its_deadline_leaves_nothing_reserved(redis_server, tiny_llama_folder):
+    async def scenario():
+        async with running(make_settings("decode", tiny_llama_folder, redis_server.url)) as decode:
+            decode.runtime.async_engine.submit(time.sleep, 0.5)  # the engine thread is busy past the deadline
+            call = decode.stub.Reserve(pb.ReserveRequest(request_id="late", prompt_token_ids=prompt_ids(40, 17),
+                                                         sampling=greedy()), timeout=0.2)
+            await expect_status(call, grpc.StatusCode.DEADLINE_EXCEEDED)
+            await asyncio.sleep(0.4)  # the reservation is made after the deadline, then aborted
+            status = await decode.status()
+            assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
+            assert len(decode.runtime.handlers.decode.book) == 0
+    asyncio.run(scenario())
+
+
 def test_decode_before_the_kv_arrived_is_a_failed_precondition(redis_server, tiny_llama_folder):
     prompt = prompt_ids(18, 10)
 
@@ -348,14 +391,10 @@ def test_invalid_requests_get_invalid_argument_naming_the_field(redis_server, ti
                              ({"sampling": gen_pb.SamplingParams(n=2)}, "n"),
                              ({"dst_block_ids": [1]}, "dst_block_ids"),
                              ({"num_skip_blocks": 2}, "num_skip_blocks"),
-                             ({"decode_ucx_address": "nowhere"}, "decode_ucx_address")]
-            for change, field in prefill_cases:
-                request = pb.PrefillRequest(request_id="ok", prompt_token_ids=prompt, sampling=greedy(3),
-                                            decode_ucx_address=reserved.ucx_address, dst_block_ids=reserved.block_ids)
-                for name, value in change.items():
-                    request.ClearField(name) if name == "dst_block_ids" else None
-                    getattr(request, name).extend(value) if name == "dst_block_ids" else (
-                        request.sampling.CopyFrom(value) if name == "sampling" else setattr(request, name, value))
+                             ({"decode_ucx_address": "nowhere"}, "decode_ucx_address"),
+                             ({"prompt_token_ids": []}, "prompt_token_ids")]
+            for changes, field in prefill_cases:
+                request = prefill_request(reserved, "ok", prompt, **changes)
                 await expect_status(stub.Prefill(request), grpc.StatusCode.INVALID_ARGUMENT, field)
             generate = stub.Generate(pb.InstanceGenerateRequest(request_id="g", prompt_token_ids=prompt,
                                                                 sampling=gen_pb.SamplingParams(max_tokens=0))).read()
@@ -384,6 +423,34 @@ def test_draining_refuses_new_work_and_reports_not_serving(redis_server, tiny_ll
             generate = colocated.stub.Generate(pb.InstanceGenerateRequest(request_id="late", prompt_token_ids=[5])).read()
             await expect_status(generate, grpc.StatusCode.UNAVAILABLE)
             assert (await colocated.status()).role == "colocated"  # status still answers
+    asyncio.run(scenario())
+
+
+def test_a_decode_stream_in_flight_finishes_during_a_graceful_stop(redis_server, tiny_llama_folder, offline):
+    prompt = prompt_ids(19, 16)
+
+    async def scenario():
+        runtime = InstanceRuntime(make_settings("colocated", tiny_llama_folder, redis_server.url, shutdown_grace_s=10.0),
+                                  services.decode.build_handlers)
+        await runtime.start()
+        try:
+            async with grpc.aio.insecure_channel(runtime.grpc_address) as channel:
+                instance = Instance(runtime, InstanceStub(channel), channel)
+                sampling = greedy(60)
+                reserved = await reserve(instance, "draining", prompt, sampling)
+                prefilled = await prefill_into(instance, reserved, "draining", prompt, sampling)
+                call = instance.stub.Decode(decode_request("draining", prefilled), timeout=TIMEOUT_S)
+                first = await call.read()
+                stopping = asyncio.get_running_loop().create_task(runtime.stop())
+                rest = []
+                while (message := await call.read()) != grpc.aio.EOF:
+                    rest.append(message)
+                await stopping
+            tokens = [t for m in [first, *rest] for t in m.token_ids]
+            assert tokens == offline_output(offline, prompt, temperature=0.0, max_tokens=60, ignore_eos=True).token_ids
+            assert runtime.engine.block_pool.num_free_blocks == NUM_BLOCKS
+        finally:
+            await runtime.stop()
     asyncio.run(scenario())
 
 

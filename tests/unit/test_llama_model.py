@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.loader import load_model
-from shared.model.packed_linear import PackedLinear, can_pack
+from shared.model.llama import LlamaMLP
+from shared.model.packed_linear import PackedGatedMLP, PackedLinear, can_pack
 from tests.unit.paged_batch import StepSequence, build_batch
 
 BLOCK_SIZE = 4
@@ -130,12 +131,14 @@ def test_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(folder, refere
     assert our_error <= 1.5 * their_error
 
 
-def test_bfloat16_linear_layers_are_packed_where_onednn_supports_it(tiny_llama_folder):
+def test_bfloat16_layers_are_packed_where_onednn_supports_it(tiny_llama_folder):
     model, _ = load_model(tiny_llama_folder, torch.bfloat16)
-    expected_type = PackedLinear if can_pack(torch.bfloat16) else torch.nn.Linear
-    assert type(model.layers[0].self_attn.qkv_proj) is expected_type
-    assert type(model.lm_head) is expected_type
+    is_packed = can_pack(torch.bfloat16)
+    assert type(model.layers[0].self_attn.qkv_proj) is (PackedLinear if is_packed else torch.nn.Linear)
+    assert type(model.lm_head) is (PackedLinear if is_packed else torch.nn.Linear)
+    assert type(model.layers[1].mlp) is (PackedGatedMLP if is_packed else LlamaMLP)
     float32_model, _ = load_model(tiny_llama_folder, torch.float32)
+    assert type(float32_model.layers[0].mlp) is LlamaMLP
     assert type(float32_model.layers[0].mlp.gate_up_proj) is torch.nn.Linear
 
 

@@ -1,0 +1,116 @@
+"""Instance settings: every flag also a PDSERVE_* variable, validation naming the setting,
+the role flag of each entry point; plus the small pure parts (ready file, prefix-index deltas)."""
+
+import json
+import socket
+
+import pytest
+
+import services.decode
+import services.prefill
+from services.common.engine_setup import engine_config
+from services.common.flags import build_parser, env_name, flag_name, parse_settings
+from services.common.prefix_publisher import net_changes, snapshot
+from services.common.ready_file import write_ready_file
+from services.common.settings import DEFAULT_GRPC_PORTS, InstanceSettings, setting_fields
+from shared.kv_cache.block_pool import BlockPool
+
+DECODE_ROLES = ("decode", "colocated")
+
+
+def test_every_setting_is_a_flag_and_an_environment_variable():
+    help_text = build_parser("x", DECODE_ROLES, environ={}).format_help()
+    for field in setting_fields():
+        assert flag_name(field.name) in help_text
+        assert env_name(field.name) in help_text
+    assert env_name("kv_cache_memory_gb") == "PDSERVE_KV_CACHE_MEMORY_GB"
+
+
+def test_environment_gives_defaults_and_flags_override_them():
+    environ = {"PDSERVE_NUM_BLOCKS": "12", "PDSERVE_ROLE": "colocated", "PDSERVE_DTYPE": "float32",
+               "PDSERVE_HEARTBEAT_TTL_S": "3.5", "PDSERVE_DEPLOYMENT": "blue"}
+    settings = parse_settings("x", DECODE_ROLES, [], environ)
+    assert (settings.num_blocks, settings.role, settings.dtype, settings.heartbeat_ttl_s) == (12, "colocated", "float32", 3.5)
+    settings = parse_settings("x", DECODE_ROLES, ["--num-blocks", "7", "--role", "decode", "--deployment", "green"], environ)
+    assert (settings.num_blocks, settings.role, settings.deployment) == (7, "decode", "green")
+    assert parse_settings("x", DECODE_ROLES, [], {}) == InstanceSettings(role="decode")
+
+
+@pytest.mark.parametrize("argv, environ, message", [
+    ([], {"PDSERVE_NUM_BLOCKS": "many"}, "PDSERVE_NUM_BLOCKS='many' is not a valid int"),
+    (["--heartbeat-interval-s", "2", "--heartbeat-ttl-s", "1"], {}, "--heartbeat-ttl-s: must exceed"),
+    (["--dtype", "int8"], {}, "--dtype: must be one of"),
+    (["--grpc-port", "70000"], {}, "--grpc-port: must be in"),
+    (["--deployment", "a:b"], {}, "--deployment: must be"),
+    (["--lease-ms", "0"], {}, "--lease-ms: must be > 0"),
+    (["--role", "prefill"], {}, "invalid choice: 'prefill'"),
+    ([], {"PDSERVE_ROLE": "prefill"}, "invalid choice 'prefill'"),
+])
+def test_bad_settings_exit_2_naming_the_setting(argv, environ, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_settings("x", DECODE_ROLES, argv, environ)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_entry_points_offer_their_roles_and_return_exit_codes(capsys):
+    assert services.prefill.main(["--help"]) == 0
+    assert "--role" not in capsys.readouterr().out
+    assert services.prefill.main(["--role", "decode"]) == 2
+    assert services.decode.main(["--help"]) == 0
+    assert "{decode,colocated}" in capsys.readouterr().out
+    assert services.decode.main(["--num-blocks", "-1"]) == 2
+    assert "--num-blocks: must be >= 0" in capsys.readouterr().err
+
+
+def test_an_instance_that_cannot_bind_its_port_exits_1(redis_server):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert services.decode.main(["--grpc-port", str(port), "--redis-url", redis_server.url]) == 1
+
+
+def test_grpc_port_defaults_by_role_and_zero_means_ephemeral():
+    assert {role: InstanceSettings(role=role).bound_grpc_port for role in DEFAULT_GRPC_PORTS} == DEFAULT_GRPC_PORTS
+    assert InstanceSettings(role="decode", grpc_port=0).bound_grpc_port == 0
+
+
+def test_engine_config_follows_the_settings():
+    config = engine_config(InstanceSettings(model="m", dtype="float32", kv_cache_memory_gb=0.5, num_threads=2,
+                                            max_num_seqs=3, max_num_batched_tokens=64, block_size=8))
+    assert (config.model, config.dtype, config.num_threads, config.max_model_len) == ("m", "float32", 2, None)
+    assert (config.cache.kv_cache_memory_bytes, config.cache.num_blocks, config.cache.block_size) == (1 << 29, None, 8)
+    assert (config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) == (3, 64)
+    config = engine_config(InstanceSettings(num_blocks=9))
+    assert (config.model, config.cache.num_blocks) == (None, 9)
+
+
+def test_ready_file_is_the_json_a_launcher_reads(tmp_path):
+    path = tmp_path / "sub" / "ready.json"
+    write_ready_file(str(path), "127.0.0.1:5", "127.0.0.1:6", "decode-1", "decode")
+    assert json.loads(path.read_text()) == {"grpc_address": "127.0.0.1:5", "ucx_address": "127.0.0.1:6",
+                                            "instance_id": "decode-1", "role": "decode"}
+    assert [p.name for p in path.parent.iterdir()] == ["ready.json"]
+
+
+def _cache(pool: BlockPool, block_id: int, block_hash: bytes) -> None:
+    pool.cache(pool.blocks[block_id], block_hash, (block_id,))
+
+
+def test_prefix_index_deltas_net_out_and_a_snapshot_consumes_them():
+    pool = BlockPool(4)
+    a, b, c = (bytes([n]) * 32 for n in (1, 2, 3))
+    blocks = pool.allocate(4)
+    _cache(pool, 0, a)
+    _cache(pool, 1, b)
+    assert net_changes(pool) == (sorted([a, b]), [])
+    pool.free(blocks)
+    pool.allocate(1)  # reuses block 0: evicts a
+    _cache(pool, 2, c)
+    assert net_changes(pool) == ([c], [a])
+    pool.reset_prefix_cache()  # evicts b and c
+    _cache(pool, 3, c)  # c evicted, then stored again: it stays
+    assert net_changes(pool) == ([c], [b])
+    _cache(pool, 1, a)
+    assert snapshot(pool) == [c, a] and net_changes(pool) == ([], [])
