@@ -25,7 +25,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench-offline bench-transfer convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench-offline bench-transfer bench-guided convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -36,6 +36,7 @@ help:
 	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
+	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -64,6 +65,9 @@ bench-offline: setup
 
 bench-transfer: setup
 	$(PYTHON) -m benchmarks.transfer $(BENCH_ARGS)
+
+bench-guided: setup
+	$(PYTHON) -m benchmarks.guided $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

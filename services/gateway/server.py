@@ -1,9 +1,10 @@
-"""GatewayServer: binds the gRPC port, loads the model's tokenizer, waits for Redis, serves.
+"""GatewayServer: binds the gRPC port (and the OpenAI-compatible HTTP port), loads the
+model's tokenizer, waits for Redis, serves.
 
-Order at start-up: bind and start (health NOT_SERVING, Generate UNAVAILABLE), write the
-ready file with the bound address, load the tokenizer and config (in a thread), wait until
-Redis answers, then SERVING. `stop()` drains: NOT_SERVING, finish calls within the grace
-period, let pending Releases run, close channels and Redis.
+Order at start-up: bind and start both doors (health NOT_SERVING, Generate UNAVAILABLE,
+HTTP 503), write the ready file with the bound addresses, load the tokenizer and config (in
+a thread), wait until Redis answers, then SERVING. `stop()` drains: NOT_SERVING, finish calls
+and HTTP responses within the grace period, let pending Releases run, close channels and Redis.
 """
 
 import asyncio
@@ -24,6 +25,8 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from services.gateway.channels import CHANNEL_OPTIONS, InstanceChannels
 from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GatewayHealth
+from services.gateway.http.app import build_app
+from services.gateway.http.server import HttpFrontDoor
 from services.gateway.relay_context import RelayContext
 from services.gateway.served_model import ServedModel, load_served_model
 from services.gateway.servicer import GatewayServicer, GatewayState
@@ -49,6 +52,8 @@ class GatewayServer:
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
         self.health.add_to_server(self.server)
         self.address: str | None = None
+        self.http = HttpFrontDoor(build_app(self.state, self.health)) if settings.serves_http else None
+        self.http_address: str | None = None  # "host:port" of the HTTP API, once bound
         self.redis: redis.asyncio.Redis | None = None
         self.channels = InstanceChannels()
         self._garbage_collector: asyncio.Task | None = None
@@ -62,8 +67,10 @@ class GatewayServer:
         await self.server.start()
         host = "127.0.0.1" if self.settings.host in WILDCARD_HOSTS else self.settings.host
         self.address = f"{host}:{port}"
+        if self.http is not None:
+            self.http_address = await self.http.start(self.settings.http_host, self.settings.http_port)
         if self.settings.ready_file:
-            write_ready_file(Path(self.settings.ready_file), self.address)
+            write_ready_file(Path(self.settings.ready_file), self.address, self.http_address)
         logger.info("gateway listening on %s", self.address)
         return self.address
 
@@ -89,7 +96,10 @@ class GatewayServer:
         await self.health.shut_down()
         if self._garbage_collector is not None:
             self._garbage_collector.cancel()
-        await self.server.stop(grace_s)
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(grace_s), self.http.stop(grace_s))
+        else:
+            await self.server.stop(grace_s)
         if self.state.relay is not None:
             await self.state.relay.drain_background()
         await self.channels.close()
@@ -107,9 +117,10 @@ async def _wait_for_redis(view: ClusterView) -> None:
         await asyncio.sleep(REDIS_POLL_S)
 
 
-def write_ready_file(path: Path, grpc_address: str) -> None:
-    """Atomically write {"grpc_address": ...} so a launcher never reads half a file."""
+def write_ready_file(path: Path, grpc_address: str, http_address: str | None = None) -> None:
+    """Atomically write {"grpc_address": ..., "http_address": ... or null} so a launcher
+    never reads half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"grpc_address": grpc_address}))
+    temporary.write_text(json.dumps({"grpc_address": grpc_address, "http_address": http_address}))
     temporary.replace(path)

@@ -14,6 +14,7 @@ from shared.config import DEFAULT_BLOCK_SIZE
 from shared.errors import InvalidRequestError
 
 DEFAULT_PORT = 50051
+DEFAULT_HTTP_PORT = 8000
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DEPLOYMENT = "default"
 
@@ -33,11 +34,15 @@ class GatewaySettings:
     lease_s: float = 30.0  # how long a decode reservation waits for its Decode call
     routing_cache_s: float = 0.5  # how long a listing of live instances is reused
     prefer_colocated: bool = False
-    ready_file: str | None = None  # JSON {"grpc_address": ...} written once bound
+    ready_file: str | None = None  # JSON {"grpc_address": ..., "http_address": ...} once bound
+    http_host: str = "127.0.0.1"  # the OpenAI-compatible HTTP API
+    http_port: int = DEFAULT_HTTP_PORT  # 0: an ephemeral port; negative: no HTTP API
+    no_http: bool = False  # no HTTP API, whatever http_port says
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         _check(self.port, "port", lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
+        _check(self.http_port, "http_port", lambda v: v <= 65535, "must be <= 65535 (negative: off)")
         _check(self.block_size, "block_size", lambda v: v >= 1, "must be >= 1")
         _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
@@ -46,6 +51,10 @@ class GatewaySettings:
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
             _check(self.max_model_len, "max_model_len", lambda v: v >= 2, "must be >= 2")
+
+    @property
+    def serves_http(self) -> bool:
+        return self.http_port >= 0 and not self.no_http
 
 
 def _check(value, field: str, is_ok: Callable[[object], bool], message: str) -> None:
@@ -77,7 +86,11 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--lease-s", float, "decode reservation lease, seconds (default: 30)"),
     ("--routing-cache-s", float, "reuse of the live-instance listing, seconds (default: 0.5)"),
     ("--prefer-colocated", _env_bool, "route to colocated instances first (default: off)"),
-    ("--ready-file", str, "write {\"grpc_address\": ...} here once bound"),
+    ("--ready-file", str, "write {\"grpc_address\": ..., \"http_address\": ...} here once bound"),
+    ("--http-host", str, "address the OpenAI-compatible HTTP API binds (default: 127.0.0.1)"),
+    ("--http-port", int, f"HTTP API port; 0 binds an ephemeral one, negative turns it off "
+                         f"(default: {DEFAULT_HTTP_PORT})"),
+    ("--no-http", _env_bool, "serve no HTTP API (default: off)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
 )
 

@@ -43,10 +43,11 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
 
 
 def gateway_argv(config: StackConfig, redis_url: str, ready_file: Path) -> list[str]:
-    """`python -m services.gateway ...` on the configured host and port."""
+    """`python -m services.gateway ...` on the configured host and ports (gRPC, HTTP)."""
     argv = [
         config.python, "-m", module_of(config, "gateway"), "--host", config.host,
-        "--port", str(config.gateway_port), "--redis-url", redis_url,
+        "--port", str(config.gateway_port), "--http-host", config.host,
+        f"--http-port={config.gateway_http_port}", "--redis-url", redis_url,
         "--ready-file", str(ready_file), *_model_args(config),
     ]
     return argv + config.extra_args.get("gateway", [])

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_GATEWAY_PORT = 50051
+DEFAULT_GATEWAY_HTTP_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
 
 
@@ -27,6 +28,8 @@ class StackConfig:
     num_threads: int | None = None
     host: str = DEFAULT_HOST
     gateway_port: int = DEFAULT_GATEWAY_PORT
+    # The gateway's OpenAI-compatible HTTP API (0: an ephemeral port; negative: none).
+    gateway_http_port: int = DEFAULT_GATEWAY_HTTP_PORT
     # Use this Redis instead of starting a redis-server.
     redis_url: str | None = None
     # Port of the redis-server the stack starts (None: a free one).
@@ -49,6 +52,8 @@ class StackConfig:
             raise ValueError(f"num_prefill must be >= 1 without --colocated, got {self.num_prefill}")
         if not 0 <= self.gateway_port <= 65535:
             raise ValueError(f"gateway_port must be in 0..65535, got {self.gateway_port}")
+        if self.gateway_http_port > 65535:
+            raise ValueError(f"gateway_http_port must be <= 65535, got {self.gateway_http_port}")
 
     def instance_roles(self) -> list[tuple[str, str]]:
         """(name, role) of every engine instance, prefill ones first."""

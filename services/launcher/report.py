@@ -8,6 +8,7 @@ def describe(stack: LocalStack) -> str:
     gateway = stack.gateway_address
     lines = [
         f"pdserve stack is up: send requests to the gateway at {gateway} (gRPC, pdserve.v1.Gateway)",
+        *_http_lines(stack.ready_info.get("gateway", {}).get("http_address")),
         f"  try:   pdserve generate \"Hello\" --gateway {gateway}",
         f"  state: pdserve status --redis-url {stack.redis_url}",
         f"  redis: {stack.redis_url}",
@@ -17,3 +18,9 @@ def describe(stack: LocalStack) -> str:
         lines.append(f"  {child.name:<12} pid {child.pid:<8} {address:<22} log {child.log_path}")
     lines.append("Press Ctrl-C to stop everything.")
     return "\n".join(lines)
+
+
+def _http_lines(http_address: str | None) -> list[str]:
+    if not http_address:
+        return []
+    return [f"  OpenAI-compatible HTTP API: http://{http_address}/v1 (health: http://{http_address}/health)"]

@@ -3,9 +3,13 @@
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.kv_cache.block_hash import BlockHash
 from shared.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from xgrammar import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +57,9 @@ class Request:
     num_preemptions: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     stop_reason: int | str | None = None
+    # Guided decoding: the request's own place in its grammar (shared.guided.engine_support);
+    # kept across preemption, since the request's tokens do not change.
+    guided_matcher: "GrammarMatcher | None" = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -4,8 +4,12 @@ Plain data, so a multi-process executor can ship it to workers unchanged in mean
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -27,6 +31,9 @@ class ScheduledRequest:
     prompt_logprob_targets: list[int] | None = None
     # Top alternatives wanted per prompt position (with prompt_logprob_targets).
     num_prompt_logprobs: int = 0
+    # Guided decoding, set by the engine before the step on constrained sampling rows: the
+    # allowed tokens, one bit each (int32 words, shared.guided.bitmask's layout).
+    guided_bitmask: "torch.Tensor | None" = None
 
     @property
     def num_tokens(self) -> int:

@@ -18,6 +18,7 @@ from shared.engine.output_processor import OutputProcessor
 from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
+from shared.guided.engine_support import GuidedDecoding
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_cache.manager import KVCacheManager
 from shared.model.config import ModelConfig
@@ -53,6 +54,7 @@ class LLMEngine:
                                          config.cache.prefix_hash_algo, model_key)
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len)
         self.output_processor = OutputProcessor(tokenizer)
+        self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
         self._children: dict[str, list[Request]] = {}
@@ -98,6 +100,7 @@ class LLMEngine:
         layout = self.executor.kv_cache_layout
         max_out = max_output_tokens(len(token_ids), params, self.max_model_len, layout.num_blocks, layout.block_size)
         children = self._make_children(request_id, token_ids, params, max_out, cache_salt)
+        self.guided.admit(children)
         self._children[request_id] = children
         self.output_processor.add_group(request_id, children)
         return children
@@ -123,6 +126,7 @@ class LLMEngine:
         if request_id not in self.scheduler.reserved:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
         request = self.scheduler.activate(request_id, first_token_id)
+        self._finish_guided([request])
         logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
         return self._process_outputs([request], ModelRunnerOutput(logprobs=logprobs))
 
@@ -168,9 +172,16 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         scheduler_output = self.scheduler.schedule()
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
+        self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
         runner_output = self.executor.execute_model(scheduler_output)
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
+        self._finish_guided(updated)
         return self._process_outputs(updated, runner_output)
+
+    def _finish_guided(self, updated: list[Request]) -> None:
+        """Advance guided requests' matchers with their new tokens; end those that are done."""
+        for request, status in self.guided.advance(updated):
+            self.scheduler.finish(request, status)
 
     def _process_outputs(self, updated: list[Request], runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         outputs, stopped = self.output_processor.process(updated, runner_output)

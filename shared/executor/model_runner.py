@@ -61,7 +61,8 @@ class ModelRunner:
                     skip_draws(generator, len(item.output_token_ids))
         return SamplingRow(params=params, prompt_token_ids=item.prompt_token_ids,
                            output_token_ids=item.output_token_ids, generator=generator,
-                           stop_and_eos_token_ids=item.stop_and_eos_token_ids)
+                           stop_and_eos_token_ids=item.stop_and_eos_token_ids,
+                           guided_bitmask=item.guided_bitmask)
 
 
 def _prompt_logprobs(scheduled: list[ScheduledRequest], logits: torch.Tensor,

@@ -105,7 +105,8 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         rotary = self.rotary.lookup(positions, hidden.dtype)
         step = self.attn_backend.prepare(attn_metadata, kv_cache.shape[3], hidden.dtype)
-        for layer_index, layer in enumerate(self.layers):
-            hidden = layer(hidden, rotary, kv_cache[0, layer_index], kv_cache[1, layer_index], step)
+        key_caches, value_caches = kv_cache[0].unbind(0), kv_cache[1].unbind(0)
+        for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
+            hidden = layer(hidden, rotary, key_cache, value_cache, step)
         selected = self.norm(hidden.index_select(0, logits_indices))
         return self.lm_head(selected).float()

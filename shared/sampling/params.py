@@ -7,6 +7,7 @@ size is known. The sampler and the scheduler only read the fields and properties
 
 from dataclasses import dataclass, field
 
+from shared.guided.params import GuidedDecodingParams
 from shared.sampling.params_validation import validate_sampling_params
 
 # Temperatures below this are treated as 0: always take the most likely token.
@@ -34,6 +35,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Constrain the output to a JSON schema, regex, choice or grammar (shared.guided).
+    guided: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from shared.errors import InvalidRequestError
+from shared.guided.params import GuidedDecodingParams
 
 if TYPE_CHECKING:
     from shared.sampling.params import SamplingParams
@@ -25,6 +26,7 @@ def validate_sampling_params(params: "SamplingParams", vocab_size: int | None) -
     _check_lengths(params)
     _check_logprobs(params)
     _check_stops(params, vocab_size)
+    _check_guided(params)
 
 
 def _is_int(value: object) -> bool:
@@ -120,3 +122,12 @@ def _check_stops(params: "SamplingParams", vocab_size: int | None) -> None:
             bound = f"[0, {vocab_size})" if vocab_size is not None else "non-negative integers"
             raise InvalidRequestError(
                 "stop_token_ids", f"must be token ids in {bound}, got {token_id!r}")
+
+
+def _check_guided(params: "SamplingParams") -> None:
+    if params.guided is None:
+        return
+    if not isinstance(params.guided, GuidedDecodingParams):
+        raise InvalidRequestError(
+            "guided", f"must be a GuidedDecodingParams or None, got {type(params.guided).__name__}")
+    params.guided.validate()

@@ -2,7 +2,8 @@
 
 Order of processing (vLLM's):
   1. min_tokens suppression of stop/EOS ids, repetition penalty, presence/frequency penalties
-     (`shared.sampling.penalties`; only rows that need them, on a copy of the logits);
+     (`shared.sampling.penalties`; only rows that need them, on a copy of the logits), then
+     guided decoding's token bitmask on constrained rows (`shared.guided.bitmask`);
   2. greedy rows (temperature < 1e-5) take the argmax (lowest id on ties);
   3. sampled rows: mask top-k, divide by temperature, mask top-p, then min-p
      (`shared.sampling.candidates`), then draw by inverse CDF (`shared.sampling.random_draw`).
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.guided.bitmask import apply_token_bitmasks
 from shared.sampling.candidates import (
     apply_top_p_and_min_p, compact_top_k_candidates, full_vocab_candidates, is_compactable)
 from shared.sampling.logprobs import sampled_and_top_logprobs
@@ -35,6 +37,9 @@ class SamplingRow:
     # Ids suppressed while len(output_token_ids) < min_tokens (EOS unless ignore_eos, and
     # stop_token_ids).
     stop_and_eos_token_ids: Sequence[int] = ()
+    # Guided decoding: the tokens this row may take, one bit each (shared.guided.bitmask);
+    # None: unconstrained.
+    guided_bitmask: torch.Tensor | None = None
 
 
 @dataclass
@@ -107,15 +112,18 @@ def _check_batch(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 
 
 def _apply_history(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """`logits` itself when no row needs min_tokens suppression or penalties, else a copy
-    with them applied."""
+    """`logits` itself when no row needs min_tokens suppression, penalties or a guided
+    bitmask, else a copy with them applied (the bitmask last)."""
     suppressing_rows = [index for index, row in enumerate(rows) if is_suppressing_stops(row)]
     penalized_rows = [index for index, row in enumerate(rows) if row.params.needs_penalties]
-    if not suppressing_rows and not penalized_rows:
+    guided_rows = [index for index, row in enumerate(rows) if row.guided_bitmask is not None]
+    if not suppressing_rows and not penalized_rows and not guided_rows:
         return logits
     adjusted = logits.clone()
     if suppressing_rows:
         suppress_stop_tokens(adjusted, rows, suppressing_rows)
     if penalized_rows:
         apply_penalties(adjusted, rows, penalized_rows)
+    if guided_rows:
+        apply_token_bitmasks(adjusted, [rows[index].guided_bitmask for index in guided_rows], guided_rows)
     return adjusted

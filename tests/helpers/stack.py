@@ -187,7 +187,7 @@ def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_
     """Loopback, ephemeral ports, one torch thread per instance."""
     return StackConfig(
         num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
-        num_threads=1, gateway_port=0, run_dir=run_dir, ready_timeout_s=300.0,
+        num_threads=1, gateway_port=0, gateway_http_port=0, run_dir=run_dir, ready_timeout_s=300.0,
         stop_grace_s=10.0, extra_args=extra_args or {},
         env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )

@@ -55,7 +55,7 @@ class Harness:
 async def gateway(redis_url: str, model: ServedModel, **overrides):
     client = connect_async(redis_url)
     namespace = ClusterNamespace("test", MODEL_NAME)
-    settings = GatewaySettings(port=0, redis_url=redis_url, deployment="test", routing_cache_s=0,
+    settings = GatewaySettings(port=0, http_port=-1, redis_url=redis_url, deployment="test", routing_cache_s=0,
                                **overrides)
     server = GatewayServer(settings, load_model=lambda: model)
     address = await server.start()
@@ -271,7 +271,8 @@ def test_bad_request_unknown_model_and_health(redis_server, model):
 
 def test_health_is_not_serving_until_ready(redis_server, model):
     async def scenario():
-        server = GatewayServer(GatewaySettings(port=0, redis_url=redis_server.url), load_model=lambda: model)
+        server = GatewayServer(GatewaySettings(port=0, http_port=-1, redis_url=redis_server.url),
+                               load_model=lambda: model)
         address = await server.start()
         async with grpc.aio.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)

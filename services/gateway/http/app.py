@@ -1,0 +1,98 @@
+"""The OpenAI-compatible FastAPI app of the gateway.
+
+`build_app(state, health)` is called once by GatewayServer, with the same GatewayState the
+gRPC servicer uses (so both doors share the model, the relay and its counters). Routes:
+`POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
+"""
+
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from shared.errors import InvalidRequestError
+
+from services.gateway.errors import GatewayError
+from services.gateway.generation import GatewayState, require_ready
+from services.gateway.health import GatewayHealth
+from services.gateway.http.chat_builder import ChatBuilder
+from services.gateway.http.completion_builder import CompletionBuilder
+from services.gateway.http.errors import from_gateway_error, from_invalid_request, from_validation_errors
+from services.gateway.http.flow import respond
+from services.gateway.http.logprobs import TokenTexts
+from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
+
+OWNER = "pdserve"
+
+
+class OpenAIEndpoints:
+    """The route handlers; each turns every failure into OpenAI's error shape."""
+
+    def __init__(self, state: GatewayState, health: GatewayHealth):
+        self.state = state
+        self.health = health
+        self.created = int(time.time())
+
+    async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
+        response_id = f"cmpl-{uuid.uuid4().hex}"
+        try:
+            model, _ = require_ready(self.state)
+            internal = completion_to_internal(body, response_id)
+        except (InvalidRequestError, GatewayError) as error:
+            return _error_response(error)
+        builder = CompletionBuilder(response_id, model.name, int(time.time()), internal.n,
+                                    TokenTexts(model.tokenizer), internal.include_usage,
+                                    wants_logprobs=body.logprobs is not None)
+        return await respond(request, self.state, internal, builder)
+
+    async def create_chat_completion(self, body: ChatCompletionRequest, request: Request) -> Response:
+        response_id = f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            model, _ = require_ready(self.state)
+            internal = chat_to_internal(body, response_id)
+        except (InvalidRequestError, GatewayError) as error:
+            return _error_response(error)
+        num_top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        builder = ChatBuilder(response_id, model.name, int(time.time()), internal.n,
+                              TokenTexts(model.tokenizer), internal.include_usage,
+                              num_top_logprobs=num_top_logprobs)
+        return await respond(request, self.state, internal, builder)
+
+    async def list_models(self) -> Response:
+        try:
+            model, _ = require_ready(self.state)
+        except GatewayError as error:
+            return _error_response(error)
+        card = {"id": model.name, "object": "model", "created": self.created, "owned_by": OWNER,
+                "max_model_len": model.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def check_health(self) -> Response:
+        """200 once the gateway is SERVING (as its gRPC health service says), else 503."""
+        is_ready = self.health.is_serving and self.state.model is not None
+        return JSONResponse({"status": "serving" if is_ready else "not_serving"},
+                            status_code=200 if is_ready else 503)
+
+
+def _error_response(error: InvalidRequestError | GatewayError) -> Response:
+    if isinstance(error, InvalidRequestError):
+        return from_invalid_request(error).response()
+    return from_gateway_error(error, {}).response()
+
+
+async def _on_bad_body(request: Request, error: RequestValidationError) -> Response:
+    return from_validation_errors(error.errors()).response()
+
+
+def build_app(state: GatewayState, health: GatewayHealth) -> FastAPI:
+    endpoints = OpenAIEndpoints(state, health)
+    app = FastAPI(title="pdserve gateway", summary="OpenAI-compatible API of the pdserve gateway")
+    app.add_exception_handler(RequestValidationError, _on_bad_body)
+    app.add_api_route("/v1/completions", endpoints.create_completion, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", endpoints.create_chat_completion, methods=["POST"])
+    app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])
+    app.add_api_route("/health", endpoints.check_health, methods=["GET"])
+    return app

@@ -1,0 +1,78 @@
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the HTTP
+status each gateway (gRPC) status code maps to.
+
+The endpoints turn every GatewayError, InvalidRequestError and body-parsing error into an
+OpenAIError; a message that names a field starts with the OpenAI name of that field.
+"""
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+from fastapi.responses import JSONResponse
+
+from shared.errors import InvalidRequestError
+
+from services.gateway.errors import GatewayError
+
+# gRPC status -> (HTTP status, error type, error code)
+_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", None),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "out_of_capacity"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error", "no_backend"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error", "deadline_exceeded"),
+}
+_INTERNAL = (500, "internal_error", None)
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class OpenAIError:
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(param: str | None, message: str) -> OpenAIError:
+    return OpenAIError(400, message, "invalid_request_error", param)
+
+
+def from_invalid_request(error: InvalidRequestError) -> OpenAIError:
+    return bad_request(error.field, str(error))
+
+
+def from_gateway_error(error: GatewayError, renamed: Mapping[str, str]) -> OpenAIError:
+    """The gateway's status as HTTP; a bad field is renamed to what the client called it."""
+    status, kind, code = _STATUS.get(error.code, _INTERNAL)
+    param, message = None, error.message
+    if error.code == grpc.StatusCode.INVALID_ARGUMENT:
+        match = _FIELD_PREFIX.match(error.message)
+        if match:
+            param = renamed.get(match.group(1), match.group(1))
+            message = f"{param}: {match.group(2)}"
+    elif error.code == grpc.StatusCode.NOT_FOUND:
+        param = "model"
+    return OpenAIError(status, message, kind, param, code)
+
+
+def from_validation_errors(errors: Sequence[dict]) -> OpenAIError:
+    """FastAPI's RequestValidationError list: the first problem, naming its top-level field."""
+    if not errors:
+        return bad_request(None, "invalid request body")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid" or not location:
+        return bad_request(None, f"the request body is missing or not valid JSON: {first.get('msg', '')}")
+    path = ".".join(location)
+    return bad_request(location[0], f"{location[0]}: {first.get('msg', 'invalid')} (at {path})")

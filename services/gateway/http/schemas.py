@@ -1,0 +1,83 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic, as FastAPI parses them).
+
+Only types are checked here (a wrong type is a 400 naming the field); ranges and meaning
+are checked by the same validation as the gRPC API, once the body is converted to a
+GenerateRequest (`to_internal`). Unknown fields are ignored, as OpenAI-compatible servers
+do; fields we know but cannot honour are declared so that `to_internal` can refuse them.
+"""
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields both endpoints share: OpenAI's and the extras vLLM users send."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = ""  # empty: the served model
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    # Known but not supported: refused when set.
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+
+
+class CompletionRequest(SamplingFields):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions; null: up to the model's length
+    logprobs: int | None = None  # top alternatives per token (0: the sampled token only)
+    echo: bool | None = None  # not supported
+    suffix: str | None = None  # not supported
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """`POST /v1/chat/completions` (the model's chat template is applied)."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    # Known but not supported: refused when set.
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None

@@ -1,0 +1,13 @@
+"""Guided (structured) decoding through XGrammar.
+
+  params.py          GuidedDecodingParams: which constraint a request asks for (no XGrammar import).
+  compiler.py        GrammarCache: compiles constraints for one tokenizer, cached by kind + text.
+  bitmask.py         filling one step's token bitmask from the matchers, applying it to logits.
+  engine_support.py  GuidedDecoding: the engine's hooks (admission, before and after each step).
+
+Only `params` is imported here, so `SamplingParams` can use it without loading XGrammar.
+"""
+
+from shared.guided.params import GuidedDecodingParams
+
+__all__ = ["GuidedDecodingParams"]
