@@ -50,8 +50,9 @@ def load_served_model(model: str | None, served_model_name: str | None, block_si
     limit = config.max_position_embeddings
     if max_model_len is not None:
         limit = min(limit, max_model_len)
-    aliases = {folder.name, DEFAULT_MODEL_NAME if model in (None, DEFAULT_MODEL_NAME) else str(model)}
-    name = served_model_name or folder.name
+    requested_name = DEFAULT_MODEL_NAME if model in (None, DEFAULT_MODEL_NAME) else str(model)
+    aliases = {folder.name, requested_name}
+    name = served_model_name or (DEFAULT_MODEL_NAME if model in (None, DEFAULT_MODEL_NAME) else folder.name)
     logger.info("serving %s (key %s, max_model_len %d, block size %d)", name, folder.name, limit,
                 block_size)
     return ServedModel(name=name, model_key=folder.name, tokenizer=tokenizer,
