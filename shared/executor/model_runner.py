@@ -9,6 +9,7 @@ from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
 from shared.executor.input_batch import ModelInputs, build_model_inputs
 from shared.kv_cache.layout import KVCacheLayout
+from shared.sampling.logprobs import token_logprobs, top_logprobs
 from shared.sampling.random_draw import skip_draws
 from shared.sampling.sampler import Sampler, SamplingRow, make_generator
 
@@ -67,19 +68,14 @@ class ModelRunner:
 
 def _prompt_logprobs(scheduled: list[ScheduledRequest], logits: torch.Tensor,
                      inputs: ModelInputs) -> dict[str, list[SampledLogprobs]]:
+    """Per request, the logprob of each next prompt token and the top alternatives there."""
     result = {}
     for item in scheduled:
         if item.request_id not in inputs.prompt_logit_rows:
             continue
         first, count = inputs.prompt_logit_rows[item.request_id]
         logprobs = torch.log_softmax(logits[first:first + count].float(), dim=-1)
-        targets = torch.tensor(item.prompt_logprob_targets)
-        target_lps = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
-        num_top = item.num_prompt_logprobs
-        top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
-        result[item.request_id] = [
-            SampledLogprobs(target_lps[row],
-                            list(zip(top_ids[row].tolist(), top_values[row].tolist())) if num_top else [])
-            for row in range(count)
-        ]
+        target_lps = token_logprobs(logprobs, torch.tensor(item.prompt_logprob_targets))
+        tops = top_logprobs(logprobs, [item.num_prompt_logprobs] * count)
+        result[item.request_id] = [SampledLogprobs(lp, top) for lp, top in zip(target_lps, tops)]
     return result
