@@ -69,9 +69,11 @@ def test_configuration_is_environment_variables(config):
         assert "PDSERVE_GRPC_PORT" in config["services"][name]["environment"]
 
 
-def test_only_the_gateway_publishes_a_port(config):
+def test_only_the_gateway_publishes_ports_grpc_and_openai_http(config):
     ports = config["services"]["gateway"]["ports"]
-    assert [port["target"] for port in ports] == [50051]
+    assert [port["target"] for port in ports] == [50051, 8000]
+    environment = config["services"]["gateway"]["environment"]
+    assert environment["PDSERVE_HTTP_HOST"] == "0.0.0.0" and environment["PDSERVE_HTTP_PORT"] == "8000"
 
 
 def test_one_image_built_from_the_repository(config):
