@@ -2,6 +2,7 @@
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -14,6 +15,30 @@ MISSING_REDIS_MESSAGE = (
 )
 
 
+def redis_server_argv(executable: str, port: int, host: str, work_dir: Path, logfile: str = "") -> list[str]:
+    """redis-server on one loopback port, persistence off (a restart comes back empty)."""
+    return [executable, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+            "--dir", str(work_dir), "--logfile", logfile]
+
+
+def wait_for_ping(host: str, port: int, timeout_s: float, check_alive: Callable[[], None]) -> bool:
+    """Poll until the server answers PING (True) or `timeout_s` passes (False); `check_alive`
+    raises to give up early (the process died, a stop was requested)."""
+    deadline = time.monotonic() + timeout_s
+    client = redis.Redis(host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
+    try:
+        while time.monotonic() < deadline:
+            check_alive()
+            try:
+                if client.ping():
+                    return True
+            except redis.ConnectionError:
+                time.sleep(0.02)
+    finally:
+        client.close()
+    return False
+
+
 class RedisChild(ChildProcess):
     """redis-server on a fixed loopback port; `restart()` brings it back empty on that port."""
 
@@ -23,10 +48,7 @@ class RedisChild(ChildProcess):
             raise StackError(MISSING_REDIS_MESSAGE)
         self.host = host
         self.port = port
-        argv = [
-            executable, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
-            "--dir", str(run_dir), "--logfile", "",
-        ]
+        argv = redis_server_argv(executable, port, host, run_dir)
         super().__init__("redis", "redis", argv, run_dir / "logs" / "redis.log")
 
     @property
@@ -35,23 +57,14 @@ class RedisChild(ChildProcess):
 
     def wait_ready(self, timeout_s: float = 10.0, should_abort=lambda: False) -> None:
         """Block until the server answers PING."""
-        deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
-        try:
-            while time.monotonic() < deadline:
-                if should_abort():
-                    raise StackAborted("stop requested while starting redis-server")
-                if not self.is_running():
-                    raise StackError(f"redis-server exited early:\n{self.log_tail()}")
-                try:
-                    if client.ping():
-                        return
-                except redis.ConnectionError:
-                    time.sleep(0.02)
-        finally:
-            client.close()
-        raise StackError(f"redis-server on port {self.port} did not answer PING in {timeout_s} s")
+        if not wait_for_ping(self.host, self.port, timeout_s, lambda: self._check_alive(should_abort)):
+            raise StackError(f"redis-server on port {self.port} did not answer PING in {timeout_s} s")
+
+    def _check_alive(self, should_abort) -> None:
+        if should_abort():
+            raise StackAborted("stop requested while starting redis-server")
+        if not self.is_running():
+            raise StackError(f"redis-server exited early:\n{self.log_tail()}")
 
     def restart(self, down_s: float = 0.0, grace_s: float = 10.0) -> None:
         """Stop (SIGTERM, then SIGKILL), stay down `down_s`, start again on the same port."""

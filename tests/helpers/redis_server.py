@@ -10,13 +10,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+
+from services.launcher.redis_child import redis_server_argv, wait_for_ping
 
 MISSING_SERVER_MESSAGE = (
     "redis-server is not installed (needed by the cluster-state tests); "
@@ -50,11 +50,8 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Start the server and wait until it answers PING."""
-        command = [
-            self.executable, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(self.work_dir),
-            "--logfile", str(self.work_dir / "redis.log"),
-        ]
+        command = redis_server_argv(self.executable, self.port, "127.0.0.1", self.work_dir,
+                                    str(self.work_dir / "redis.log"))
         self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
         self._wait_until_ready(timeout_s)
@@ -77,22 +74,14 @@ class RedisServer:
         self.start()
 
     def _wait_until_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
-        try:
-            while time.monotonic() < deadline:
-                if self._process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited early; log:\n{self._read_log()}")
-                try:
-                    if client.ping():
-                        return
-                except redis.ConnectionError:
-                    time.sleep(0.02)
-        finally:
-            client.close()
+        if wait_for_ping("127.0.0.1", self.port, timeout_s, self._check_alive):
+            return
         self.stop()
         raise RuntimeError(f"redis-server on port {self.port} did not answer PING in {timeout_s}s")
+
+    def _check_alive(self) -> None:
+        if self._process.poll() is not None:
+            raise RuntimeError(f"redis-server exited early; log:\n{self._read_log()}")
 
     def _read_log(self) -> str:
         log_path = self.work_dir / "redis.log"
