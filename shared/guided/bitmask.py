@@ -3,7 +3,8 @@
 Layout (XGrammar's): int32 words, ceil(vocab / 32) per row; bit t % 32 of word t // 32 set
 means token t is allowed. `GuidedDecoding.prepare_step` fills one tensor for all the step's
 constrained rows (`fill_bitmask`); the sampler masks those rows with one call
-(`apply_token_bitmasks`) after penalties and before choosing tokens.
+(`apply_token_bitmasks`) after penalties and before choosing tokens. `allows_only` tells
+min_tokens suppression (`shared.sampling.penalties`) that a row's grammar is complete.
 """
 
 from collections.abc import Sequence
@@ -56,6 +57,17 @@ def forbidden_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     little_endian_bytes = bitmask.numpy().astype("<i4", copy=False).view(np.uint8)
     bits_clear = np.unpackbits(~little_endian_bytes, axis=-1, bitorder="little")[:, :vocab_size]
     return torch.from_numpy(bits_clear).view(torch.bool)
+
+
+def allows_only(row_bitmask: torch.Tensor, token_ids: Sequence[int]) -> bool:
+    """True when every token the row allows is one of `token_ids`: with the EOS ids, the
+    grammar is complete (the sampler then lets EOS through despite min_tokens). XGrammar
+    leaves the bits past the vocabulary clear, so whole words can be compared."""
+    words = row_bitmask.cpu().numpy().view(np.uint32).copy()
+    ids = np.asarray([token_id for token_id in token_ids if token_id < words.size * BITS_PER_WORD],
+                     dtype=np.int64)
+    np.bitwise_and.at(words, ids // BITS_PER_WORD, ~(np.uint32(1) << (ids % BITS_PER_WORD).astype(np.uint32)))
+    return not words.any()
 
 
 def allowed_token_ids(row_bitmask: torch.Tensor, vocab_size: int) -> list[int]:

@@ -10,7 +10,8 @@
     activate_request, with the prefill instance's first token): feeds each matcher its token
     and says which requests to finish.
 A matcher that accepts an EOS token has terminated: the request ends with reason "stop" (also
-under ignore_eos). Reaching max_tokens mid-grammar ends it with "length" as usual.
+under ignore_eos, and before min_tokens: once the grammar allows only EOS, the sampler stops
+hiding it). Reaching max_tokens mid-grammar ends it with "length" as usual.
 """
 
 import logging

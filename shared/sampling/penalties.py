@@ -3,7 +3,8 @@
 Called by `Sampler` on its own copy of the logits, only for the rows that need them, before
 any temperature or masking. Semantics follow vLLM:
   * min_tokens: while fewer than `min_tokens` tokens were generated, the row's
-    `stop_and_eos_token_ids` get -inf so generation cannot end early.
+    `stop_and_eos_token_ids` get -inf so generation cannot end early; except on a guided
+    row whose grammar is complete (its bitmask allows only those ids): it ends with "stop".
   * repetition_penalty r: every token seen in the prompt or the output has a positive logit
     divided by r and a negative logit multiplied by r.
   * presence_penalty / frequency_penalty (output tokens only):
@@ -16,14 +17,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from shared.guided.bitmask import allows_only
+
 if TYPE_CHECKING:
     from shared.sampling.sampler import SamplingRow
 
 
 def is_suppressing_stops(row: "SamplingRow") -> bool:
-    """True while `row` has generated fewer than min_tokens and has stop/EOS ids to hide."""
-    return (len(row.output_token_ids) < row.params.min_tokens
-            and len(row.stop_and_eos_token_ids) > 0)
+    """True while `row` has generated fewer than min_tokens and has stop/EOS ids to hide,
+    unless its guided bitmask allows nothing else (a complete grammar wins over min_tokens)."""
+    if len(row.output_token_ids) >= row.params.min_tokens or not row.stop_and_eos_token_ids:
+        return False
+    return row.guided_bitmask is None or not allows_only(row.guided_bitmask, row.stop_and_eos_token_ids)
 
 
 def suppress_stop_tokens(logits: torch.Tensor, rows: Sequence["SamplingRow"],

@@ -178,3 +178,29 @@ def test_a_first_token_outside_the_grammar_aborts_the_decode(tiny_llama_folder):
     [output] = llm.engine.activate_request("d", VOCAB.index("7"))
     assert output.finished and output.outputs[0].finish_reason == "abort"
     assert_pool_is_whole(llm)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_completed_grammar_wins_over_min_tokens(tiny_llama_folder, temperature):
+    """Once the grammar allows only EOS, min_tokens no longer hides it: the request ends with
+    "stop" and a valid output shorter than min_tokens (not an abort, not garbage)."""
+    llm = make_llm(tiny_llama_folder)
+    params = [SamplingParams(temperature=temperature, seed=index, max_tokens=30, min_tokens=20, guided=guided)
+              for index, guided in enumerate((Guided(choice=CHOICES), Guided(regex="[0-9]{4}")))]
+    outputs = llm.generate(PROMPTS[:2], params)
+    for p, output in zip(params, outputs):
+        completion = output.outputs[0]
+        assert (completion.finish_reason, completion.token_ids[-1]) == ("stop", EOS_TOKEN_ID)
+        assert len(completion.token_ids) < p.min_tokens
+        assert_valid(p.guided, decode(completion.token_ids))
+    assert_pool_is_whole(llm)
+
+
+def test_min_tokens_still_hides_eos_while_the_grammar_can_go_on(tiny_llama_folder):
+    """A regex that may stop after 1 digit or go on to 12: min_tokens=6 keeps it going."""
+    llm = make_llm(tiny_llama_folder)
+    params = SamplingParams(temperature=0, max_tokens=30, min_tokens=6, guided=Guided(regex="[0-9]{1,12}"))
+    completion = llm.generate(PROMPTS[0], params)[0].outputs[0]
+    assert completion.finish_reason == "stop"
+    assert len(completion.token_ids) >= 6 and re.fullmatch("[0-9]{1,12}", decode(completion.token_ids))
+    assert_pool_is_whole(llm)

@@ -8,7 +8,7 @@ import torch
 import xgrammar as xgr
 
 from shared.guided import GuidedDecodingParams
-from shared.guided.bitmask import allowed_token_ids, apply_token_bitmasks, fill_bitmask
+from shared.guided.bitmask import allowed_token_ids, allows_only, apply_token_bitmasks, fill_bitmask
 from shared.sampling import SamplingParams
 from shared.sampling.sampler import Sampler, SamplingRow, make_generator
 from tests.unit.guided_vocab import EOS_TOKEN_ID, VOCAB, VOCAB_SIZE, tiny_grammar_cache, token_ids_of
@@ -110,3 +110,16 @@ def test_sampled_rows_draw_only_allowed_tokens():
     rows = sampler_rows([params] * 64, [digit_only_bitmask()] * 64)
     tokens = Sampler()(logits, rows).sampled_token_ids
     assert set(tokens) <= set(DIGITS) and len(set(tokens)) > 3
+
+
+def test_allows_only_tells_a_complete_grammar_from_one_that_can_go_on():
+    cache = tiny_grammar_cache()
+    matchers = [xgr.GrammarMatcher(cache.compile(GuidedDecodingParams(regex="[0-9]{1,3}"))) for _ in range(3)]
+    for matcher, digits in zip(matchers, ([], ["4"], ["4", "2", "7"])):
+        for token_id in token_ids_of(*digits):
+            assert matcher.accept_token(token_id)
+    bitmask, _ = fill_bitmask(matchers, VOCAB_SIZE)
+    assert [allows_only(row, [EOS_TOKEN_ID]) for row in bitmask] == [False, False, True]
+    after_one_digit = allowed_token_ids(bitmask[1], VOCAB_SIZE)  # EOS, digits, "00".."99"
+    assert len(after_one_digit) == 111 and allows_only(bitmask[1], after_one_digit)
+    assert not allows_only(bitmask[1], after_one_digit[:-1])

@@ -8,7 +8,23 @@ do; fields we know but cannot honour are declared so that `to_internal` can refu
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one of json, regex, choice, grammar, json_object
+    (`guided_fields` checks that exactly one is set)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # Known but not supported: refused when set.
+    whitespace_pattern: str | None = None
+    structural_tag: Any = None
 
 
 class StreamOptions(BaseModel):
@@ -41,6 +57,14 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    # Guided decoding (`guided_fields`): OpenAI's response_format, or vLLM's extras.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_whitespace_pattern: str | None = None  # refused when set
     # Known but not supported: refused when set.
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
@@ -80,4 +104,3 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     # Known but not supported: refused when set.
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
+from shared.wire.guided import guided_to_proto
 
+from services.gateway.http.guided_fields import guided_from_body
 from services.gateway.http.schemas import (
     ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields)
 
@@ -43,6 +45,7 @@ def completion_to_internal(body: CompletionRequest, request_id: str) -> Internal
     if body.suffix:
         raise InvalidRequestError("suffix", "is not supported by this server")
     sampling = sampling_proto(body, body.max_tokens, body.logprobs)
+    renamed = dict(_COMPLETION_RENAMES, **add_guided(sampling, body))
     prompts = split_prompts(body.prompt)
     messages = []
     for index, prompt in enumerate(prompts):
@@ -53,15 +56,13 @@ def completion_to_internal(body: CompletionRequest, request_id: str) -> Internal
         else:
             message.token_ids.ids.extend(_checked_token_ids(prompt))
         messages.append(message)
-    return _internal(body, messages, dict(_COMPLETION_RENAMES))
+    return _internal(body, messages, renamed)
 
 
 def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRequest:
     _refuse_unsupported(body)
     if body.tools:
         raise InvalidRequestError("tools", "tool calling is not supported by this server")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise InvalidRequestError("response_format", "only {\"type\": \"text\"} is supported")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs", "requires logprobs to be true")
     renamed = dict(_CHAT_RENAMES, logprobs="top_logprobs")
@@ -70,8 +71,10 @@ def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRe
         max_tokens = body.max_completion_tokens
         renamed["max_tokens"] = "max_completion_tokens"
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    sampling = sampling_proto(body, max_tokens, logprobs)
+    renamed.update(add_guided(sampling, body))
     message = gateway_pb2.GenerateRequest(
-        request_id=request_id, model=body.model, sampling=sampling_proto(body, max_tokens, logprobs),
+        request_id=request_id, model=body.model, sampling=sampling,
         chat=gateway_pb2.ChatMessages(messages=[_chat_message(m, i) for i, m in enumerate(body.messages)]))
     return _internal(body, [message], renamed)
 
@@ -106,6 +109,15 @@ def sampling_proto(body: SamplingFields, max_tokens: int | None,
     except ValueError as error:
         raise InvalidRequestError("stop_token_ids", f"out of range: {error}") from error
     return message
+
+
+def add_guided(message: generation_pb2.SamplingParams, body: SamplingFields) -> dict[str, str]:
+    """Set `message.guided` from the body's guided-decoding fields; returns the renames that make
+    the engine's errors about it name the OpenAI field."""
+    guided, renamed = guided_from_body(body)
+    if guided is not None:
+        message.guided.CopyFrom(guided_to_proto(guided))
+    return renamed
 
 
 def _set_scalar(message: generation_pb2.SamplingParams, name: str, value: object) -> None:
