@@ -11,6 +11,9 @@ contiguous slab, so this is a memcpy per block), key positions past a sequence's
 masked, and two batched matmuls do the rest. With few KV heads the "flat" kernel
 treats a sequence's (position, kv_head) rows as one key matrix and masks the other heads'
 columns: the wasted multiply-adds cost less than the copies a per-head layout would need.
+When the C++ kernel (native_decode.py) builds on this machine and supports the shapes, decodes
+skip all of that: it reads keys and values in place through the block tables (`decode_kernel`
+"auto", the default; "torch" forces the path above, "native" requires the kernel).
 Prefill chunks run one sequence at a time (a step has few) as two batched matmuls over the
 heads, a third faster than torch's CPU flash-attention kernel on a 512-token prompt.
 """
@@ -20,8 +23,10 @@ import torch.nn.functional as F
 
 from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
+from shared.attention.native_decode import NativePagedDecode, load_native_decode
 from shared.attention.torch_paged_step import (
-    DecodeGroup, PrefillChunk, TorchPagedStep, additive_mask, plan_decode_groups, plan_prefill_chunks)
+    DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, plan_decode_groups,
+    plan_prefill_chunks)
 
 # Above this many KV heads the flat kernel's masked-out work outgrows its savings.
 FLAT_DECODE_MAX_KV_HEADS = 4
@@ -33,20 +38,37 @@ PREFILL_PIECE_ROWS = 128
 
 
 class TorchPagedAttention(AttentionBackend):
-    """CPU paged attention. `flat_decode` picks the decode kernel (None: by KV head count)."""
+    """CPU paged attention. `decode_kernel` is "auto", "native" or "torch" (see the module
+    docstring); `flat_decode` picks the torch decode path (None: by KV head count)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, flat_decode: bool | None = None):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, flat_decode: bool | None = None,
+                 decode_kernel: str = "auto"):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.num_queries_per_kv = num_heads // num_kv_heads
         self.flat_decode = num_kv_heads <= FLAT_DECODE_MAX_KV_HEADS if flat_decode is None else flat_decode
+        self.decode_kernel = decode_kernel
+        self.native_decode = _native_decode_for(decode_kernel)
+
+    def uses_native_decode(self, block_size: int, dtype: torch.dtype) -> bool:
+        if self.native_decode is None:
+            return False
+        supported = self.native_decode.supports(self.num_heads, self.num_kv_heads, self.head_dim, block_size, dtype)
+        if not supported and self.decode_kernel == "native":
+            raise ValueError(f"decode_kernel: the native kernel does not support heads={self.num_heads}, "
+                             f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                             f"block_size={block_size}, dtype={dtype}")
+        return supported
 
     def prepare(self, metadata: AttentionMetadata, block_size: int, dtype: torch.dtype) -> TorchPagedStep:
-        groups = plan_decode_groups(metadata, block_size)
-        for group in groups:
-            group.score_bias = self._decode_score_bias(group.is_in_context, dtype)
         chunks = plan_prefill_chunks(metadata, block_size)
         for chunk in chunks:
             chunk.score_bias = additive_mask(chunk.causal_mask, dtype)
+        if metadata.num_decode_tokens and self.uses_native_decode(block_size, dtype):
+            native_inputs = NativeDecodeInputs.from_metadata(metadata)
+            return TorchPagedStep(metadata.slot_mapping, metadata.num_decode_tokens, [], chunks, native_inputs)
+        groups = plan_decode_groups(metadata, block_size)
+        for group in groups:
+            group.score_bias = self._decode_score_bias(group.is_in_context, dtype)
         return TorchPagedStep(metadata.slot_mapping, metadata.num_decode_tokens, groups, chunks)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -54,18 +76,23 @@ class TorchPagedAttention(AttentionBackend):
         _store(key, value, key_cache, value_cache, step.slot_mapping)
         num_decodes = step.num_decodes
         if not step.prefills:
-            return self._decode(query, key_cache, value_cache, step.decode_groups)
+            return self._decode(query, key_cache, value_cache, step)
         output = query.new_empty(query.shape)
         if num_decodes:
-            output[:num_decodes] = self._decode(query[:num_decodes], key_cache, value_cache, step.decode_groups)
+            output[:num_decodes] = self._decode(query[:num_decodes], key_cache, value_cache, step)
         for chunk in step.prefills:
             rows = slice(chunk.first_row, chunk.first_row + chunk.query_len)
             output[rows] = self._prefill(query[rows], key_cache, value_cache, chunk)
         return output
 
     def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                groups: list[DecodeGroup]) -> torch.Tensor:
+                step: TorchPagedStep) -> torch.Tensor:
         """(num_decodes, num_heads, head_dim) queries, one per sequence -> outputs, same shape."""
+        if step.native_decode is not None:
+            inputs = step.native_decode
+            return self.native_decode(query, key_cache, value_cache, inputs.block_tables, inputs.context_lens,
+                                      self.scale)
+        groups = step.decode_groups
         if len(groups) == 1 and groups[0].rows is None:
             return self._decode_group(query, key_cache, value_cache, groups[0])
         output = query.new_empty(query.shape)
@@ -125,6 +152,17 @@ class TorchPagedAttention(AttentionBackend):
         is_own_kv_head = kv_head_of_query[:, None] == torch.arange(self.num_kv_heads)
         allowed = is_in_context[:, None, :, None] & is_own_kv_head[None, :, None, :]
         return additive_mask(allowed.flatten(2), dtype)
+
+
+def _native_decode_for(decode_kernel: str) -> NativePagedDecode | None:
+    if decode_kernel not in ("auto", "native", "torch"):
+        raise ValueError(f"decode_kernel: expected auto, native or torch, got {decode_kernel!r}")
+    if decode_kernel == "torch":
+        return None
+    kernel = load_native_decode()
+    if kernel is None and decode_kernel == "native":
+        raise RuntimeError("decode_kernel: the native kernel could not be built or is disabled")
+    return kernel
 
 
 def _store(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -53,11 +53,27 @@ class PrefillChunk:
 
 
 @dataclass
+class NativeDecodeInputs:
+    """The decodes' block tables and context lengths as the C++ kernel reads them."""
+    # (num_decodes, max_blocks) int32, contiguous.
+    block_tables: torch.Tensor
+    # (num_decodes,) int32.
+    context_lens: torch.Tensor
+
+    @classmethod
+    def from_metadata(cls, metadata: AttentionMetadata) -> "NativeDecodeInputs":
+        return cls(metadata.decode_block_tables.to(torch.int32).contiguous(),
+                   metadata.decode_context_lens.to(torch.int32).contiguous())
+
+
+@dataclass
 class TorchPagedStep:
     slot_mapping: torch.Tensor
     num_decodes: int
+    # Torch decode path: the decodes' groups. Empty when native_decode is set.
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    native_decode: NativeDecodeInputs | None = None
 
 
 def plan_decode_groups(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:

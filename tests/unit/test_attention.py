@@ -87,21 +87,30 @@ def expected_output(step: Step, input_dtype: torch.dtype = torch.float64) -> tor
                       for q, k, v in zip(step.queries, step.keys, step.values)])
 
 
-@pytest.mark.parametrize("flat_decode", [True, False], ids=["flat-decode", "grouped-decode"])
+# The three decode paths: the C++ kernel, and torch's flat and per-KV-head-grouped matmuls.
+DECODE_PATHS = {
+    "native-decode": {"decode_kernel": "native"},
+    "flat-decode": {"decode_kernel": "torch", "flat_decode": True},
+    "grouped-decode": {"decode_kernel": "torch", "flat_decode": False},
+}
+decode_paths = pytest.mark.parametrize("decode_path", list(DECODE_PATHS.values()), ids=list(DECODE_PATHS))
+
+
+@decode_paths
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 2), (4, 1), (4, 4)])
-def test_mixed_step_matches_float64_reference_in_float32(num_heads, num_kv_heads, flat_decode):
+def test_mixed_step_matches_float64_reference_in_float32(num_heads, num_kv_heads, decode_path):
     step = Step(num_heads, num_kv_heads, torch.float32)
-    backend = TorchPagedAttention(num_heads, num_kv_heads, HEAD_DIM, flat_decode=flat_decode)
+    backend = TorchPagedAttention(num_heads, num_kv_heads, HEAD_DIM, **decode_path)
     output = step.run(backend, torch.float32)
     assert output.shape == (3 + 9 + 5, num_heads, HEAD_DIM)
     assert output.dtype == torch.float32
     torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("flat_decode", [True, False], ids=["flat-decode", "grouped-decode"])
-def test_mixed_step_matches_float64_reference_in_bfloat16(flat_decode):
+@decode_paths
+def test_mixed_step_matches_float64_reference_in_bfloat16(decode_path):
     step = Step(4, 2, torch.bfloat16)
-    backend = TorchPagedAttention(4, 2, HEAD_DIM, flat_decode=flat_decode)
+    backend = TorchPagedAttention(4, 2, HEAD_DIM, **decode_path)
     output = step.run(backend, torch.bfloat16)
     assert output.dtype == torch.bfloat16
     # The reference sees the same bf16-rounded inputs; what is left is the rounding of scores,
@@ -126,10 +135,11 @@ def test_new_tokens_land_in_their_slots_and_nothing_else_changes(dtype):
     assert int(untouched.sum()) == NUM_BLOCKS * BLOCK_SIZE - (3 + 9 + 5)
 
 
+@decode_paths
 @pytest.mark.parametrize("decodes, prefills", [(DECODES, []), ([], PREFILLS)], ids=["decodes", "prefills"])
-def test_decodes_alone_and_prefills_alone_match_the_reference(decodes, prefills):
+def test_decodes_alone_and_prefills_alone_match_the_reference(decodes, prefills, decode_path):
     step = Step(4, 2, torch.float32, decodes, prefills)
-    output = step.run(TorchPagedAttention(4, 2, HEAD_DIM), torch.float32)
+    output = step.run(TorchPagedAttention(4, 2, HEAD_DIM, **decode_path), torch.float32)
     torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
 
 
@@ -138,7 +148,7 @@ def test_decodes_split_into_length_groups_match_the_reference(monkeypatch, flat_
     monkeypatch.setattr(torch_paged_step, "GROUP_OVERHEAD_KEY_POSITIONS", 0)
     decodes = [(13, 1, 0), (1, 1, 0), (6, 1, 1), (2, 1, 0), (11, 1, 0)]
     step = Step(4, 2, torch.float32, decodes, PREFILLS)
-    backend = TorchPagedAttention(4, 2, HEAD_DIM, flat_decode=flat_decode)
+    backend = TorchPagedAttention(4, 2, HEAD_DIM, flat_decode=flat_decode, decode_kernel="torch")
     groups = backend.prepare(step.batch.metadata, BLOCK_SIZE, torch.float32).decode_groups
     assert [group.rows.tolist() for group in groups] == [[1, 3], [2], [4, 0]]
     output = step.run(backend, torch.float32)
@@ -163,6 +173,13 @@ def test_length_groups_pay_for_their_overhead():
     assert split_by_length(lengths, block_size=16) == [list(range(0, 64, 2)), list(range(1, 64, 2))]
     # Two short decodes: splitting saves 16 positions, not worth a group.
     assert split_by_length([3, 20], block_size=16) == [[0, 1]]
+
+
+def test_native_decode_is_the_default_where_it_builds():
+    assert TorchPagedAttention(9, 3, 64).native_decode is not None
+    assert TorchPagedAttention(9, 3, 64, decode_kernel="torch").native_decode is None
+    with pytest.raises(ValueError, match="decode_kernel: expected auto, native or torch, got 'cuda'"):
+        TorchPagedAttention(9, 3, 64, decode_kernel="cuda")
 
 
 def test_flat_decode_is_the_default_only_for_few_kv_heads():

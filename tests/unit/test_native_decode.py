@@ -1,0 +1,92 @@
+"""The C++ paged decode kernel against a float64 reference, at the shapes its vector path takes.
+
+SmolLM2's shapes (9 query heads on 3 KV heads, head dim 64, blocks of 16) and others: head dims
+32 and 128, 1 to 8 query heads per KV head, blocks of 8 and 32, and context lengths that end
+inside, at and just past a 16-token tile. Blocks are shuffled over a cache full of other data.
+"""
+
+import pytest
+import torch
+
+from shared.attention.native_decode import load_native_decode
+
+NUM_BLOCKS = 160
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    kernel = load_native_decode()
+    assert kernel is not None, "the C++ decode kernel must build on this machine (needs g++)"
+    return kernel
+
+
+def paged_inputs(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (NUM_BLOCKS, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=generator).to(dtype)
+    value_cache = torch.randn(shape, generator=generator).to(dtype)
+    max_blocks = max(-(-length // block_size) for length in context_lens)
+    free_blocks = torch.randperm(NUM_BLOCKS, generator=generator)
+    block_tables = free_blocks[:len(context_lens) * max_blocks].view(len(context_lens), max_blocks)
+    query = torch.randn(len(context_lens), num_heads, head_dim, generator=generator).to(dtype)
+    return query, key_cache, value_cache, block_tables.to(torch.int32), torch.tensor(context_lens, dtype=torch.int32)
+
+
+def reference_decode(query, key_cache, value_cache, block_tables, context_lens):
+    """softmax(q k^T / sqrt(d)) v per sequence in float64, over its context gathered by block."""
+    num_heads, head_dim = query.shape[1:]
+    queries_per_kv = num_heads // key_cache.shape[2]
+    outputs = []
+    for row, context_len in enumerate(context_lens.tolist()):
+        keys = key_cache[block_tables[row].long()].flatten(0, 1)[:context_len].double()
+        values = value_cache[block_tables[row].long()].flatten(0, 1)[:context_len].double()
+        keys = keys.repeat_interleave(queries_per_kv, dim=1)
+        values = values.repeat_interleave(queries_per_kv, dim=1)
+        scores = torch.einsum("hd,khd->hk", query[row].double(), keys) / head_dim ** 0.5
+        outputs.append(torch.einsum("hk,khd->hd", scores.softmax(dim=-1), values))
+    return torch.stack(outputs)
+
+
+SHAPES = {
+    "smollm2": (9, 3, 64, 16),
+    "head-dim-32": (4, 2, 32, 16),
+    "head-dim-128-mha": (2, 2, 128, 16),
+    "8-per-kv-head": (8, 1, 64, 16),
+    "blocks-of-8": (9, 3, 64, 8),
+    "blocks-of-32": (9, 3, 64, 32),
+    "scalar-path-head-dim-8": (4, 2, 8, 4),
+}
+CONTEXT_LENS = [1, 15, 16, 17, 33, 70, 5]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1.5e-2)],
+                         ids=["float32", "bfloat16"])
+def test_kernel_matches_float64_reference(kernel, shape, dtype, tolerance):
+    num_heads, num_kv_heads, head_dim, block_size = shape
+    inputs = paged_inputs(CONTEXT_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    assert kernel.supports(num_heads, num_kv_heads, head_dim, block_size, dtype)
+    output = kernel(*inputs, scale=head_dim ** -0.5)
+    assert output.shape == (len(CONTEXT_LENS), num_heads, head_dim) and output.dtype == dtype
+    # bf16: the reference sees the same rounded inputs; the kernel rounds probabilities and the
+    # output to bf16's 8 significant bits.
+    torch.testing.assert_close(output.double(), reference_decode(*inputs), rtol=0, atol=tolerance)
+
+
+def test_kernel_never_reads_past_a_context(kernel):
+    """NaN in every slot past the context (same blocks) must not reach the output."""
+    query, key_cache, value_cache, block_tables, context_lens = paged_inputs([17, 5], 9, 3, 64, 16, torch.bfloat16)
+    expected = reference_decode(query, key_cache, value_cache, block_tables, context_lens)
+    for row, context_len in enumerate(context_lens.tolist()):
+        last_block = block_tables[row, (context_len - 1) // 16].item()
+        key_cache[last_block, context_len % 16:] = float("nan")
+        value_cache[last_block, context_len % 16:] = float("nan")
+    output = kernel(query, key_cache, value_cache, block_tables, context_lens, scale=64 ** -0.5)
+    torch.testing.assert_close(output.double(), expected, rtol=0, atol=1.5e-2)
+
+
+def test_kernel_refuses_shapes_beyond_its_limits(kernel):
+    assert not kernel.supports(9, 3, 512, 16, torch.bfloat16)       # head dim
+    assert not kernel.supports(64, 1, 64, 16, torch.bfloat16)       # query heads per KV head
+    assert not kernel.supports(9, 3, 64, 128, torch.bfloat16)       # block size
+    assert not kernel.supports(9, 3, 64, 16, torch.float16)         # dtype
