@@ -9,10 +9,15 @@ Used by the decode service, from its asyncio event loop:
 
 Each connection (ucxx endpoint) serves one transfer at a time, following the message order in
 proto/pdserve/v1/kv_transfer.proto; concurrent transfers arrive on separate endpoints (the
-sender opens one per transfer in flight), so their bytes can never mix. A rejected transfer's
-payload is received into scratch memory and dropped, and its connection ends. The cache is
-written only by `scatter_payload`, run synchronously on the event loop right after checking
-that the request is still expected, so a request withdrawn by a timeout is never written.
+sender opens one per transfer in flight), so their bytes can never mix. The payload arrives
+in chunks (shared.transfer.chunks): all their receives are posted at once, into one staging
+buffer, and each chunk is verified and written into the cache as soon as it is in, while the
+next ones arrive. A header rejected up front is answered at once, its payload received into
+scratch memory and dropped, and its connection ends. The cache is written only by
+`scatter_chunk`, run synchronously on the event loop right after checking that the request
+is still expected, so a request withdrawn (e.g. by a timeout) is never written again. A chunk
+that fails its checksum stops the transfer: chunks before it may already be in the
+destination blocks, which stay the caller's to free or to fill by a retried transfer.
 """
 
 import asyncio
@@ -21,19 +26,21 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
+from shared.transfer.chunks import (
+    CRC32_TRAILER_BYTES, PayloadChunk, chunk_crc32_problem, message_view, plan_chunks, scatter_chunk, staging_bytes,
+)
 from shared.transfer.errors import KVTransferError
 from shared.transfer.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.staging import StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import (
-    as_numpy_bytes, check_kv_cache, find_block_id_problem, payload_crc32, scatter_payload, validate_header,
-)
+from shared.transfer.wire import as_numpy_bytes, check_kv_cache, find_block_id_problem, validate_header
 
 logger = logging.getLogger(__name__)
 _DISCARD_TIMEOUT_S = 5.0  # how long a rejected transfer's payload may take to arrive and be dropped
@@ -60,8 +67,8 @@ class KVReceiver:
     """Listens for KV transfers and writes accepted payloads into `kv_cache`.
 
     `host` is the address advertised to senders (ucxx listeners accept on all interfaces);
-    `port=0` lets the OS pick a free port. `verify_checksum=False` skips the CRC-32 check
-    even when the sender supplies one.
+    `port=0` lets the OS pick a free port. `verify_checksum=False` skips the per-chunk CRC-32
+    check even when the sender supplies one.
     """
 
     def __init__(
@@ -170,42 +177,95 @@ class KVReceiver:
                 endpoint.abort()
 
     async def _serve_one_transfer(self, endpoint) -> bool:
-        """Header, payload, then one ack (see the .proto); returns whether the connection goes on."""
+        """Header, payload chunks, then one ack (see the .proto); returns whether the connection goes on."""
         header = await recv_message(endpoint, pb.KVTransferHeader, MAX_HEADER_BYTES)
         started = time.perf_counter()
         try:
             expected = self._admit(header)
         except KVTransferError as error:
-            await self._reject(endpoint, header, error, is_payload_pending=True)
+            await self._reject(endpoint, header, error)
+            await self._drain_payload(endpoint, header)
             return False
+        chunks = plan_chunks(self._layout, header.num_blocks, header.rows_per_chunk, header.has_chunk_crc32)
+        staging = self._staging.acquire(staging_bytes(chunks))
+        receives = [
+            asyncio.ensure_future(endpoint.recv(message_view(staging, chunk), tag=PAYLOAD_TAG)) for chunk in chunks
+        ]
         try:
-            result = await self._receive_payload(endpoint, header, expected, started)
+            await self._write_chunks_as_they_arrive(header, expected, staging, chunks, receives)
         except KVTransferError as error:
-            await self._reject(endpoint, header, error, is_payload_pending=False)
+            expected.is_in_flight = False
+            await self._reject(endpoint, header, error)
+            await asyncio.wait(receives, timeout=_DISCARD_TIMEOUT_S)  # the sender stops on our answer
             return False
+        finally:
+            expected.is_in_flight = False
+            self._settle_staging(staging, receives)
+        result = self._record(header, time.perf_counter() - started)
         if not expected.outcome.done():
             expected.outcome.set_result(result)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED))
         return True
 
-    async def _reject(
-        self, endpoint, header: pb.KVTransferHeader, error: KVTransferError, is_payload_pending: bool
+    async def _write_chunks_as_they_arrive(
+        self, header: pb.KVTransferHeader, expected: _ExpectedTransfer, staging: torch.Tensor,
+        chunks: list[PayloadChunk], receives: list[asyncio.Future],
     ) -> None:
-        """Tell the waiter (if any) and the sender why, then receive and drop a payload still coming.
+        """Verify and scatter chunk i once it is in, with no await between the check and the write.
 
-        The sender drops the connection on a rejection, so this one ends here too.
+        A lost connection fails the waiter ("connection") and re-raises the UCX error.
         """
+        dst_block_ids = np.asarray(expected.dst_block_ids, dtype=np.int64)
+        for chunk, receive in zip(chunks, receives):
+            try:
+                await receive
+            except ucxx.exceptions.UCXError as error:
+                expected.is_in_flight = False
+                self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
+                raise
+            message = message_view(staging, chunk)
+            if header.has_chunk_crc32 and self._verify_checksum_enabled:
+                problem = chunk_crc32_problem(message, chunk)
+                if problem is not None:
+                    raise KVTransferError("chunk_crc32", problem)
+            if expected.is_withdrawn:
+                raise KVTransferError("request_id", f"{header.request_id!r} was withdrawn by the receiver")
+            scatter_chunk(message, self._kv_cache, self._layout, dst_block_ids, chunk)
+
+    def _settle_staging(self, staging: torch.Tensor, receives: list[asyncio.Future]) -> None:
+        """Reuse the staging buffer only if UCX is done with it; cancel receives still pending."""
+        if all(receive.done() for receive in receives):
+            self._staging.release(staging)
+            return
+        for receive in receives:
+            receive.cancel()
+        self._staging.discard(staging)  # UCX may still write into it
+
+    async def _reject(self, endpoint, header: pb.KVTransferHeader, error: KVTransferError) -> None:
+        """Tell the waiter (if any) and the sender why; the connection ends after this transfer."""
         self._fail_expected(header.request_id, error)
         logger.warning("KV transfer %r rejected: %s", header.request_id, error)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_REJECTED, error))
-        if not is_payload_pending:
+
+    async def _drain_payload(self, endpoint, header: pb.KVTransferHeader) -> None:
+        """Receive and drop the chunks of a header rejected up front, so our answer reaches the sender.
+
+        Stops early when the sender, having read the answer, drops the connection. Headers too
+        broken to say how many chunks follow, or larger than any real transfer, are not drained.
+        """
+        num_sender_rows = 2 * header.num_layers
+        if not 1 <= header.rows_per_chunk <= num_sender_rows or header.payload_bytes % num_sender_rows:
             return
         if header.payload_bytes > self._layout.num_blocks * self._layout.bytes_per_block:
-            return  # larger than any real transfer: not worth receiving; dropping the connection drops it
-        scratch = self._staging.acquire(header.payload_bytes)
+            return
+        num_chunks = len(range(0, num_sender_rows, header.rows_per_chunk))
+        chunk_bytes = header.payload_bytes // num_sender_rows * header.rows_per_chunk
+        scratch = self._staging.acquire(chunk_bytes + CRC32_TRAILER_BYTES)  # every chunk message fits
         try:
-            await asyncio.wait_for(endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG), _DISCARD_TIMEOUT_S)
-        except (ucxx.exceptions.UCXError, asyncio.TimeoutError) as drain_error:
+            async with asyncio.timeout(_DISCARD_TIMEOUT_S):
+                for _ in range(num_chunks):
+                    await endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG)
+        except (ucxx.exceptions.UCXError, TimeoutError) as drain_error:
             logger.debug("KV transfer %r: payload not drained: %s", header.request_id, drain_error)
         finally:
             self._staging.discard(scratch)
@@ -224,37 +284,6 @@ class KVReceiver:
             )
         expected.is_in_flight = True
         return expected
-
-    async def _receive_payload(
-        self, endpoint, header: pb.KVTransferHeader, expected: _ExpectedTransfer, started: float
-    ) -> TransferResult:
-        """Receive into a staging buffer, then verify and scatter into the cache with no await between."""
-        payload = self._staging.acquire(header.payload_bytes)
-        try:
-            await endpoint.recv(as_numpy_bytes(payload), tag=PAYLOAD_TAG)
-        except ucxx.exceptions.UCXError as error:
-            self._staging.discard(payload)  # UCX may still own the buffer: never reuse it
-            expected.is_in_flight = False
-            self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
-            raise
-        try:
-            self._verify_checksum(header, payload)
-            if expected.is_withdrawn:
-                raise KVTransferError("request_id", f"{header.request_id!r} was withdrawn by the receiver")
-            scatter_payload(payload, self._kv_cache, self._layout, expected.dst_block_ids)
-        finally:
-            expected.is_in_flight = False
-            self._staging.release(payload)
-        return self._record(header, time.perf_counter() - started)
-
-    def _verify_checksum(self, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
-        if not self._verify_checksum_enabled or not header.HasField("payload_crc32"):
-            return
-        actual_crc32 = payload_crc32(payload)
-        if actual_crc32 != header.payload_crc32:
-            raise KVTransferError(
-                "payload_crc32", f"sender {header.payload_crc32:#010x}, received {actual_crc32:#010x}"
-            )
 
     def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
         result = TransferResult(header.request_id, header.payload_bytes, seconds)

@@ -5,10 +5,12 @@ Used by the prefill service, from its asyncio event loop:
     sender = KVSender()
     result = await sender.send(address, request_id, kv_cache, layout, src_block_ids, dst_block_ids)
 
-Each transfer gathers its blocks into a staging buffer (`wire.pack_blocks`), then runs the
-exchange in proto/pdserve/v1/kv_transfer.proto on a connection of its own: connections are
-reused per destination address, but never shared by two transfers in flight, so concurrent
-transfers cannot mix bytes. A connection is kept only after a COMPLETED transfer; one that
+Each transfer runs the exchange in proto/pdserve/v1/kv_transfer.proto on a connection of its
+own: connections are reused per destination address, but never shared by two transfers in
+flight, so concurrent transfers cannot mix bytes. The payload is pipelined: the header goes
+out first, then each chunk (shared.transfer.chunks, ~`chunk_bytes` each) is gathered into a
+staging buffer and posted while the chunks before it are still on the wire. A connection is
+kept only after a COMPLETED transfer; one that
 saw a rejection, an error or a timeout is aborted (the next transfer connects anew).
 """
 
@@ -17,21 +19,23 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
+from shared.transfer.chunks import (
+    DEFAULT_CHUNK_BYTES, PayloadChunk, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes,
+)
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.staging import StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import (
-    as_numpy_bytes, build_header, check_kv_cache, find_block_id_problem, pack_blocks, payload_crc32,
-    payload_num_bytes,
-)
+from shared.transfer.wire import build_header, check_kv_cache, find_block_id_problem
 
 logger = logging.getLogger(__name__)
 _MAX_WIRE_BLOCK_ID = 2**32  # dst_block_ids are uint32 on the wire
@@ -66,6 +70,18 @@ def _check_send_arguments(
         )
 
 
+@dataclass(frozen=True)
+class _OutgoingPayload:
+    """What one transfer sends: which cache rows and blocks, in which chunks, through which staging buffer."""
+
+    kv_cache: torch.Tensor
+    layout: KVCacheLayout
+    src_block_ids: np.ndarray
+    chunks: list[PayloadChunk]
+    has_crc32: bool
+    staging: torch.Tensor
+
+
 def _raise_unless_completed(ack: pb.KVTransferAck, request_id: str) -> None:
     """Turn a receiver's ack into nothing (COMPLETED), KVTransferRejected, or a protocol error."""
     if ack.request_id == request_id and ack.status == pb.KV_TRANSFER_STATUS_REJECTED:
@@ -80,12 +96,17 @@ def _raise_unless_completed(ack: pb.KVTransferAck, request_id: str) -> None:
 class KVSender:
     """Sends KV blocks to KVReceivers; one instance per process is enough.
 
-    `use_checksum` puts a CRC-32 of the payload in the header (costs ~1 pass over the bytes on
-    each side). `timeout_s` bounds one whole transfer, connection set-up included.
+    `use_checksum` ends every chunk with its CRC-32 (costs ~1 pass over the bytes on each side).
+    `timeout_s` bounds one whole transfer, connection set-up included. `chunk_bytes` is the
+    target chunk size (whole rows; at least one row per chunk).
     """
 
-    def __init__(self, use_checksum: bool = True, timeout_s: float = 30.0, max_idle_per_address: int = 8):
+    def __init__(
+        self, use_checksum: bool = True, timeout_s: float = 30.0, max_idle_per_address: int = 8,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ):
         self._use_checksum = use_checksum
+        self._chunk_bytes = chunk_bytes
         self._timeout_s = timeout_s
         self._max_idle_per_address = max_idle_per_address
         self._idle_endpoints: dict[str, list] = defaultdict(list)
@@ -104,14 +125,13 @@ class KVSender:
         """
         _check_send_arguments(request_id, kv_cache, layout, src_block_ids, dst_block_ids)
         started = time.perf_counter()
-        payload = self._staging.acquire(payload_num_bytes(layout, len(src_block_ids)))
-        try:
-            pack_blocks(kv_cache, layout, src_block_ids, out=payload)
-            crc32 = payload_crc32(payload) if self._use_checksum else None
-            header = build_header(request_id, layout, dst_block_ids, crc32)
-        except BaseException:
-            self._staging.release(payload)
-            raise
+        rows_per_chunk = choose_rows_per_chunk(layout, len(src_block_ids), self._chunk_bytes)
+        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum)
+        chunks = plan_chunks(layout, len(src_block_ids), rows_per_chunk, self._use_checksum)
+        payload = _OutgoingPayload(
+            kv_cache, layout, np.asarray(src_block_ids, dtype=np.int64), chunks, self._use_checksum,
+            self._staging.acquire(staging_bytes(chunks)),
+        )
         try:
             await self._send_on_own_endpoint(address, header, payload)
         except BaseException:
@@ -126,7 +146,7 @@ class KVSender:
         for endpoint in endpoints:
             await endpoint.close()
 
-    async def _send_on_own_endpoint(self, address: str, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
+    async def _send_on_own_endpoint(self, address: str, header: pb.KVTransferHeader, payload: _OutgoingPayload) -> None:
         """Run the exchange under the timeout; keep the endpoint only after a completed transfer."""
         endpoint = None
         try:
@@ -134,27 +154,30 @@ class KVSender:
                 endpoint = await self._checkout(address)
                 await self._exchange(endpoint, header, payload)
         except BaseException as error:
-            self._staging.discard(payload)  # UCX may still be reading it
+            self._staging.discard(payload.staging)  # UCX may still be reading it
             converted = self._as_transfer_error(error, header.request_id, address, is_connected=endpoint is not None)
             if converted is error:
                 raise
             raise converted from error
         self._checkin(address, endpoint)
-        self._staging.release(payload)
+        self._staging.release(payload.staging)
 
-    async def _exchange(self, endpoint, header: pb.KVTransferHeader, payload: torch.Tensor) -> None:
-        """Post the ack receive, the header and the payload at once; the ack decides.
+    async def _exchange(self, endpoint, header: pb.KVTransferHeader, payload: _OutgoingPayload) -> None:
+        """Post the ack receive and the header, then gather and post chunk after chunk; the ack decides.
 
-        On anything but COMPLETED the endpoint is aborted, which cancels what is still pending
-        (a rejected payload is dropped by the receiver, or never leaves).
+        Each chunk is gathered while the ones before it are on the wire (UCX progresses them on
+        its own thread). An early answer (a rejected header) stops the gathering. On anything
+        but COMPLETED the endpoint is aborted, which cancels what is still pending.
         """
-        pending = [
-            asyncio.ensure_future(recv_message(endpoint, pb.KVTransferAck, MAX_ACK_BYTES)),
-            asyncio.ensure_future(send_message(endpoint, header)),
-            asyncio.ensure_future(endpoint.send(as_numpy_bytes(payload), tag=PAYLOAD_TAG)),
-        ]
+        ack = asyncio.ensure_future(recv_message(endpoint, pb.KVTransferAck, MAX_ACK_BYTES))
+        pending = [ack, asyncio.ensure_future(send_message(endpoint, header))]
         try:
-            _raise_unless_completed(await pending[0], header.request_id)
+            for chunk in payload.chunks:
+                if ack.done():
+                    break
+                pending.append(asyncio.ensure_future(self._send_chunk(endpoint, payload, chunk)))
+                await asyncio.sleep(0)  # let the send be posted before gathering the next chunk
+            _raise_unless_completed(await ack, header.request_id)
             await asyncio.gather(*pending[1:])
         except BaseException:
             endpoint.abort()
@@ -162,6 +185,13 @@ class KVSender:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             raise
+
+    @staticmethod
+    async def _send_chunk(endpoint, payload: _OutgoingPayload, chunk: PayloadChunk) -> None:
+        """Gather `chunk` into its place in the staging buffer, then send it as one message."""
+        message = message_view(payload.staging, chunk)
+        gather_chunk(payload.kv_cache, payload.layout, payload.src_block_ids, chunk, message, payload.has_crc32)
+        await endpoint.send(message, tag=PAYLOAD_TAG)
 
     async def _checkout(self, address: str):
         """An idle live endpoint to `address`, or a new one."""

@@ -1,15 +1,14 @@
-"""The KV transfer wire format: header building/checking, payload packing and scattering.
+"""The KV transfer header: building it, checking it against the receiver's cache.
 
-The sender (shared.transfer.ucx_sender) calls `check_kv_cache`, `pack_blocks`, `payload_crc32`
-and `build_header`; the receiver (shared.transfer.ucx_receiver) calls `validate_header` on
-every header it gets, then `payload_crc32` and `scatter_payload` on the payload.
+The sender (shared.transfer.ucx_sender) calls `check_kv_cache` and `build_header`; the
+receiver (shared.transfer.ucx_receiver) calls `validate_header` on every header it gets.
+The payload's layout and its chunks are in shared.transfer.chunks.
 
 Payload = the source blocks gathered as one C-contiguous tensor of shape
 (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim) in the cache's own dtype,
-sent as raw bytes (a 1-D uint8 tensor). Block i of the payload lands in dst_block_ids[i].
+sent as raw bytes in chunks of `rows_per_chunk` rows. Block i lands in dst_block_ids[i].
 """
 
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,21 +17,16 @@ import torch
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
+from shared.transfer.chunks import num_rows
 from shared.transfer.errors import KVTransferError
 
-try:
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # optional speed-up; identical checksums
-    _crc32 = zlib.crc32
-
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: payload in chunks with per-chunk CRC-32 trailers (1: one message, one CRC)
 _WIRE_DTYPES = {
     torch.float32: pb.KV_DTYPE_FLOAT32,
     torch.float16: pb.KV_DTYPE_FLOAT16,
     torch.bfloat16: pb.KV_DTYPE_BFLOAT16,
 }
 _LAYOUT_FIELDS = ("num_layers", "block_size", "num_kv_heads", "head_dim")
-_SAME_SIZE_INTS = {2: torch.int16, 4: torch.int32}
 
 
 def dtype_to_wire(dtype: torch.dtype) -> int:
@@ -86,10 +80,10 @@ def check_kv_cache(kv_cache: torch.Tensor, layout: KVCacheLayout) -> None:
 
 
 def build_header(
-    request_id: str, layout: KVCacheLayout, dst_block_ids: Sequence[int], payload_crc32: int | None
+    request_id: str, layout: KVCacheLayout, dst_block_ids: Sequence[int], rows_per_chunk: int, has_chunk_crc32: bool
 ) -> pb.KVTransferHeader:
     """The header the sender puts in front of a payload of len(dst_block_ids) blocks."""
-    header = pb.KVTransferHeader(
+    return pb.KVTransferHeader(
         format_version=FORMAT_VERSION,
         request_id=request_id,
         num_layers=layout.num_layers,
@@ -100,10 +94,9 @@ def build_header(
         num_blocks=len(dst_block_ids),
         dst_block_ids=list(dst_block_ids),
         payload_bytes=payload_num_bytes(layout, len(dst_block_ids)),
+        rows_per_chunk=rows_per_chunk,
+        has_chunk_crc32=has_chunk_crc32,
     )
-    if payload_crc32 is not None:
-        header.payload_crc32 = payload_crc32
-    return header
 
 
 def validate_header(header: pb.KVTransferHeader, layout: KVCacheLayout) -> None:
@@ -127,7 +120,7 @@ def validate_header(header: pb.KVTransferHeader, layout: KVCacheLayout) -> None:
 
 
 def _validate_block_list(header: pb.KVTransferHeader, layout: KVCacheLayout) -> None:
-    """The block count, ids and payload size of `header` must agree with each other and the cache."""
+    """The block count, ids, payload size and chunking of `header` must agree with each other and the cache."""
     if header.num_blocks != len(header.dst_block_ids):
         raise KVTransferError(
             "num_blocks", f"header says {header.num_blocks} but lists {len(header.dst_block_ids)} dst_block_ids"
@@ -141,64 +134,8 @@ def _validate_block_list(header: pb.KVTransferHeader, layout: KVCacheLayout) -> 
             "payload_bytes",
             f"sender {header.payload_bytes}, receiver expects {expected_bytes} for {header.num_blocks} blocks",
         )
-
-
-def _block_slabs(tensor: torch.Tensor, layout: KVCacheLayout, num_blocks: int) -> np.ndarray:
-    """A numpy view (2 * num_layers, num_blocks, elements per slab) of a cache or payload.
-
-    Elements are viewed as same-size integers (numpy has no bfloat16); copying them moves the
-    exact bits. numpy copies run on the calling thread, without torch's OpenMP pool, whose
-    spinning workers would compete with UCX's progress threads for the cores.
-    """
-    same_size_int = _SAME_SIZE_INTS[layout.dtype.itemsize]
-    return tensor.view(same_size_int).numpy().reshape(2 * layout.num_layers, num_blocks, -1)
-
-
-def _check_payload(payload: torch.Tensor, layout: KVCacheLayout, num_blocks: int) -> torch.Tensor:
-    """`payload` (1-D uint8, exact size) viewed in the cache dtype."""
-    if payload.dtype != torch.uint8 or payload.dim() != 1:
-        raise InvalidRequestError(
-            "payload", f"must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}"
-        )
-    expected_bytes = payload_num_bytes(layout, num_blocks)
-    if payload.numel() != expected_bytes:
-        raise InvalidRequestError("payload", f"{payload.numel()} bytes, expected {expected_bytes}")
-    return payload.view(layout.dtype)
-
-
-def pack_blocks(
-    kv_cache: torch.Tensor, layout: KVCacheLayout, src_block_ids: Sequence[int], out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Gather `src_block_ids` of every layer into one payload (1-D uint8).
-
-    `out`, if given, is a 1-D uint8 tensor of exactly the payload size that is filled in place
-    (the sender reuses buffers this way; fresh allocations page-fault and are ~10x slower).
-    """
-    if out is None:
-        out = torch.empty(payload_num_bytes(layout, len(src_block_ids)), dtype=torch.uint8)
-    payload_slabs = _block_slabs(_check_payload(out, layout, len(src_block_ids)), layout, len(src_block_ids))
-    cache_slabs = _block_slabs(kv_cache, layout, layout.num_blocks)
-    for payload_index, block_id in enumerate(src_block_ids):
-        payload_slabs[:, payload_index] = cache_slabs[:, block_id]
-    return out
-
-
-def scatter_payload(
-    payload: torch.Tensor, kv_cache: torch.Tensor, layout: KVCacheLayout, dst_block_ids: Sequence[int]
-) -> None:
-    """Write payload block i into `dst_block_ids[i]` of every layer; nothing else is touched."""
-    payload_slabs = _block_slabs(_check_payload(payload, layout, len(dst_block_ids)), layout, len(dst_block_ids))
-    cache_slabs = _block_slabs(kv_cache, layout, layout.num_blocks)
-    for payload_index, block_id in enumerate(dst_block_ids):
-        cache_slabs[:, block_id] = payload_slabs[:, payload_index]
-
-
-def payload_crc32(payload: torch.Tensor) -> int:
-    """CRC-32 (zlib's polynomial and values) of a 1-D uint8 payload.
-
-    Uses ISA-L (`isal` package, ~28 GB/s here) when installed, else zlib (~4 GB/s).
-    """
-    return _crc32(as_numpy_bytes(payload))
+    if not 1 <= header.rows_per_chunk <= num_rows(layout):
+        raise KVTransferError("rows_per_chunk", f"must be 1 to {num_rows(layout)}, got {header.rows_per_chunk}")
 
 
 def as_numpy_bytes(payload: torch.Tensor) -> np.ndarray:

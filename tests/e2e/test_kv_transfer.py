@@ -62,27 +62,32 @@ async def _send_one(sender: KVSender, address: str, kv_caches: dict, planned: di
     return {"ok": True, "num_bytes": result.num_bytes}
 
 
-def _corrupting_crc32(real_crc32):
-    """Checksum the true payload, then flip one payload byte: what a corrupted wire would do."""
-    def crc32_then_corrupt(payload: torch.Tensor) -> int:
-        checksum = real_crc32(payload)
-        payload[0] ^= 0xFF
-        return checksum
-    return crc32_then_corrupt
+def _corrupting_gather(real_gather, corrupt_chunk_index: int):
+    """Gather and checksum the true chunk, then flip the first byte of one: what a corrupted wire would do."""
+    def gather_then_corrupt(kv_cache, layout, src_block_ids, chunk, message, has_crc32) -> None:
+        real_gather(kv_cache, layout, src_block_ids, chunk, message, has_crc32)
+        if chunk.index == corrupt_chunk_index:
+            message[0] ^= 0xFF
+    return gather_then_corrupt
 
 
 async def run_sender_service() -> None:
-    """Serve {"address", "transfers": [...], "corrupt"} lines from stdin; answer one JSON line each."""
+    """Serve {"address", "transfers": [...], "corrupt_chunk"} lines from stdin; answer one JSON line each.
+
+    chunk_bytes=1 makes every row (one K or V of one layer) a chunk of its own: 4 chunks per transfer.
+    """
     import shared.transfer.ucx_sender as ucx_sender
-    real_crc32 = ucx_sender.payload_crc32
-    sender = KVSender()
+    real_gather = ucx_sender.gather_chunk
+    sender = KVSender(chunk_bytes=1)
     kv_caches = {}
     for head_dim in (SENDER_LAYOUT.head_dim, 2 * SENDER_LAYOUT.head_dim):
         layout = KVCacheLayout(**{**SENDER_LAYOUT.__dict__, "head_dim": head_dim})
         kv_caches[head_dim] = (layout, patterned_cache(layout, SENDER_SEED))
     while line := await asyncio.to_thread(sys.stdin.readline):
         command = json.loads(line)
-        ucx_sender.payload_crc32 = _corrupting_crc32(real_crc32) if command.get("corrupt") else real_crc32
+        corrupt_chunk_index = command.get("corrupt_chunk")
+        is_corrupting = corrupt_chunk_index is not None
+        ucx_sender.gather_chunk = _corrupting_gather(real_gather, corrupt_chunk_index) if is_corrupting else real_gather
         results = await asyncio.gather(
             *[_send_one(sender, command["address"], kv_caches, t) for t in command["transfers"]]
         )
@@ -125,8 +130,10 @@ def transfer(request_id: str, src_block_ids: list[int], dst_block_ids: list[int]
     return {"request_id": request_id, "src": src_block_ids, "dst": dst_block_ids, **extra}
 
 
-async def ask_sender(process, address: str, transfers: list[dict], corrupt: bool = False) -> list[dict]:
-    process.stdin.write(json.dumps({"address": address, "transfers": transfers, "corrupt": corrupt}) + "\n")
+async def ask_sender(process, address: str, transfers: list[dict], corrupt_chunk: int | None = None) -> list[dict]:
+    """Have the sender process run `transfers`; `corrupt_chunk` flips a byte of that chunk of each."""
+    command = {"address": address, "transfers": transfers, "corrupt_chunk": corrupt_chunk}
+    process.stdin.write(json.dumps(command) + "\n")
     process.stdin.flush()
     line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), TIMEOUT_S)
     assert line, "sender process exited"
@@ -232,12 +239,34 @@ def test_corrupted_payload_fails_the_checksum_and_writes_nothing(sender_process,
     async def scenario(receiver, kv_cache):
         receiver.expect("req-corrupt", [3, 4])
         replies = await ask_sender(
-            sender_process, receiver.address, [transfer("req-corrupt", [0, 1], [3, 4])], corrupt=True
+            sender_process, receiver.address, [transfer("req-corrupt", [0, 1], [3, 4])], corrupt_chunk=0
         )
-        assert (replies[0]["ok"], replies[0]["field"]) == (False, "payload_crc32")
-        with pytest.raises(KVTransferError, match=r"^payload_crc32: sender 0x[0-9a-f]{8}, received 0x[0-9a-f]{8}$"):
+        assert (replies[0]["ok"], replies[0]["field"]) == (False, "chunk_crc32")
+        expected_error = r"^chunk_crc32: chunk 0: sender 0x[0-9a-f]{8}, received 0x[0-9a-f]{8}$"
+        with pytest.raises(KVTransferError, match=expected_error):
             await receiver.wait("req-corrupt", TIMEOUT_S)
         assert_untouched(kv_cache)
+    ucx_loop(with_receiver(scenario))
+
+
+def test_corrupted_later_chunk_stops_the_transfer_after_the_chunks_before_it(sender_process, ucx_loop):
+    """Each row is a chunk here (K layer 0, K layer 1, V layer 0, V layer 1): rows 0 and 1 land, then it stops."""
+    async def scenario(receiver, kv_cache):
+        receiver.expect("req-late-corrupt", [3, 4])
+        replies = await ask_sender(
+            sender_process, receiver.address, [transfer("req-late-corrupt", [0, 1], [3, 4])], corrupt_chunk=2
+        )
+        assert (replies[0]["ok"], replies[0]["field"]) == (False, "chunk_crc32")
+        with pytest.raises(KVTransferError, match=r"^chunk_crc32: chunk 2: sender 0x[0-9a-f]{8}, received 0x"):
+            await receiver.wait("req-late-corrupt", TIMEOUT_S)
+        expected = patterned_cache(RECEIVER_LAYOUT, RECEIVER_SEED).clone()
+        expected[0][:, [3, 4]] = patterned_cache(SENDER_LAYOUT, SENDER_SEED)[0][:, [0, 1]]  # keys: chunks 0 and 1
+        assert torch.equal(bits(kv_cache), bits(expected))
+        receiver.expect("req-retry", [3, 4])  # the blocks are still the request's: a retry fills them
+        replies = await ask_sender(sender_process, receiver.address, [transfer("req-retry", [0, 1], [3, 4])])
+        assert replies[0]["ok"] is True
+        await receiver.wait("req-retry", TIMEOUT_S)
+        assert_blocks_landed(kv_cache, [0, 1], [3, 4])
     ucx_loop(with_receiver(scenario))
 
 

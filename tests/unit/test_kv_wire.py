@@ -1,8 +1,9 @@
-"""The KV transfer wire format: header checks, payload packing/scattering, checksum, framing."""
+"""The KV transfer wire format: header checks, payload chunks (gather, checksum, scatter), framing."""
 
 import asyncio
 import zlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,17 +11,19 @@ from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.errors import KVTransferError
+from shared.transfer.chunks import (
+    PayloadChunk, choose_rows_per_chunk, chunk_crc32_problem, gather_chunk, message_view, plan_chunks, scatter_chunk,
+    staging_bytes,
+)
 from shared.transfer.framing import recv_message, send_message
 from shared.transfer.staging import StagingPool
 from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import (
-    FORMAT_VERSION, build_header, check_kv_cache, dtype_to_wire, pack_blocks, payload_crc32, scatter_payload,
-    validate_header,
-)
+from shared.transfer.wire import FORMAT_VERSION, build_header, check_kv_cache, dtype_to_wire, validate_header
 
-# 2 K/V * 2 layers * 4 tokens * 2 heads * 8 dims * 2 bytes = 512 bytes per block
+# 2 K/V * 2 layers = 4 rows; a block's slab in one row: 4 tokens * 2 heads * 8 dims * 2 bytes = 128 bytes
 LAYOUT = KVCacheLayout(num_layers=2, num_blocks=6, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
-BLOCK_BYTES = 512
+SLAB_BYTES = 128
+BLOCK_BYTES = 4 * SLAB_BYTES
 
 
 def numbered_cache(layout: KVCacheLayout) -> torch.Tensor:
@@ -29,7 +32,7 @@ def numbered_cache(layout: KVCacheLayout) -> torch.Tensor:
 
 
 def matching_header(**overrides) -> pb.KVTransferHeader:
-    header = build_header("req-1", LAYOUT, [4, 1], payload_crc32=None)
+    header = build_header("req-1", LAYOUT, [4, 1], rows_per_chunk=2, has_chunk_crc32=False)
     for name, value in overrides.items():
         if name == "dst_block_ids":
             del header.dst_block_ids[:]
@@ -40,18 +43,14 @@ def matching_header(**overrides) -> pb.KVTransferHeader:
 
 
 def test_build_header_describes_the_payload_exactly():
-    header = build_header("req-1", LAYOUT, [4, 1], payload_crc32=0xDEADBEEF)
-    assert (header.format_version, header.request_id) == (FORMAT_VERSION, "req-1")
+    header = build_header("req-1", LAYOUT, [4, 1], rows_per_chunk=3, has_chunk_crc32=True)
+    assert (header.format_version, header.request_id) == (FORMAT_VERSION, "req-1") == (2, "req-1")
     assert (header.num_layers, header.block_size, header.num_kv_heads, header.head_dim) == (2, 4, 2, 8)
     assert header.dtype == pb.KV_DTYPE_BFLOAT16
     assert (header.num_blocks, list(header.dst_block_ids)) == (2, [4, 1])
-    assert (header.payload_bytes, header.payload_crc32) == (2 * BLOCK_BYTES, 0xDEADBEEF)
+    assert (header.payload_bytes, header.rows_per_chunk, header.has_chunk_crc32) == (2 * BLOCK_BYTES, 3, True)
     parsed = pb.KVTransferHeader.FromString(header.SerializeToString())
     assert parsed == header
-
-
-def test_checksum_is_absent_when_turned_off():
-    assert not build_header("req-1", LAYOUT, [0], payload_crc32=None).HasField("payload_crc32")
 
 
 def test_matching_header_is_accepted():
@@ -61,7 +60,7 @@ def test_matching_header_is_accepted():
 @pytest.mark.parametrize(
     "overrides, error",
     [
-        ({"format_version": 2}, "format_version: sender 2, receiver 1"),
+        ({"format_version": 1}, "format_version: sender 1, receiver 2"),
         ({"request_id": ""}, "request_id: must not be empty"),
         ({"num_layers": 30}, "num_layers: sender 30, receiver 2"),
         ({"block_size": 16}, "block_size: sender 16, receiver 4"),
@@ -73,6 +72,8 @@ def test_matching_header_is_accepted():
         ({"dst_block_ids": [4, 6]}, "dst_block_ids: block id 6 out of range [0, 6)"),
         ({"dst_block_ids": [4, 4]}, "dst_block_ids: block ids must be unique"),
         ({"payload_bytes": 100}, "payload_bytes: sender 100, receiver expects 1024 for 2 blocks"),
+        ({"rows_per_chunk": 0}, "rows_per_chunk: must be 1 to 4, got 0"),
+        ({"rows_per_chunk": 5}, "rows_per_chunk: must be 1 to 4, got 5"),
     ],
 )
 def test_mismatched_header_is_rejected_naming_the_field(overrides, error):
@@ -88,40 +89,92 @@ def test_unsupported_dtype_is_invalid_input():
         dtype_to_wire(torch.int8)
 
 
-def test_pack_gathers_keys_then_values_layer_by_layer_in_src_order():
+def gather_all(kv_cache: torch.Tensor, layout: KVCacheLayout, src_block_ids: list[int], rows_per_chunk: int,
+               has_crc32: bool) -> tuple[list[PayloadChunk], torch.Tensor]:
+    """Every chunk's message, gathered into one staging buffer the way KVSender lays it out."""
+    chunks = plan_chunks(layout, len(src_block_ids), rows_per_chunk, has_crc32)
+    staging = torch.zeros(staging_bytes(chunks), dtype=torch.uint8)
+    for chunk in chunks:
+        gather_chunk(kv_cache, layout, np.array(src_block_ids), chunk, message_view(staging, chunk), has_crc32)
+    return chunks, staging
+
+
+@pytest.mark.parametrize("num_blocks, target_bytes, rows_per_chunk", [
+    (2, 256, 1),  # 1024-byte payload, 256-byte rows: 4 chunks
+    (2, 511, 2),  # 3 chunks would be uneven (2 + 1 + 1 rows): 2 chunks of 2 rows
+    (2, 512, 2),
+    (2, 10_000, 4),  # all in one
+    (1, 1, 1),  # never less than a row
+    (3, 3 * 3 * SLAB_BYTES, 2),  # 1536 bytes over 1152-byte chunks: 2 chunks of 2 rows
+])
+def test_chunks_split_rows_evenly_into_the_fewest_of_about_the_target_size(num_blocks, target_bytes, rows_per_chunk):
+    assert choose_rows_per_chunk(LAYOUT, num_blocks, target_bytes) == rows_per_chunk
+
+
+def test_chunks_cover_the_rows_in_order_each_message_followed_by_its_trailer():
+    row_bytes = 2 * SLAB_BYTES  # 2 blocks
+    assert plan_chunks(LAYOUT, 2, rows_per_chunk=3, has_crc32=True) == [
+        PayloadChunk(0, first_row=0, end_row=3, num_bytes=3 * row_bytes, message_offset=0,
+                     message_bytes=3 * row_bytes + 4),
+        PayloadChunk(1, first_row=3, end_row=4, num_bytes=row_bytes, message_offset=3 * row_bytes + 4,
+                     message_bytes=row_bytes + 4),
+    ]
+    without_crc32 = plan_chunks(LAYOUT, 2, rows_per_chunk=3, has_crc32=False)
+    offsets_and_sizes = [(c.message_offset, c.message_bytes) for c in without_crc32]
+    assert offsets_and_sizes == [(0, 3 * row_bytes), (3 * row_bytes, row_bytes)]
+    assert staging_bytes(without_crc32) == 2 * BLOCK_BYTES
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 3, 4])
+def test_chunks_together_are_keys_then_values_layer_by_layer_in_src_order(rows_per_chunk):
     kv_cache = numbered_cache(LAYOUT)
-    payload = pack_blocks(kv_cache, LAYOUT, [3, 0])
-    assert (payload.dtype, payload.shape) == (torch.uint8, (2 * BLOCK_BYTES,))
+    _, staging = gather_all(kv_cache, LAYOUT, [3, 0], rows_per_chunk, has_crc32=False)
     expected = torch.stack([kv_cache[:, :, 3], kv_cache[:, :, 0]], dim=2)
-    assert torch.equal(payload, expected.contiguous().view(torch.uint8).flatten())
+    assert torch.equal(staging, expected.contiguous().view(torch.uint8).flatten())
 
 
-def test_pack_fills_the_given_buffer_in_place():
-    buffer = torch.zeros(BLOCK_BYTES, dtype=torch.uint8)
-    assert pack_blocks(numbered_cache(LAYOUT), LAYOUT, [5], out=buffer) is buffer
-    assert torch.equal(buffer, numbered_cache(LAYOUT)[:, :, 5].contiguous().view(torch.uint8).flatten())
+def test_crc32_trailer_is_zlib_crc32_of_the_chunk_bytes_little_endian():
+    chunks, staging = gather_all(numbered_cache(LAYOUT), LAYOUT, [1], rows_per_chunk=2, has_crc32=True)
+    for chunk in chunks:
+        message = message_view(staging, chunk)
+        expected_trailer = zlib.crc32(message[:chunk.num_bytes].tobytes()).to_bytes(4, "little")
+        assert message[chunk.num_bytes:].tobytes() == expected_trailer
+        assert chunk_crc32_problem(message, chunk) is None
+
+
+def test_a_flipped_byte_fails_its_chunk_crc32_naming_the_chunk():
+    chunks, staging = gather_all(numbered_cache(LAYOUT), LAYOUT, [1], rows_per_chunk=2, has_crc32=True)
+    message = message_view(staging, chunks[1])
+    sent_crc32 = int.from_bytes(message[-4:].tobytes(), "little")
+    message[5] ^= 0x01
+    received_crc32 = zlib.crc32(message[:chunks[1].num_bytes].tobytes())
+    expected = f"chunk 1: sender {sent_crc32:#010x}, received {received_crc32:#010x}"
+    assert chunk_crc32_problem(message, chunks[1]) == expected
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_scatter_writes_exactly_the_destination_blocks(dtype):
+@pytest.mark.parametrize("rows_per_chunk", [1, 4])
+def test_scatter_writes_exactly_the_destination_blocks(dtype, rows_per_chunk):
     layout = KVCacheLayout(**{**LAYOUT.__dict__, "dtype": dtype})
     source = numbered_cache(layout)
     destination = torch.full(layout.shape, -1.0, dtype=dtype)
-    scatter_payload(pack_blocks(source, layout, [0, 2]), destination, layout, [5, 1])
+    chunks, staging = gather_all(source, layout, [0, 2], rows_per_chunk, has_crc32=True)
+    for chunk in chunks:
+        scatter_chunk(message_view(staging, chunk), destination, layout, np.array([5, 1]), chunk)
     assert torch.equal(destination[:, :, 5], source[:, :, 0])
     assert torch.equal(destination[:, :, 1], source[:, :, 2])
     untouched = [0, 2, 3, 4]
     assert torch.equal(destination[:, :, untouched], torch.full_like(destination[:, :, untouched], -1.0))
 
 
-def test_scatter_rejects_a_payload_of_the_wrong_size():
-    with pytest.raises(InvalidRequestError, match=r"^payload: 512 bytes, expected 1024$"):
-        scatter_payload(torch.zeros(BLOCK_BYTES, dtype=torch.uint8), LAYOUT.allocate(), LAYOUT, [0, 1])
-
-
-def test_crc32_is_zlib_crc32_of_the_payload_bytes():
-    payload = pack_blocks(numbered_cache(LAYOUT), LAYOUT, [1])
-    assert payload_crc32(payload) == zlib.crc32(bytes(payload.tolist()))
+def test_scatter_of_one_chunk_writes_only_its_rows():
+    source = numbered_cache(LAYOUT)
+    destination = torch.full(LAYOUT.shape, -1.0, dtype=LAYOUT.dtype)
+    chunks, staging = gather_all(source, LAYOUT, [2], rows_per_chunk=3, has_crc32=False)
+    scatter_chunk(message_view(staging, chunks[1]), destination, LAYOUT, np.array([4]), chunks[1])
+    assert torch.equal(destination[1, 1, 4], source[1, 1, 2])  # row 3 = values of layer 1
+    destination[1, 1, 4] = -1.0
+    assert torch.equal(destination, torch.full_like(destination, -1.0))
 
 
 def test_cache_of_another_layout_is_invalid_input():
