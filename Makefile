@@ -25,7 +25,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench-offline bench-transfer bench-guided convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -34,9 +34,11 @@ help:
 	@echo "make test-e2e       end-to-end tests with the real SmolLM2 model"
 	@echo "make run            local stack: redis + prefill + decode + gateway on 127.0.0.1:$(GATEWAY_PORT) (UP_ARGS=...)"
 	@echo "make demo           generate with the offline engine (no services)"
+	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
 	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
+	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -60,6 +62,9 @@ run: setup
 demo: setup
 	$(PDSERVE) offline --chat "$(DEMO_PROMPT)"
 
+bench: setup
+	$(PYTHON) -m benchmarks.serve_compare $(BENCH_ARGS)
+
 bench-offline: setup
 	$(PYTHON) -m benchmarks.offline $(BENCH_ARGS)
 
@@ -68,6 +73,9 @@ bench-transfer: setup
 
 bench-guided: setup
 	$(PYTHON) -m benchmarks.guided $(BENCH_ARGS)
+
+bench-spec: setup
+	$(PYTHON) -m benchmarks.spec_decode $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

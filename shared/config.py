@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from shared.spec_decode.config import SpeculativeConfig
+
 DEFAULT_BLOCK_SIZE = 16
 
 
@@ -42,3 +44,4 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

@@ -5,13 +5,15 @@ or SIGINT, then shuts down gracefully (see InstanceRuntime.stop) and returns the
 """
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from collections.abc import Callable, Sequence
 
+from shared.logging_setup import configure_logging as configure_log_output
 from services.common.flags import parse_settings
 from services.common.role import RoleHandlers
-from services.common.runtime import InstanceRuntime
+from services.common.runtime import InstanceRuntime, new_instance_id
 from services.common.settings import InstanceSettings
 from services.common.ucx import reset_ucx
 
@@ -27,6 +29,7 @@ def run_instance(prog: str, roles: Sequence[str], build_handlers: BuildHandlers,
         settings = parse_settings(prog, roles, argv)
     except SystemExit as exit_request:  # --help or a bad flag; argparse printed why
         return exit_request.code if isinstance(exit_request.code, int) else 2
+    settings = dataclasses.replace(settings, instance_id=settings.instance_id or new_instance_id(settings.role))
     configure_logging(settings)
     try:
         asyncio.run(serve_until_signalled(settings, build_handlers))
@@ -39,8 +42,9 @@ def run_instance(prog: str, roles: Sequence[str], build_handlers: BuildHandlers,
 
 
 def configure_logging(settings: InstanceSettings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s {settings.role} %(name)s: %(message)s")
+    """--log-format text or json; every line names the role and the instance id."""
+    configure_log_output(settings.log_level, settings.log_format,
+                         {"role": settings.role, "instance_id": settings.instance_id})
 
 
 async def serve_until_signalled(settings: InstanceSettings, build_handlers: BuildHandlers) -> None:

@@ -49,8 +49,9 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id:
         raise
     except Exception as error:  # noqa: BLE001 - every failure becomes a status
         code, message = _status_of(error)
+        fields = {"request_id": request_id or None, "status": code.name}
         if code == grpc.StatusCode.INTERNAL:
-            logger.exception("%s %s failed", method, request_id)
+            logger.exception("%s %s failed", method, request_id, extra=fields)
         else:
-            logger.info("%s %s: %s %s", method, request_id, code.name, message)
+            logger.info("%s %s: %s %s", method, request_id, code.name, message, extra=fields)
         await context.abort(code, message)

@@ -1,12 +1,14 @@
 """InstanceRuntime: one engine instance's life, from loading to a clean exit.
 
-start():  gRPC server up (health NOT_SERVING) -> engine loaded -> role handlers started
-          (the KV receiver listens) -> health SERVING -> registered in Redis with heartbeats
-          and the prefix-index publisher -> ready file written.
+start():  gRPC server up (health NOT_SERVING) -> engine loaded -> metrics wired (and the
+          /metrics listener up with --metrics-port) -> role handlers started (the KV
+          receiver listens) -> health SERVING -> registered in Redis with heartbeats and
+          the prefix-index publisher -> ready file written.
 stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
           index dropped -> gRPC server stopped with grace (in-flight RPCs finish or are
           cancelled, which frees what they held) -> role handlers stopped (reservations
-          released, UCX closed) -> Redis client closed -> engine thread stopped. Safe after a partial start.
+          released, UCX closed) -> Redis client closed -> engine thread stopped -> /metrics
+          listener closed. Safe after a partial start.
 """
 
 import asyncio
@@ -21,6 +23,7 @@ from shared.engine.llm_engine import LLMEngine
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from services.common.engine_setup import start_engine
 from services.common.grpc_server import GrpcServer, host_port
+from services.common.metrics import InstanceMetrics
 from services.common.presence import ClusterPresence
 from services.common.ready_file import write_ready_file
 from services.common.role import RoleHandlers
@@ -33,6 +36,11 @@ logger = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
+def new_instance_id(role: str) -> str:
+    """The id of an instance started without --instance-id."""
+    return f"{role}-{uuid.uuid4().hex[:12]}"
+
+
 def advertised_host(settings: InstanceSettings) -> str:
     if settings.advertise_host:
         return settings.advertise_host
@@ -43,14 +51,16 @@ class InstanceRuntime:
     def __init__(self, settings: InstanceSettings, build_handlers: Callable[["InstanceRuntime"], RoleHandlers]):
         self.settings = settings
         self.role = settings.role
-        self.instance_id = settings.instance_id or f"{settings.role}-{uuid.uuid4().hex[:12]}"
+        self.instance_id = settings.instance_id or new_instance_id(settings.role)
         self.build_handlers = build_handlers
         self.async_engine: AsyncEngine | None = None
         self.handlers: RoleHandlers | None = None  # set once all have started
         self._started_handlers: list = []
         self.presence: ClusterPresence | None = None
         self.server: GrpcServer | None = None
+        self.metrics: InstanceMetrics | None = None
         self.grpc_address = ""
+        self.metrics_address = ""  # "host:port" of /metrics, "" without --metrics-port
         self.is_draining = False
         self._is_stopped = False
 
@@ -69,6 +79,7 @@ class InstanceRuntime:
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)
         self.async_engine = await start_engine(self.settings)
         model_name = self.settings.served_model_name or self.engine.kv_manager.model_key
+        self._start_metrics(model_name)
         self.presence = ClusterPresence(self.settings, model_name)
         handlers = self.build_handlers(self)
         for handler in handlers.all():
@@ -78,9 +89,16 @@ class InstanceRuntime:
         await self.server.set_serving(True)
         self.presence.start(self.info(), self.async_engine)
         if self.settings.ready_file:
-            write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role)
-        logger.info("%s %s serving on %s (KV receiver: %s)", self.role, self.instance_id, self.grpc_address,
-                    self.ucx_address or "none")
+            write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role,
+                             self.metrics_address)
+        logger.info("%s %s serving on %s (KV receiver: %s, metrics: %s)", self.role, self.instance_id,
+                    self.grpc_address, self.ucx_address or "none", self.metrics_address or "none")
+
+    def _start_metrics(self, model_name: str) -> None:
+        """Histograms observed on the engine thread from here on; /metrics if a port is set."""
+        self.metrics = InstanceMetrics(self, model_name)
+        self.async_engine.observer = self.metrics.tracker
+        self.metrics_address = self.metrics.start(self.settings.host, self.settings.metrics_port)
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
@@ -116,4 +134,6 @@ class InstanceRuntime:
             await self.presence.close()
         if self.async_engine is not None:
             await asyncio.to_thread(self.async_engine.stop)
+        if self.metrics is not None:
+            self.metrics.stop()
         logger.info("%s %s stopped", self.role, self.instance_id)

@@ -3,12 +3,16 @@
 An RPC the role does not serve gets UNIMPLEMENTED; any RPC before the engine has loaded gets
 UNAVAILABLE, and so do new requests (Prefill, Reserve, Generate) while draining. Decode and
 Release still run while draining: they finish or free work admitted before.
+
+Each RPC binds its request id for logging (shared.logging_setup), so every line logged while
+serving it, by any handler, carries `request_id`.
 """
 
 from collections.abc import AsyncIterator
 
 import grpc
 
+from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb, instance_pb2_grpc
 from services.common.errors import ServiceError, rpc_errors
 
@@ -29,24 +33,34 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
         return handler
 
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
+        bind_request_id(request.request_id)
         async with rpc_errors(context, "Prefill", request.request_id):
             return await self._handler("prefill", "Prefill", True).prefill(request)
 
     async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
+        bind_request_id(request.request_id)
         async with rpc_errors(context, "Reserve", request.request_id):
             return await self._handler("decode", "Reserve", True).reserve(request)
 
     async def Decode(self, request: pb.DecodeRequest, context) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        bind_request_id(request.request_id)
         async with rpc_errors(context, "Decode", request.request_id):
             async for message in self._handler("decode", "Decode", False).decode(request):
                 yield message
 
     async def Release(self, request: pb.ReleaseRequest, context) -> pb.ReleaseResponse:
+        bind_request_id(request.request_id)
         async with rpc_errors(context, "Release", request.request_id):
             return await self._handler("decode", "Release", False).release(request)
 
+    async def Renew(self, request: pb.RenewRequest, context) -> pb.RenewResponse:
+        bind_request_id(request.request_id)
+        async with rpc_errors(context, "Renew", request.request_id):
+            return await self._handler("decode", "Renew", False).renew(request)
+
     async def Generate(self, request: pb.InstanceGenerateRequest,
                        context) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        bind_request_id(request.request_id)
         async with rpc_errors(context, "Generate", request.request_id):
             async for message in self._handler("generate", "Generate", True).generate(request):
                 yield message

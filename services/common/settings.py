@@ -5,7 +5,9 @@ field below. Precedence: flag, then environment variable, then the documented de
 
 Default gRPC ports (used by `make run`; tests pass 0 for an ephemeral port and read the
 bound address from `--ready-file`): prefill 50052, decode 50053, colocated 50054. The UCX
-receiver port defaults to 0 (ephemeral); its address is registered in Redis.
+receiver port defaults to 0 (ephemeral); its address is registered in Redis. The Prometheus
+`/metrics` listener is off unless --metrics-port is given (0 = a free port, announced in the
+log and the ready file).
 """
 
 from dataclasses import dataclass, field, fields
@@ -14,6 +16,8 @@ from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
 from shared.engine.loading import DTYPES
 from shared.errors import InvalidRequestError
+from shared.spec_decode.config import SpeculativeConfig
+from shared.logging_setup import LOG_FORMATS
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ROLE_DEFAULT_PORT = -1  # grpc_port sentinel: the role's documented default
@@ -37,6 +41,7 @@ class InstanceSettings:
                                                   "prefill 50052, decode 50053, colocated 50054)")
     ucx_host: str = _setting("127.0.0.1", "host advertised for the UCX KV receiver")
     ucx_port: int = _setting(0, "UCX KV receiver port (0 = ephemeral)")
+    metrics_port: int = _setting(-1, "Prometheus /metrics port on --host (0 = a free one; -1 = none)")
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis holding the cluster state")
     deployment: str = _setting("default", "deployment name; namespaces the Redis keys")
     instance_id: str = _setting("", "instance id in Redis ('' = generated from role and a random suffix)")
@@ -48,6 +53,12 @@ class InstanceSettings:
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
     seed: int = _setting(0, "global sampling seed for unseeded requests")
+    speculative_method: str = _setting("none", "speculative decoding: none, ngram (prompt lookup) or draft "
+                                               "(a draft model); decode and colocated roles only")
+    num_speculative_tokens: int = _setting(3, "tokens proposed per request and step (k)")
+    draft_model: str = _setting("", "draft model HF folder sharing the tokenizer ('' = the target "
+                                    "truncated to --draft-num-layers)")
+    draft_num_layers: int = _setting(0, "keep the draft's first N layers (0 = all of --draft-model)")
     heartbeat_interval_s: float = _setting(1.0, "seconds between registry heartbeats")
     heartbeat_ttl_s: float = _setting(5.0, "registry entry TTL; a silent instance drops out after it")
     lease_ms: int = _setting(10_000, "default reservation lease when Reserve asks for 0")
@@ -55,6 +66,7 @@ class InstanceSettings:
     shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish on SIGTERM")
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
     log_level: str = _setting("INFO", "Python logging level")
+    log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
 
     def __post_init__(self) -> None:
         validate_settings(self)
@@ -81,14 +93,18 @@ def validate_settings(settings: InstanceSettings) -> None:
         validate_name("served_model_name", settings.served_model_name)
     if settings.instance_id:
         validate_name("instance_id", settings.instance_id)
-    for name in ("grpc_port", "ucx_port"):
-        low = ROLE_DEFAULT_PORT if name == "grpc_port" else 0
+    if settings.log_format not in LOG_FORMATS:
+        raise InvalidRequestError("log_format", f"must be one of {LOG_FORMATS}, got {settings.log_format!r}")
+    for name in ("grpc_port", "ucx_port", "metrics_port"):
+        low = 0 if name == "ucx_port" else -1
         if not low <= getattr(settings, name) <= 65535:
             raise InvalidRequestError(name, f"must be in [{low}, 65535], got {getattr(settings, name)}")
     _check_positive(settings, ("kv_cache_memory_gb", "block_size", "max_num_seqs", "max_num_batched_tokens",
                                "heartbeat_interval_s", "heartbeat_ttl_s", "lease_ms",
                                "prefix_publish_interval_s"))
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
+    _check_non_negative(settings, ("draft_num_layers",))
+    speculative_config(settings)
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                      f"({settings.heartbeat_interval_s}), "
@@ -105,3 +121,13 @@ def _check_non_negative(settings: InstanceSettings, names: tuple[str, ...]) -> N
     for name in names:
         if getattr(settings, name) < 0:
             raise InvalidRequestError(name, f"must be >= 0, got {getattr(settings, name)!r}")
+
+
+def speculative_config(settings: InstanceSettings) -> SpeculativeConfig:
+    """The engine's speculative decoding settings (prefill instances never speculate: they
+    only compute the prompt and sample the first token). Raises InvalidRequestError."""
+    method = "none" if settings.role == "prefill" else settings.speculative_method
+    return SpeculativeConfig(speculative_method=method,
+                             num_speculative_tokens=settings.num_speculative_tokens,
+                             draft_model=settings.draft_model or None,
+                             draft_num_layers=settings.draft_num_layers or None)

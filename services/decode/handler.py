@@ -91,6 +91,13 @@ class DecodeHandler(RoleHandler):
         logger.info("released %s", request.request_id)
         return pb.ReleaseResponse(released=True)
 
+    async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse:
+        lease_s = (request.lease_ms or self.default_lease_ms) / 1000
+        if not self.book.renew(request.request_id, lease_s):
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no reservation for {request.request_id!r} to renew "
+                                                          "(released, expired, or already decoding)")
+        return pb.RenewResponse(renewed=True)
+
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)

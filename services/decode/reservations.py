@@ -4,7 +4,8 @@ Each reservation holds engine blocks under a lease (LeaseTable, mirrored to Redi
 armed KVReceiver expectation for the blocks the prefill instance sends (those after the
 decode side's own prefix-cache hits). A watcher task per reservation marks the KV as arrived,
 or re-arms the expectation after a failed transfer so that a prefill retried on another
-instance can deliver. Release, lease expiry and shutdown all free through `release`.
+instance can deliver. Release, lease expiry and shutdown all free through `release`; the
+gateway `renew`s the lease while the prompt is queued or running on a prefill instance.
 """
 
 import asyncio
@@ -28,7 +29,6 @@ logger = logging.getLogger(__name__)
 class PendingTransfer:
     request_id: str
     dst_block_ids: tuple[int, ...]
-    wait_timeout_s: float
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     num_failed_transfers: int = 0
     watcher: asyncio.Task | None = None
@@ -96,6 +96,12 @@ class ReservationBook:
         await self.engine.call(self.engine.engine.abort_request, request_id)
         return True
 
+    def renew(self, request_id: str, lease_s: float) -> bool:
+        """Extend a reservation's lease that Decode has not taken yet; False if there is none."""
+        if request_id not in self._pending:
+            return False
+        return self.leases.renew(request_id, lease_s) is not None
+
     async def expire_leases(self) -> int:
         """Release every reservation whose lease has run out; returns how many."""
         num_expired = 0
@@ -112,7 +118,7 @@ class ReservationBook:
 
     def _track(self, request_id: str, reservation: Reservation, block_size: int, lease_s: float) -> None:
         num_skip = reservation.num_cached_tokens // block_size
-        pending = PendingTransfer(request_id, tuple(reservation.block_ids[num_skip:]), lease_s + 1.0)
+        pending = PendingTransfer(request_id, tuple(reservation.block_ids[num_skip:]))
         self.receiver.expect(request_id, pending.dst_block_ids)
         try:
             self.leases.grant(request_id, pending.dst_block_ids, lease_s)
@@ -125,10 +131,10 @@ class ReservationBook:
     async def _watch(self, pending: PendingTransfer) -> None:
         while True:
             try:
-                await self.receiver.wait(pending.request_id, pending.wait_timeout_s)
+                # No timeout of its own: the (renewable) lease is the only clock; its expiry
+                # releases the reservation, which cancels this task.
+                await self.receiver.wait(pending.request_id, None)
             except KVTransferError as error:
-                if error.field == "timeout":
-                    return  # the lease expiry frees the blocks
                 pending.num_failed_transfers += 1
                 logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id,
                                str(error))

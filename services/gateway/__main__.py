@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from shared.errors import InvalidRequestError
+from shared.logging_setup import configure_logging
 
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings, parse_settings
@@ -43,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidRequestError as error:
         print(f"gateway: error: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format, {"role": "gateway"})
     return asyncio.run(serve(settings))
 
 

@@ -1,10 +1,14 @@
 """One completion through the disaggregated path: Reserve on a decode instance, Prefill on a
 prefill instance (retried on others when one fails), then relay the Decode stream.
 
-Whatever happens before Decode starts (failure, client cancel, deadline), the reservation is
-given back with Release in the background; once Decode runs, cancelling its call is enough.
+While the prompt waits for or runs on a prefill instance, the reservation's lease is renewed
+every third of its length, so a queue longer than the lease costs no request. Whatever happens
+before Decode starts (failure, client cancel, deadline), the reservation is given back with
+Release in the background; once Decode runs, cancelling its call is enough.
 """
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -119,13 +123,39 @@ async def release(ctx: RelayContext, reservation: Reservation, request_id: str) 
                        reservation.decode.instance_id, error.code().name)
 
 
+async def renew_until_cancelled(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
+    """Renew the lease every third of its length; the caller cancels this once prefill returns.
+    A failed renewal is logged and retried next period (the lease may still be long enough)."""
+    message = instance_pb2.RenewRequest(request_id=request_id, lease_ms=max(1, round(ctx.lease_s * 1000)))
+    stub = ctx.channels.stub(reservation.decode.grpc_address)
+    while True:
+        await asyncio.sleep(ctx.lease_s / 3)
+        try:
+            await stub.Renew(message, timeout=CONTROL_CALL_TIMEOUT_S)
+            ctx.stats.num_lease_renewals += 1
+        except grpc.aio.AioRpcError as error:
+            logger.warning("request %s: Renew on %s failed (%s: %s)", request_id, reservation.decode.instance_id,
+                           error.code().name, error.details())
+
+
+async def prefill_under_lease(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                              reservation: Reservation, deadline: Deadline) -> instance_pb2.PrefillResponse:
+    renewer = asyncio.create_task(renew_until_cancelled(ctx, reservation, sub.request_id))
+    try:
+        return await prefill(ctx, sub, candidates, reservation, deadline)
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+
+
 async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                             deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
     """Reserve -> Prefill -> Decode; yields the decode instance's messages, usage fixed up."""
     reservation = await reserve(ctx, sub, candidates, deadline)
     decode_started = False
     try:
-        first = await prefill(ctx, sub, candidates, reservation, deadline)
+        first = await prefill_under_lease(ctx, sub, candidates, reservation, deadline)
         decode_started = True
         async for message in _decode_stream(ctx, sub, reservation, first, deadline):
             yield message

@@ -2,7 +2,9 @@
 
 `generate_stream(state, message, time_remaining)` validates and tokenizes a GenerateRequest,
 relays it (routing, fan-out, failover) and yields GenerateResponse messages; it keeps the
-gateway's counters and logs (request ids, never prompts). Every failure leaves it as a
+gateway's counters and latency histograms (RequestTimer) and logs each request's lifecycle:
+received, routed (relay), first token, finished with reason and token counts, or failed with
+its status; every line carries the request id (as the `request_id` field), never text. Every failure leaves it as a
 GatewayError; a client that goes away (cancellation, or closing the stream) is counted as
 cancelled, and closing the stream cancels every downstream call.
 """
@@ -15,13 +17,16 @@ from dataclasses import dataclass
 
 import grpc
 
+from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 
 from services.gateway.deadline import client_deadline
 from services.gateway.errors import GatewayError
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import relay_request
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import prepare_request
+from services.gateway.request_timer import RequestTimer
 from services.gateway.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -34,6 +39,7 @@ class GatewayState:
     default_deadline_s: float
     model: ServedModel | None = None
     relay: RelayContext | None = None
+    metrics: GatewayMetrics | None = None  # set by GatewayServer
 
 
 def require_ready(state: GatewayState) -> tuple[ServedModel, RelayContext]:
@@ -53,22 +59,31 @@ async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequ
     try:
         prepared = prepare_request(message, model)
         request_id = prepared.request_id
+        bind_request_id(request_id)
+        timer = RequestTimer(state.metrics, model.name, request_id)
+        logger.info("request %s received: %d prompt tokens, n=%d", request_id, len(prepared.prompt_token_ids),
+                    prepared.n, extra={"request_id": request_id, "num_prompt_tokens": len(prepared.prompt_token_ids)})
         deadline = client_deadline(time_remaining, state.default_deadline_s)
         stream = relay_request(relay, prepared, deadline)
         async with contextlib.aclosing(stream):
             async for response in stream:
+                timer.on_message(response)
                 yield response
         relay.stats.num_completed += 1
+        timer.finish(len(prepared.prompt_token_ids))
     except GatewayError as error:
         relay.stats.record_failure(error.code.name)
-        logger.info("request %s failed: %s %s", request_id, error.code.name, error.message[:300])
+        logger.info("request %s failed: %s %s", request_id, error.code.name, error.message[:300],
+                    extra={"request_id": request_id, "status": error.code.name})
         raise
     except (asyncio.CancelledError, GeneratorExit):
         relay.stats.num_cancelled += 1
-        logger.info("request %s cancelled by the client (or its deadline)", request_id)
+        logger.info("request %s cancelled by the client (or its deadline)", request_id,
+                    extra={"request_id": request_id, "status": grpc.StatusCode.CANCELLED.name})
         raise
     except Exception as error:
         relay.stats.record_failure(grpc.StatusCode.INTERNAL.name)
-        logger.exception("request %s failed in the gateway", request_id)
+        logger.exception("request %s failed in the gateway", request_id,
+                         extra={"request_id": request_id, "status": grpc.StatusCode.INTERNAL.name})
         raise GatewayError(grpc.StatusCode.INTERNAL,
                            "internal gateway error; see the gateway log") from error

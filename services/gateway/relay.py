@@ -31,8 +31,9 @@ async def relay_request(ctx: RelayContext, request: PreparedRequest,
     if route is None:
         missing = " or ".join(router.missing_roles(candidates)) or "serving"
         raise no_instances(f"{missing} (nor colocated)")
-    logger.info("request %s: %d prompt tokens, n=%d, %s route", request.request_id,
-                len(request.prompt_token_ids), request.n, route)
+    logger.info("request %s routed: %d prompt tokens, n=%d, %s route", request.request_id,
+                len(request.prompt_token_ids), request.n, route,
+                extra={"request_id": request.request_id, "route": route})
     subs = split_request(request)
     streams = [_sub_stream(ctx, sub, candidates, route, deadline) for sub in subs]
     merged = streams[0] if len(streams) == 1 else merge_streams(streams)

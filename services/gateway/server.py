@@ -5,6 +5,8 @@ Order at start-up: bind and start both doors (health NOT_SERVING, Generate UNAVA
 HTTP 503), write the ready file with the bound addresses, load the tokenizer and config (in
 a thread), wait until Redis answers, then SERVING. `stop()` drains: NOT_SERVING, finish calls
 and HTTP responses within the grace period, let pending Releases run, close channels and Redis.
+Prometheus metrics: `GET /metrics` on the HTTP port, and a listener of their own with
+--metrics-port (bound at start, before the ready file is written).
 """
 
 import asyncio
@@ -27,6 +29,7 @@ from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GatewayHealth
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay_context import RelayContext
 from services.gateway.served_model import ServedModel, load_served_model
 from services.gateway.servicer import GatewayServicer, GatewayState
@@ -47,6 +50,9 @@ class GatewayServer:
         self._load_model = load_model or (lambda: load_served_model(
             settings.model, settings.served_model_name, settings.block_size, settings.max_model_len))
         self.state = GatewayState(default_deadline_s=settings.default_deadline_s)
+        self.metrics = GatewayMetrics(self.state)
+        self.state.metrics = self.metrics
+        self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any
         self.health = GatewayHealth()
         self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
@@ -69,8 +75,10 @@ class GatewayServer:
         self.address = f"{host}:{port}"
         if self.http is not None:
             self.http_address = await self.http.start(self.settings.http_host, self.settings.http_port)
+        if self.settings.metrics_port >= 0:
+            self.metrics_address = self.metrics.server.start(self.settings.host, self.settings.metrics_port)
         if self.settings.ready_file:
-            write_ready_file(Path(self.settings.ready_file), self.address, self.http_address)
+            write_ready_file(Path(self.settings.ready_file), self.address, self.http_address, self.metrics_address)
         logger.info("gateway listening on %s", self.address)
         return self.address
 
@@ -105,6 +113,7 @@ class GatewayServer:
         await self.channels.close()
         if self.redis is not None:
             await self.redis.aclose()
+        self.metrics.stop()
         logger.info("gateway stopped")
 
 
@@ -117,10 +126,14 @@ async def _wait_for_redis(view: ClusterView) -> None:
         await asyncio.sleep(REDIS_POLL_S)
 
 
-def write_ready_file(path: Path, grpc_address: str, http_address: str | None = None) -> None:
-    """Atomically write {"grpc_address": ..., "http_address": ... or null} so a launcher
-    never reads half a file."""
+def write_ready_file(path: Path, grpc_address: str, http_address: str | None = None,
+                     metrics_address: str | None = None) -> None:
+    """Atomically write {"grpc_address": ..., "http_address": ... or null} (plus
+    "metrics_address" with --metrics-port) so a launcher never reads half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"grpc_address": grpc_address, "http_address": http_address}))
+    content = {"grpc_address": grpc_address, "http_address": http_address}
+    if metrics_address:
+        content["metrics_address"] = metrics_address
+    temporary.write_text(json.dumps(content))
     temporary.replace(path)

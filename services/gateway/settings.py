@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from shared.cluster.keys import validate_name
 from shared.config import DEFAULT_BLOCK_SIZE
 from shared.errors import InvalidRequestError
+from shared.logging_setup import LOG_FORMATS
 
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
@@ -38,11 +39,17 @@ class GatewaySettings:
     http_host: str = "127.0.0.1"  # the OpenAI-compatible HTTP API
     http_port: int = DEFAULT_HTTP_PORT  # 0: an ephemeral port; negative: no HTTP API
     no_http: bool = False  # no HTTP API, whatever http_port says
+    # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
+    # serves /metrics too, whatever this says.
+    metrics_port: int = -1
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one JSON object per line
 
     def __post_init__(self) -> None:
         _check(self.port, "port", lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
         _check(self.http_port, "http_port", lambda v: v <= 65535, "must be <= 65535 (negative: off)")
+        _check(self.metrics_port, "metrics_port", lambda v: -1 <= v <= 65535, "must be in [-1, 65535]")
+        _check(self.log_format, "log_format", lambda v: v in LOG_FORMATS, f"must be one of {LOG_FORMATS}")
         _check(self.block_size, "block_size", lambda v: v >= 1, "must be >= 1")
         _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
@@ -91,7 +98,10 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--http-port", int, f"HTTP API port; 0 binds an ephemeral one, negative turns it off "
                          f"(default: {DEFAULT_HTTP_PORT})"),
     ("--no-http", _env_bool, "serve no HTTP API (default: off)"),
+    ("--metrics-port", int, "Prometheus /metrics port of its own; 0 binds an ephemeral one "
+                            "(default: -1, none; the HTTP API serves /metrics anyway)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
+    ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
 )
 
 

@@ -18,6 +18,7 @@ class GatewayStats:
     num_decode_failovers: int = 0  # Reserve failed otherwise (instance unreachable)
     num_colocated_failovers: int = 0
     num_releases: int = 0  # reservations given back because Decode never started
+    num_lease_renewals: int = 0  # Renew calls that extended a reservation while prefill ran
 
     def record_route(self, role: str, reason: str) -> None:
         self.routing[f"{role}:{reason}"] += 1

@@ -2,10 +2,11 @@
 
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -21,18 +22,29 @@ def _die_with_parent() -> None:
         pass
 
 
+def _pin_and_die_with_parent(cpus: tuple[int, ...]) -> Callable[[], None]:
+    """A preexec function that also pins the child (and its threads) to `cpus`."""
+    def prepare() -> None:
+        _die_with_parent()
+        os.sched_setaffinity(0, cpus)
+    return prepare
+
+
 class ChildProcess:
     """A named child with its own session (so a terminal Ctrl-C reaches only the launcher,
     which then stops the children in order), stdout+stderr in `log_path`."""
 
     def __init__(self, name: str, role: str, argv: Sequence[str], log_path: Path,
-                 ready_file: Path | None = None, env: dict[str, str] | None = None):
+                 ready_file: Path | None = None, env: dict[str, str] | None = None,
+                 cpus: Sequence[int] | None = None):
         self.name = name
         self.role = role
         self.argv = list(argv)
         self.log_path = log_path
         self.ready_file = ready_file
         self.env = env
+        # CPU ids the child is pinned to (os.sched_setaffinity before exec); None: any.
+        self.cpus = tuple(cpus) if cpus else None
         self.process: subprocess.Popen | None = None
         self.expected_exit = False
 
@@ -47,7 +59,8 @@ class ChildProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                env=self.env, start_new_session=True,
+                preexec_fn=_pin_and_die_with_parent(self.cpus) if self.cpus else _die_with_parent,
             )
         logger.info("started %s (pid %d): %s", self.name, self.process.pid, " ".join(self.argv))
 

@@ -26,12 +26,13 @@ def _model_args(config: StackConfig) -> list[str]:
 
 def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
                   ready_file: Path) -> list[str]:
-    """`python -m services.prefill|services.decode ...` for one engine instance (ports 0)."""
+    """`python -m services.prefill|services.decode ...` for one engine instance (ports 0,
+    /metrics included)."""
     argv = [config.python, "-m", module_of(config, role)]
     if role != "prefill":
         argv += ["--role", role]
     argv += [
-        "--instance-id", name, "--host", config.host, "--grpc-port", "0", "--ucx-port", "0",
+        "--instance-id", name, "--host", config.host, "--grpc-port", "0", "--ucx-port", "0", "--metrics-port", "0",
         "--redis-url", redis_url, "--ready-file", str(ready_file), "--dtype", config.dtype,
         *_model_args(config),
     ]
@@ -43,11 +44,12 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
 
 
 def gateway_argv(config: StackConfig, redis_url: str, ready_file: Path) -> list[str]:
-    """`python -m services.gateway ...` on the configured host and ports (gRPC, HTTP)."""
+    """`python -m services.gateway ...` on the configured host and ports (gRPC, HTTP), with
+    /metrics on a free port of its own."""
     argv = [
         config.python, "-m", module_of(config, "gateway"), "--host", config.host,
         "--port", str(config.gateway_port), "--http-host", config.host,
-        f"--http-port={config.gateway_http_port}", "--redis-url", redis_url,
+        f"--http-port={config.gateway_http_port}", "--metrics-port", "0", "--redis-url", redis_url,
         "--ready-file", str(ready_file), *_model_args(config),
     ]
     return argv + config.extra_args.get("gateway", [])

@@ -44,6 +44,9 @@ class StackConfig:
     env: dict[str, str] = field(default_factory=dict)
     # Module run with `python -m` per kind ("gateway", "prefill", ...), replacing the default.
     service_modules: dict[str, str] = field(default_factory=dict)
+    # CPU ids every prefill / decode (and colocated) process is pinned to (None: not pinned).
+    prefill_cpus: tuple[int, ...] | None = None
+    decode_cpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:
@@ -54,6 +57,11 @@ class StackConfig:
             raise ValueError(f"gateway_port must be in 0..65535, got {self.gateway_port}")
         if self.gateway_http_port > 65535:
             raise ValueError(f"gateway_http_port must be <= 65535, got {self.gateway_http_port}")
+
+    def cpus_of(self, role: str) -> tuple[int, ...] | None:
+        """The CPUs a child of this role is pinned to (colocated ones take decode's)."""
+        return {"prefill": self.prefill_cpus, "decode": self.decode_cpus,
+                "colocated": self.decode_cpus}.get(role)
 
     def instance_roles(self) -> list[tuple[str, str]]:
         """(name, role) of every engine instance, prefill ones first."""

@@ -96,7 +96,8 @@ class LocalStack:
 
     def _spawn(self, name: str, role: str, argv: list[str], ready_file: Path) -> ChildProcess:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        child = ChildProcess(name, role, argv, log_path, ready_file, child_env(self.config))
+        child = ChildProcess(name, role, argv, log_path, ready_file, child_env(self.config),
+                             cpus=self.config.cpus_of(role))
         child.start()
         return child
 

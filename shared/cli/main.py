@@ -7,11 +7,11 @@ Subcommand modules import heavy libraries (torch, transformers) inside `run`, so
 """
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
 from shared.cli import (
+    bench_command,
     convert_command,
     generate_command,
     offline_command,
@@ -20,9 +20,10 @@ from shared.cli import (
     up_command,
 )
 from shared.errors import InvalidRequestError
+from shared.logging_setup import LOG_FORMATS, configure_logging
 
 SUBCOMMAND_MODULES = (convert_command, offline_command, serve_command, up_command, generate_command,
-                      status_command)
+                      status_command, bench_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="pdserve: LLM inference serving with prefill/decode disaggregation.",
     )
     parser.add_argument("--log-level", default="WARNING", help="Python logging level (default: WARNING)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="log lines as text or one JSON object each (default: text; services "
+                             "take their own --log-format / PDSERVE_LOG_FORMAT)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMAND_MODULES:
         module.add_parser(subparsers)
@@ -44,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Bad input (InvalidRequestError) is reported on stderr with exit code 2, like argparse.
     """
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     try:
         return args.run(args)
     except InvalidRequestError as error:

@@ -23,6 +23,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user chat message")
+    parser.add_argument("--speculative-method", choices=("none", "ngram", "draft"), default="none",
+                        help="speculative decoding proposer (default: none)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="tokens proposed per step")
+    parser.add_argument("--draft-model", default=None, help="draft HF folder (default: the target truncated)")
+    parser.add_argument("--draft-num-layers", type=int, default=None, help="keep the draft's first N layers")
     parser.set_defaults(run=run)
 
 
@@ -38,13 +43,22 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
+def speculative_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine keyword arguments for speculative decoding (none when it is off)."""
+    if args.speculative_method == "none":
+        return {}
+    return {"speculative_method": args.speculative_method,
+            "num_speculative_tokens": args.num_speculative_tokens,
+            "draft_model": args.draft_model, "draft_num_layers": args.draft_num_layers}
+
+
 def run(args: argparse.Namespace) -> int:
     """Loads the model, generates for every prompt, prints the completions."""
     from shared.engine import LLM, SamplingParams
     from shared.model.default_model import resolve_model
 
     params = SamplingParams(**sampling_kwargs(args))
-    llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype)
+    llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype, **speculative_kwargs(args))
     started = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]

@@ -58,10 +58,27 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for every service to be SERVING (default 600)")
     parser.add_argument("--stop-grace", type=float, default=_env("PDSERVE_UP_STOP_GRACE", 10.0, float),
                         help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    parser.add_argument("--prefill-cpus", type=_cpu_list, default=_env("PDSERVE_UP_PREFILL_CPUS", None, _cpu_list),
+                        help="pin every prefill process to these CPU ids, e.g. 0 or 0,1 "
+                             "(default: not pinned; env PDSERVE_UP_PREFILL_CPUS)")
+    parser.add_argument("--decode-cpus", type=_cpu_list, default=_env("PDSERVE_UP_DECODE_CPUS", None, _cpu_list),
+                        help="pin every decode (or colocated) process to these CPU ids "
+                             "(default: not pinned; env PDSERVE_UP_DECODE_CPUS)")
     for kind in ("gateway", "instance", "prefill", "decode"):
         parser.add_argument(f"--{kind}-arg", dest=f"{kind}_args", action="append", default=[],
                             metavar="ARG", help=f"extra argument for every {kind} process (repeatable; "
                                                 f"use --{kind}-arg=--flag for dash-led values)")
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """`"0,1"` -> (0, 1); raises argparse's error for anything but comma-separated ids >= 0."""
+    try:
+        cpus = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated CPU ids, got {text!r}") from None
+    if any(cpu < 0 for cpu in cpus):
+        raise argparse.ArgumentTypeError(f"CPU ids must be >= 0, got {text!r}")
+    return cpus
 
 
 def config_from_args(args: argparse.Namespace):
@@ -76,6 +93,7 @@ def config_from_args(args: argparse.Namespace):
         model=args.model, dtype=args.dtype, num_threads=args.num_threads, host=args.host,
         gateway_port=args.gateway_port, redis_url=args.redis_url, run_dir=args.run_dir,
         ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, extra_args=extra_args,
+        prefill_cpus=args.prefill_cpus, decode_cpus=args.decode_cpus,
     )
 
 

@@ -4,12 +4,14 @@ The decode instance grants a lease when it reserves blocks for a request whose K
 being transferred from a prefill instance; it releases the lease when the transfer
 finishes (or the request is aborted). Its scheduler polls `expired(now)` and frees the
 blocks of each expired lease (then `release`s it), so a lost prefill never leaks blocks.
+While a prompt waits for a busy prefill instance, the gateway `renew`s the lease.
 
 This table is the source of truth and is purely local and synchronous. If a LeaseMirror
 is given, every grant/release is also queued for mirroring into Redis (best effort, for
 `pdserve status`); the serving path never waits on Redis.
 """
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -93,6 +95,18 @@ class LeaseTable:
             del self._owner_by_block_id[block_id]
         if self.mirror is not None:
             self.mirror.retract(record)
+        return record
+
+    def renew(self, request_id: str, ttl_s: float) -> BlockLeaseRecord | None:
+        """Move a lease's expiry to ttl_s seconds from now; None if the request holds none."""
+        _validate_ttl_s(ttl_s)
+        record = self._leases.get(request_id)
+        if record is None:
+            return None
+        record = dataclasses.replace(record, expires_at=self.clock() + ttl_s)
+        self._leases[request_id] = record
+        if self.mirror is not None:
+            self.mirror.publish(record, ttl_s)
         return record
 
     def expired(self, now: float | None = None) -> list[BlockLeaseRecord]:

@@ -47,6 +47,8 @@ class Request:
     # For n > 1: the sibling whose computed prompt blocks this one shares.
     prompt_parent: "Request | None" = None
     arrival_time: float = field(default_factory=time.monotonic)
+    # time.monotonic() of the first engine step that scheduled it (set by EngineStats).
+    first_scheduled_time: float | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -60,6 +62,9 @@ class Request:
     # Guided decoding: the request's own place in its grammar (shared.guided.engine_support);
     # kept across preemption, since the request's tokens do not change.
     guided_matcher: "GrammarMatcher | None" = None
+    # Speculative decoding with a draft model: positions whose draft KV is computed (reset to
+    # 0 by preemption, like num_computed_tokens).
+    num_draft_computed_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -5,6 +5,13 @@ token count. A step first gives one token to every running decode (low inter-tok
 then continues partially computed prompts, then admits waiting requests, all within the
 step's token budget. Long prompts are chunked across steps; when the cache runs out the
 newest request is preempted and later recomputed.
+
+Speculative decoding (`num_spec_tokens` > 0): a running decode that may speculate
+(`shared.spec_decode.support`) gets slots for its last token plus up to k proposed tokens,
+never more than its remaining max_tokens / model length allow nor than the step's budget;
+when the cache has no room for them it decodes one token instead. Afterwards only confirmed
+positions count as computed, so rejected slots are overwritten later and never hashed into
+the prefix cache; slots allocated for proposals stay with the request for its next steps.
 """
 
 import logging
@@ -14,14 +21,19 @@ from shared.config import SchedulerConfig
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.core.stop_checks import token_stop_status
-from shared.kv_cache.manager import KVCacheManager
+from shared.kv_cache.manager import KVCacheManager, blocks_for_tokens
+from shared.spec_decode.outputs import VerifiedTokens
+from shared.spec_decode.support import supports_speculation
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int):
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int,
+                 num_spec_tokens: int = 0):
         self.config = config
+        # Most proposed tokens per speculating request and step (0: speculation off).
+        self.num_spec_tokens = num_spec_tokens
         self.kv = kv_manager
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -131,12 +143,35 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._chunk_size(request, budget)
-            if not self._allocate_or_preempt(request, num_new, scheduled, output):
+            num_spec = self._num_spec_tokens(request, budget)
+            num_waiting_decodes = len(self.running) - len(scheduled) - 1
+            if num_spec and not self._allocate_with_proposals(request, num_new + num_spec, num_waiting_decodes):
+                num_spec = 0
+            if not num_spec and not self._allocate_or_preempt(request, num_new, scheduled, output):
                 continue
-            output.scheduled.append(self._make_scheduled(request, num_new))
+            output.scheduled.append(self._make_scheduled(request, num_new, num_spec))
             scheduled.add(request.request_id)
-            budget -= num_new
+            budget -= num_new + num_spec
         return budget
+
+    def _allocate_with_proposals(self, request: Request, num_tokens: int, num_waiting_decodes: int) -> bool:
+        """Allocate slots for the last token and the proposals, unless that would leave fewer
+        free blocks than running requests still to schedule: proposals never cause a preemption."""
+        num_needed = blocks_for_tokens(request.num_computed_tokens + num_tokens, self.kv.block_size)
+        num_new_blocks = max(0, num_needed - self.kv.num_blocks_held(request.request_id))
+        if self.kv.pool.num_free_blocks - num_new_blocks < num_waiting_decodes:
+            return False
+        return self.kv.allocate(request, num_tokens)
+
+    def _num_spec_tokens(self, request: Request, budget: int) -> int:
+        """Proposal slots for a running decode: k, capped so that accepting every proposal
+        plus the bonus token stays within max_tokens, the model length and the budget."""
+        if (self.num_spec_tokens == 0 or request.num_tokens_to_compute != 1
+                or request.num_output_tokens == 0 or not supports_speculation(request)):
+            return 0
+        num_left = min(request.max_output_tokens - request.num_output_tokens,
+                       self.max_model_len - request.num_tokens)
+        return max(0, min(self.num_spec_tokens, num_left - 1, budget - 1))
 
     def _allocate_or_preempt(self, request: Request, num_new: int, scheduled: set[str],
                              output: SchedulerOutput) -> bool:
@@ -156,6 +191,7 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_draft_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -202,7 +238,7 @@ class Scheduler:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
         return num_new
 
-    def _make_scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _make_scheduled(self, request: Request, num_new: int, num_spec: int = 0) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         params = request.sampling_params
@@ -220,6 +256,8 @@ class Scheduler:
             stop_and_eos_token_ids=self._suppressed_ids(request),
             prompt_logprob_targets=targets,
             num_prompt_logprobs=params.prompt_logprobs or 0,
+            num_spec_tokens=num_spec,
+            num_draft_computed_tokens=request.num_draft_computed_tokens,
         )
 
     def _suppressed_ids(self, request: Request) -> tuple[int, ...]:
@@ -231,14 +269,20 @@ class Scheduler:
 
     # ---- results -------------------------------------------------------------------------
 
-    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
-        """Advance each scheduled request; append sampled tokens and finish on token-level
-        stops. Returns the requests that received a token this step."""
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int],
+                           verified: dict[str, VerifiedTokens] | None = None) -> list[Request]:
+        """Advance each scheduled request; append sampled tokens (`verified`: a speculating
+        request's tokens) and finish on token-level stops. Returns the requests that received
+        at least one token this step."""
         updated = []
         for item in output.scheduled:
             request = self.requests.get(item.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted or preempted after scheduling
+            if verified and item.request_id in verified:
+                self._append_verified(request, verified[item.request_id])
+                updated.append(request)
+                continue
             request.num_computed_tokens += item.num_tokens
             self.kv.cache_computed_blocks(request)
             if item.sampling_params is None:
@@ -249,3 +293,18 @@ class Scheduler:
             if status is not None:
                 self.finish(request, status)
         return updated
+
+    def _append_verified(self, request: Request, result: VerifiedTokens) -> None:
+        """Append accepted and bonus tokens up to the first token-level stop (the rest are
+        dropped); the verified positions before the newest token become computed."""
+        status = None
+        for token_id in result.token_ids:
+            request.append_output_token(token_id)
+            status = token_stop_status(request, self.max_model_len)
+            if status is not None:
+                break
+        request.num_computed_tokens = request.num_tokens - 1
+        request.num_draft_computed_tokens = min(result.num_draft_computed_tokens, request.num_computed_tokens)
+        self.kv.cache_computed_blocks(request)
+        if status is not None:
+            self.finish(request, status)

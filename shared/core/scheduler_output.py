@@ -34,6 +34,13 @@ class ScheduledRequest:
     # Guided decoding, set by the engine before the step on constrained sampling rows: the
     # allowed tokens, one bit each (int32 words, shared.guided.bitmask's layout).
     guided_bitmask: "torch.Tensor | None" = None
+    # Speculative decoding (shared.spec_decode): the most tokens the proposer may add after
+    # token_ids (the scheduler allocated their slots); 0: no speculation for this row.
+    num_spec_tokens: int = 0
+    # Draft model: positions whose draft KV is computed (its catch-up starts there).
+    num_draft_computed_tokens: int = 0
+    # Set by the model runner: the proposed tokens, appended to token_ids for verification.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

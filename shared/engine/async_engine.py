@@ -3,6 +3,9 @@
 All engine state is touched only on the engine thread: callers submit closures that run
 between steps, and each request's outputs flow back through an asyncio queue. A consumer
 that stops listening (client cancel, deadline) aborts its request, freeing its blocks.
+
+An optional `OutputObserver` (the metrics' request-latency tracker) sees, on the engine
+thread, each streamed request start, every output dispatched, and each stream's end.
 """
 
 import asyncio
@@ -11,8 +14,9 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from shared.core.request import Request
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 
@@ -34,13 +38,28 @@ class EngineLoad:
     num_total_blocks: int
 
 
+class OutputObserver(Protocol):
+    """Called on the engine thread; must be quick and must not touch engine state."""
+
+    def on_start(self, request_id: str, requests: list[Request]) -> None:
+        """A streamed request was added (or, decode role, activated); `requests` are its
+        engine requests (n of them), possibly empty if it already finished."""
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Outputs about to be streamed (after each step, or from an activation)."""
+
+    def on_stop(self, request_id: str) -> None:
+        """The request's stream closed, finished or not."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread failed; every request in flight gets this."""
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None):
         self.engine = engine
+        self.observer = observer
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -77,7 +96,7 @@ class AsyncEngine:
         stream = self._open_stream(request_id)
         finished = False
         try:
-            await self.call(lambda: self._dispatch(_outputs_of(add())))
+            await self.call(self._start_request, request_id, add)
             while not finished:
                 output = await stream.queue.get()
                 if isinstance(output, BaseException):
@@ -88,6 +107,8 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self.submit(self.engine.abort_request, request_id)
+            if self.observer is not None:
+                self.submit(self.observer.on_stop, request_id)
 
     def load(self) -> EngineLoad:
         """A racy but harmless snapshot for heartbeats and routing."""
@@ -138,7 +159,26 @@ class AsyncEngine:
         if loop is not None:
             loop.call_soon_threadsafe(_settle, future, result, None)
 
+    def _start_request(self, request_id: str, add: Callable[[], Any]) -> None:
+        requests = self._requests_of(request_id)  # decode role: the reservation, before activation
+        outputs = _outputs_of(add())
+        if self.observer is not None:
+            self._notify(self.observer.on_start, request_id, requests or self._requests_of(request_id))
+        self._dispatch(outputs)
+
+    def _requests_of(self, request_id: str) -> list[Request]:
+        return list(self.engine._children.get(request_id, ()))  # noqa: SLF001 - read only
+
+    def _notify(self, hook: Callable[..., None], *args) -> None:
+        """Call an observer hook; its failure is logged, never the engine's."""
+        try:
+            hook(*args)
+        except Exception:  # noqa: BLE001 - metrics must not stop the engine
+            logger.exception("output observer %s failed", getattr(hook, "__name__", hook))
+
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        if self.observer is not None and outputs:
+            self._notify(self.observer.on_outputs, outputs)
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:

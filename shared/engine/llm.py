@@ -9,20 +9,22 @@ from shared.engine.outputs import RequestOutput
 from shared.engine.stats import KVUsage
 from shared.errors import InvalidRequestError
 from shared.sampling.params import SamplingParams
+from shared.spec_decode.config import SpeculativeConfig
 
 Prompt = str | list[int]
 
 
 def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> EngineConfig:
     """Route flat keyword arguments (vLLM style) to the config section that owns them."""
-    sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig()}
-    config = EngineConfig(model=model, dtype=dtype, cache=sections["cache"], scheduler=sections["scheduler"])
+    sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig(), "speculative": SpeculativeConfig()}
+    config = EngineConfig(model=model, dtype=dtype, **sections)
     for name, value in kwargs.items():
         owner = next((section for section in (config, *sections.values())
                       if name in {f.name for f in fields(section)}), None)
-        if owner is None or name in ("cache", "scheduler"):
+        if owner is None or name in sections:
             raise InvalidRequestError(name, "is not an engine setting")
         setattr(owner, name, value)
+    config.speculative.validate()
     return config
 
 

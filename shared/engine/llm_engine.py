@@ -23,6 +23,7 @@ from shared.kv_cache.block_pool import BlockPool
 from shared.kv_cache.manager import KVCacheManager
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
+from shared.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +53,14 @@ class LLMEngine:
         self.block_pool = BlockPool(layout.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, layout.block_size, config.cache.enable_prefix_caching,
                                          config.cache.prefix_hash_algo, model_key)
-        self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len)
+        self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
+                                   config.speculative.num_tokens_per_step)
         self.output_processor = OutputProcessor(tokenizer)
         self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
+        # Speculative decoding: drafts proposed and tokens accepted (stays zero when off).
+        self.spec_stats = SpecDecodeStats()
         self._children: dict[str, list[Request]] = {}
         self._request_counter = itertools.count()
 
@@ -174,7 +178,10 @@ class LLMEngine:
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
         self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
         runner_output = self.executor.execute_model(scheduler_output)
-        updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)
+        updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids,
+                                                    runner_output.verified)
+        for verified in runner_output.verified.values():
+            self.spec_stats.record(verified.num_draft_tokens, verified.num_accepted)
         self._finish_guided(updated)
         return self._process_outputs(updated, runner_output)
 
@@ -187,7 +194,8 @@ class LLMEngine:
         outputs, stopped = self.output_processor.process(updated, runner_output)
         for request in stopped:
             self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
-        self.stats.record_tokens(len(updated))
+        self.stats.record_tokens(sum(len(completion.delta_token_ids)
+                                     for output in outputs for completion in output.outputs))
         for output in outputs:
             if output.finished:
                 self._children.pop(output.request_id, None)

@@ -13,6 +13,7 @@ from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
 from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
 from shared.model.loader import load_model
+from shared.spec_decode.builder import build_speculator, draft_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +36,28 @@ def build_engine_parts(config: EngineConfig):
     started = time.perf_counter()
     model, model_config = load_model(folder, dtype)
     tokenizer = load_tokenizer_if_present(folder)
-    layout = kv_cache_layout(config, model_config, dtype)
+    draft_config = draft_model_config(config.speculative, folder)
+    layout = kv_cache_layout(config, model_config, dtype, draft_config)
+    max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                        model_config.max_position_embeddings)
+    speculator = build_speculator(config.speculative, folder, model_config, layout, max_model_len)
     logger.info("loaded %s (%s) in %.2fs; KV cache %d blocks of %d tokens", folder, config.dtype,
                 time.perf_counter() - started, layout.num_blocks, layout.block_size)
-    return model_config, InProcessExecutor(model, layout), tokenizer, str(folder.name)
+    return model_config, InProcessExecutor(model, layout, speculator), tokenizer, str(folder.name)
 
 
-def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> KVCacheLayout:
+def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
+                    draft_config: ModelConfig | None = None) -> KVCacheLayout:
+    """The target's layout; with a draft model the memory budget pays for both KV tensors
+    (same num_blocks, the draft's own layers and heads)."""
     probe = KVCacheLayout(model_config.num_layers, 1, config.cache.block_size,
                           model_config.num_kv_heads, model_config.head_dim, dtype)
+    bytes_per_block = probe.bytes_per_block
+    if draft_config is not None:
+        bytes_per_block += KVCacheLayout(draft_config.num_layers, 1, config.cache.block_size,
+                                         draft_config.num_kv_heads, draft_config.head_dim, dtype).bytes_per_block
     num_blocks = config.cache.num_blocks or num_blocks_for_budget(
-        config.cache.kv_cache_memory_bytes, probe.bytes_per_block)
+        config.cache.kv_cache_memory_bytes, bytes_per_block)
     if num_blocks < 1:
         raise InvalidRequestError("kv_cache_memory_bytes", "too small for a single KV block")
     return KVCacheLayout(model_config.num_layers, num_blocks, config.cache.block_size,

@@ -1,6 +1,8 @@
 """Turns sampled tokens into per-request outputs: text, stop strings, logprobs, n > 1 groups.
 
-The engine calls `process` after every step with the requests that received a token.
+The engine calls `process` after every step with the requests that received tokens: one, or
+several when speculative decoding accepted proposed tokens. A stop string ends the output at
+the token that completed it; later tokens of the same step are dropped.
 """
 
 from dataclasses import dataclass, field
@@ -96,14 +98,25 @@ class OutputProcessor:
         for request in updated:
             group, index = self._child_of[request.request_id]
             state = group.completions[index]
-            state.add_token(request.output_token_ids[-1], runner_output.logprobs.get(request.request_id))
-            if request.is_finished:
+            is_stopped_early = self._add_new_tokens(state, request, runner_output)
+            if request.is_finished and not is_stopped_early:
                 state.finish(request.status.finish_reason, request.stop_reason)
             elif state.stop_string is not None:
                 state.finish("stop", state.stop_string)
                 stopped_by_string.append(request)
             touched[group.request_id] = group
         return [self._emit(group) for group in touched.values()], stopped_by_string
+
+    @staticmethod
+    def _add_new_tokens(state: CompletionState, request: Request, runner_output: ModelRunnerOutput) -> bool:
+        """Add the request's tokens the completion lacks, up to a stop string; True when the
+        stop string ended it before the step's last token (the later tokens are dropped)."""
+        new_token_ids = request.output_token_ids[len(state.output.token_ids):]
+        for position, token_id in enumerate(new_token_ids):
+            state.add_token(token_id, runner_output.logprobs.get(request.request_id))
+            if state.stop_string is not None:
+                return position < len(new_token_ids) - 1
+        return False
 
     def abort_group(self, request_id: str) -> RequestOutput | None:
         group = self.groups.get(request_id)

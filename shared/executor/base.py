@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from shared.core.scheduler_output import SchedulerOutput
 from shared.kv_cache.layout import KVCacheLayout
+from shared.spec_decode.outputs import VerifiedTokens
 
 TopLogprobs = list[tuple[int, float]]
 
@@ -26,6 +27,9 @@ class ModelRunnerOutput:
     logprobs: dict[str, SampledLogprobs] = field(default_factory=dict)
     # Per request, one entry per prompt position scored this step.
     prompt_logprobs: dict[str, list[SampledLogprobs]] = field(default_factory=dict)
+    # Speculating requests whose proposals were verified: their tokens this step (instead of
+    # an entry in sampled_token_ids).
+    verified: dict[str, VerifiedTokens] = field(default_factory=dict)
 
 
 class Executor(ABC):

@@ -6,11 +6,12 @@ from shared.core.scheduler_output import SchedulerOutput
 from shared.executor.base import Executor, ModelRunnerOutput
 from shared.executor.model_runner import ModelRunner
 from shared.kv_cache.layout import KVCacheLayout
+from shared.spec_decode.speculator import Speculator
 
 
 class InProcessExecutor(Executor):
-    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout):
-        self.runner = ModelRunner(model, layout)
+    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None):
+        self.runner = ModelRunner(model, layout, speculator)
 
     @property
     def kv_cache_layout(self) -> KVCacheLayout:
@@ -26,3 +27,6 @@ class InProcessExecutor(Executor):
 
     def shutdown(self) -> None:
         self.runner.kv_cache = torch.empty(0)
+        proposer = getattr(self.runner.speculator, "proposer", None)
+        if hasattr(proposer, "kv_cache"):
+            proposer.kv_cache = torch.empty(0)

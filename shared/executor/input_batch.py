@@ -1,7 +1,11 @@
 """Flatten a step's scheduled requests into the model's tensors.
 
 Rows are laid out as AttentionMetadata expects: single-token requests (decodes) first, then
-one contiguous chunk per prompt-computing request.
+one contiguous chunk per prompt-computing request. A speculating request's verified positions
+(its last token plus the proposed ones) are decode rows too, one per position, each attending
+to the context up to itself: the keys of every new token are stored before attention, so each
+row computes exactly what a plain decode at that position would (greedy output then matches
+non-speculative decoding bit for bit, in bfloat16 too).
 """
 
 from dataclasses import dataclass, field
@@ -19,21 +23,24 @@ class ModelInputs:
     attn_metadata: AttentionMetadata
     # Rows whose logits are computed, in this order.
     logits_indices: torch.Tensor
-    # Position in the logits of each sampling request's row, keyed by request id.
+    # Position in the logits of each sampling request's row, keyed by request id; a row with
+    # draft tokens has len(draft_token_ids) + 1 consecutive logits rows from there.
     sample_logit_rows: dict[str, int] = field(default_factory=dict)
     # (first logits row, number of rows) of each request's prompt-logprob positions.
     prompt_logit_rows: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def build_model_inputs(scheduled: list[ScheduledRequest], block_size: int) -> ModelInputs:
-    decodes = [item for item in scheduled if item.is_decode]
-    chunks = [item for item in scheduled if not item.is_decode]
-    token_ids, positions, slots = [], [], []
+    decodes = [item for item in scheduled if item.is_decode or item.draft_token_ids]
+    chunks = [item for item in scheduled if not (item.is_decode or item.draft_token_ids)]
+    token_ids, positions, slots, decode_tables = [], [], [], []
     for item in decodes:
-        token_ids.append(item.token_ids[0])
-        positions.append(item.start_position)
-        block_id = item.block_ids[item.start_position // block_size]
-        slots.append(block_id * block_size + item.start_position % block_size)
+        for offset, token_id in enumerate(item.token_ids):
+            position = item.start_position + offset
+            token_ids.append(token_id)
+            positions.append(position)
+            slots.append(item.block_ids[position // block_size] * block_size + position % block_size)
+            decode_tables.append(item.block_ids)
     chunk_positions, chunk_slots, chunk_tables = [], [], []
     for item in chunks:
         token_ids.extend(item.token_ids)
@@ -46,9 +53,9 @@ def build_model_inputs(scheduled: list[ScheduledRequest], block_size: int) -> Mo
     slots_t = torch.cat([torch.tensor(slots, dtype=torch.long), *chunk_slots])
     metadata = AttentionMetadata(
         slot_mapping=slots_t,
-        num_decode_tokens=len(decodes),
-        decode_block_tables=_padded_tables([item.block_ids for item in decodes]),
-        decode_context_lens=torch.tensor([item.start_position + 1 for item in decodes], dtype=torch.long),
+        num_decode_tokens=len(positions),
+        decode_block_tables=_padded_tables(decode_tables),
+        decode_context_lens=torch.tensor(positions, dtype=torch.long) + 1,
         prefill_query_lens=[item.num_tokens for item in chunks],
         prefill_context_lens=[item.start_position + item.num_tokens for item in chunks],
         prefill_block_tables=chunk_tables,
@@ -73,6 +80,7 @@ def _select_logit_rows(inputs: ModelInputs, ordered: list[ScheduledRequest]) -> 
             rows.extend(range(first_row, first_row + len(item.prompt_logprob_targets)))
         if item.sampling_params is not None:
             inputs.sample_logit_rows[item.request_id] = len(rows)
-            rows.append(first_row + item.num_tokens - 1)
+            num_sampled = len(item.draft_token_ids) + 1
+            rows.extend(range(first_row + item.num_tokens - num_sampled, first_row + item.num_tokens))
         first_row += item.num_tokens
     inputs.logits_indices = torch.tensor(rows, dtype=torch.long)

@@ -1,7 +1,11 @@
 """Runs the model on one step: owns the KV cache tensor, the sampler and per-request generators.
 
-The only code that touches the device.
+The only code that touches the device. With a `Speculator`, rows the scheduler let speculate
+get their proposals first; the target then computes every proposed position in the same
+forward pass and the speculator verifies them.
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -12,14 +16,17 @@ from shared.kv_cache.layout import KVCacheLayout
 from shared.sampling.logprobs import token_logprobs, top_logprobs
 from shared.sampling.random_draw import skip_draws
 from shared.sampling.sampler import Sampler, SamplingRow, make_generator
+from shared.spec_decode.outputs import Proposal
+from shared.spec_decode.speculator import Speculator
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout):
+    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None):
         self.model = model
         self.layout = layout
         self.kv_cache = layout.allocate()
         self.sampler = Sampler()
+        self.speculator = speculator
         self._generators: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()
@@ -28,16 +35,44 @@ class ModelRunner:
             self._generators.pop(request_id, None)
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
-        inputs = build_model_inputs(scheduler_output.scheduled, self.layout.block_size)
+        scheduled, proposals = self._add_proposals(scheduler_output.scheduled)
+        inputs = build_model_inputs(scheduled, self.layout.block_size)
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache,
                             inputs.attn_metadata, inputs.logits_indices)
-        output = self._sample(scheduler_output.scheduled, logits, inputs)
-        output.prompt_logprobs = _prompt_logprobs(scheduler_output.scheduled, logits, inputs)
+        output = self._sample([item for item in scheduled if not item.draft_token_ids], logits, inputs)
+        output.prompt_logprobs = _prompt_logprobs(scheduled, logits, inputs)
+        if proposals:
+            output.verified = self._verify(scheduled, proposals, logits, inputs)
         return output
 
-    def _sample(self, scheduled: list[ScheduledRequest], logits: torch.Tensor,
+    def _add_proposals(self, scheduled: list[ScheduledRequest]
+                       ) -> tuple[list[ScheduledRequest], dict[str, Proposal]]:
+        """The step's rows with the proposed tokens appended, and the non-empty proposals."""
+        speculating = [item for item in scheduled if item.num_spec_tokens > 0]
+        if self.speculator is None or not speculating:
+            return scheduled, {}
+        proposals = self.speculator.propose(speculating, [self._generator(item) for item in speculating])
+        proposals = {request_id: proposal for request_id, proposal in proposals.items()
+                     if proposal.draft_token_ids}
+        with_drafts = []
+        for item in scheduled:
+            proposal = proposals.get(item.request_id)
+            if proposal is not None:
+                item = replace(item, token_ids=item.token_ids + proposal.draft_token_ids,
+                               draft_token_ids=proposal.draft_token_ids)
+            with_drafts.append(item)
+        return with_drafts, proposals
+
+    def _verify(self, scheduled: list[ScheduledRequest], proposals: dict[str, Proposal],
+                logits: torch.Tensor, inputs: ModelInputs):
+        items = [item for item in scheduled if item.draft_token_ids]
+        return self.speculator.verify(
+            items, logits, [inputs.sample_logit_rows[item.request_id] for item in items],
+            [proposals[item.request_id] for item in items], [self._generator(item) for item in items])
+
+    def _sample(self, items: list[ScheduledRequest], logits: torch.Tensor,
                 inputs: ModelInputs) -> ModelRunnerOutput:
-        items = [item for item in scheduled if item.sampling_params is not None]
+        items = [item for item in items if item.sampling_params is not None]
         if not items:
             return ModelRunnerOutput()
         rows = [self._sampling_row(item) for item in items]
@@ -51,17 +86,22 @@ class ModelRunner:
                     sampled.sampled_logprobs[index], sampled.top_logprobs[index])
         return output
 
-    def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
+    def _generator(self, item: ScheduledRequest) -> torch.Generator | None:
+        """A seeded request's own generator, made on its first sampling step (skipping the
+        draws of tokens sampled elsewhere: a prefill instance sampled the first token)."""
         params = item.sampling_params
-        generator = None
-        if params.seed is not None:
-            generator = self._generators.get(item.request_id)
-            if generator is None:
-                generator = self._generators[item.request_id] = make_generator(params.seed)
-                if not params.is_greedy:
-                    skip_draws(generator, len(item.output_token_ids))
-        return SamplingRow(params=params, prompt_token_ids=item.prompt_token_ids,
-                           output_token_ids=item.output_token_ids, generator=generator,
+        if params.seed is None:
+            return None
+        generator = self._generators.get(item.request_id)
+        if generator is None:
+            generator = self._generators[item.request_id] = make_generator(params.seed)
+            if not params.is_greedy:
+                skip_draws(generator, len(item.output_token_ids))
+        return generator
+
+    def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
+        return SamplingRow(params=item.sampling_params, prompt_token_ids=item.prompt_token_ids,
+                           output_token_ids=item.output_token_ids, generator=self._generator(item),
                            stop_and_eos_token_ids=item.stop_and_eos_token_ids,
                            guided_bitmask=item.guided_bitmask)
 

@@ -8,6 +8,8 @@ Loading also tunes the process's allocator for the model's large per-step tempor
 """
 
 import logging
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,15 +32,19 @@ FUSED_PROJECTIONS = {
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model from `folder` in `dtype` (bf16 or float32), ready for inference."""
+def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16,
+               num_layers: int | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model from `folder` in `dtype` (bf16 or float32), ready for inference.
+
+    `num_layers` keeps only the first N decoder layers (with the final norm and LM head): a
+    cheap draft model for speculative decoding made from the target itself."""
     if dtype not in SUPPORTED_DTYPES:
         raise InvalidRequestError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
     folder = Path(folder)
-    config = ModelConfig.from_folder(folder)
+    config = _truncated(ModelConfig.from_folder(folder), num_layers)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    state = fuse_hf_weights(read_safetensors(folder), config)
+    state = _drop_layers_from(fuse_hf_weights(read_safetensors(folder), config), config.num_layers)
     state = {name: tensor.to(dtype) for name, tensor in state.items()}
     _check_names(model, state, config)
     model.load_state_dict(state, strict=False, assign=True)
@@ -47,6 +53,23 @@ def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16) -> tuple
     pack_for_cpu(model)
     keep_freed_memory_in_process()
     return model, config
+
+
+def _truncated(config: ModelConfig, num_layers: int | None) -> ModelConfig:
+    if num_layers is None:
+        return config
+    if not 1 <= num_layers <= config.num_layers:
+        raise InvalidRequestError("draft_num_layers", f"must be in [1, {config.num_layers}], got {num_layers}")
+    return replace(config, num_layers=num_layers)
+
+
+def _drop_layers_from(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """The weights without those of decoder layers >= num_layers."""
+    def layer_of(name: str) -> int | None:
+        match = re.match(r"layers\.(\d+)\.", name)
+        return int(match.group(1)) if match else None
+    return {name: tensor for name, tensor in state.items()
+            if layer_of(name) is None or layer_of(name) < num_layers}
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -27,6 +27,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to the model's length
+    # EOS and stop_token_ids are hidden until this many tokens were generated; under `guided`,
+    # a grammar that is complete (allows nothing but EOS) wins: the request ends with "stop",
+    # possibly shorter than min_tokens.
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)  # a single str is wrapped
     stop_token_ids: list[int] = field(default_factory=list)
@@ -37,6 +40,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # Constrain the output to a JSON schema, regex, choice or grammar (shared.guided).
     guided: GuidedDecodingParams | None = None
+    # Let the engine speculate for this request when it runs speculative decoding (the output
+    # distribution is the same either way; False opts out, e.g. to compare).
+    use_speculation: bool = True
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -27,6 +27,8 @@ def validate_sampling_params(params: "SamplingParams", vocab_size: int | None) -
     _check_logprobs(params)
     _check_stops(params, vocab_size)
     _check_guided(params)
+    if not isinstance(params.use_speculation, bool):
+        raise InvalidRequestError("use_speculation", f"must be true or false, got {params.use_speculation!r}")
 
 
 def _is_int(value: object) -> bool:

@@ -24,7 +24,7 @@ from shared.sampling.params import SamplingParams
 from shared.sampling.penalties import apply_penalties, is_suppressing_stops, suppress_stop_tokens
 from shared.sampling.random_draw import draw_tokens, draw_uniforms, make_generator
 
-__all__ = ["Sampler", "SamplerOutput", "SamplingRow", "make_generator"]
+__all__ = ["Sampler", "SamplerOutput", "SamplingRow", "apply_history", "make_generator"]
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Sampler:
         """Pick one token per row of `logits` (num_rows, vocab), row i following `rows[i]`."""
         _check_batch(logits, rows)
         raw_logits = logits.float()
-        adjusted = _apply_history(raw_logits, rows)
+        adjusted = apply_history(raw_logits, rows)
         token_ids = self._choose_tokens(adjusted, rows)
         output = SamplerOutput(sampled_token_ids=token_ids.tolist())
         if any(row.params.logprobs is not None for row in rows):
@@ -111,8 +111,8 @@ def _check_batch(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         raise ValueError(f"logits must be (num_rows={len(rows)}, vocab), got {tuple(logits.shape)}")
 
 
-def _apply_history(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """`logits` itself when no row needs min_tokens suppression, penalties or a guided
+def apply_history(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """(Also used by `shared.spec_decode.probs`.) `logits` itself when no row needs min_tokens suppression, penalties or a guided
     bitmask, else a copy with them applied (the bitmask last)."""
     suppressing_rows = [index for index, row in enumerate(rows) if is_suppressing_stops(row)]
     penalized_rows = [index for index, row in enumerate(rows) if row.params.needs_penalties]

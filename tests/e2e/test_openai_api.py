@@ -2,32 +2,17 @@
 decode instance with the real SmolLM2), driven by the official `openai` client: greedy
 answers over HTTP equal the gRPC API's, streamed and not, and no blocks are left held."""
 
-import openai
 import pytest
 
 from tests.helpers.gateway_client import generate, generate_request
-from tests.helpers.stack import running_stack
 
-DTYPE = "bfloat16"
 CHAT = [{"role": "user", "content": "Name two planets of the solar system."}]
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def stack(smollm2_folder, tmp_path_factory):
-    yield from running_stack(smollm2_folder, DTYPE, num_prefill=1, num_decode=1,
-                             run_dir=tmp_path_factory.mktemp("stack"),
-                             extra_args={"instance": ["--num-blocks", "256"]})
-
-
-@pytest.fixture
-def client(stack):
-    http_address = stack.stack.ready_info["gateway"]["http_address"]
-    with openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="unused", max_retries=0,
-                       timeout=120) as http_client:
-        yield http_client
-    stack.wait_all_blocks_free()
-    stack.check_children_alive()
+def stack(served_stack):
+    return served_stack
 
 
 def test_chat_completion_equals_the_grpc_answer(stack, client):

@@ -11,8 +11,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.test_openai_api import client, stack  # noqa: F401 - fixtures
-
 CITY = {"type": "object", "properties": {
     "city": {"type": "string", "minLength": 1, "maxLength": 20},
     "country": {"type": "string", "minLength": 1, "maxLength": 20},
@@ -21,6 +19,11 @@ CITY = {"type": "object", "properties": {
 DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 CHOICES = ["positive", "negative", "neutral"]
 MAX_TOKENS = 80
+
+
+@pytest.fixture(scope="module")
+def stack(served_stack):
+    return served_stack
 
 
 def ask(question: str) -> list[dict]:

@@ -1,8 +1,9 @@
 """A stand-in service for the launcher's unit tests: `python -m tests.helpers.fake_service`.
 
 Accepts the real services' flags (ignoring all but --host, --port/--grpc-port, --ready-file,
---instance-id), serves only the standard gRPC health service, writes the ready file, and
-exits 0 on SIGTERM. Misbehaviour is chosen per instance with FAKE_SERVICE_MODE_<NAME> (name
+--instance-id, --metrics-port), serves only the standard gRPC health service (and, with
+--metrics-port, prometheus_client's process metrics), writes the ready file, and exits 0 on
+SIGTERM. Misbehaviour is chosen per instance with FAKE_SERVICE_MODE_<NAME> (name
 upper-cased, '-' as '_'), else FAKE_SERVICE_MODE:
   ok             behave
   exit_at_start  exit 3 before binding
@@ -22,6 +23,7 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,6 +32,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--port", "--grpc-port", dest="port", type=int, default=0)
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--instance-id", default="gateway")
+    parser.add_argument("--metrics-port", type=int, default=-1)
     args, _ = parser.parse_known_args(argv)
     return args
 
@@ -53,8 +56,12 @@ def main(argv: list[str]) -> int:
     server.start()
     status = health_pb2.HealthCheckResponse
     servicer.set("", status.NOT_SERVING if mode == "not_serving" else status.SERVING)
+    ready_content = {"grpc_address": f"{args.host}:{port}", "pid": os.getpid()}
+    if args.metrics_port >= 0:
+        metrics_server, _ = start_http_server(args.metrics_port, addr=args.host)
+        ready_content["metrics_address"] = f"{args.host}:{metrics_server.server_port}"
     with open(args.ready_file, "w") as ready:
-        json.dump({"grpc_address": f"{args.host}:{port}", "pid": os.getpid()}, ready)
+        json.dump(ready_content, ready)
     if mode == "die_after":
         time.sleep(1.0)
         return 4

@@ -21,6 +21,7 @@ class Behaviour:
     reserve_error: grpc.StatusCode | None = None
     prefill_error: grpc.StatusCode | None = None
     prefill_blocks: bool = False  # Prefill waits until cancelled
+    prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
     decode_blocks_after_first: bool = False  # Decode sends one message, then waits
     num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
     block_ids: list[int] = field(default_factory=lambda: [7, 8, 9, 10])
@@ -67,6 +68,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
         if self.behaviour.prefill_blocks:
             await self._wait_for_cancel()
+        await asyncio.sleep(self.behaviour.prefill_delay_s)
         return inst.PrefillResponse(
             first_token_id=FIRST_TOKEN_ID, num_computed_prompt_tokens=len(request.prompt_token_ids),
             num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens,
@@ -87,6 +89,10 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
     async def Release(self, request, context):
         self.calls.append(("Release", request))
         return inst.ReleaseResponse(released=True)
+
+    async def Renew(self, request, context):
+        self.calls.append(("Renew", request))
+        return inst.RenewResponse(renewed=True)
 
     async def Generate(self, request, context):
         self.calls.append(("Generate", request))

@@ -33,6 +33,19 @@ def test_lease_expires_exactly_at_grant_time_plus_ttl():
     assert table.release("req-1") is None
 
 
+def test_renew_moves_the_expiry_to_now_plus_the_new_ttl():
+    clock = FakeClock(100.0)
+    table = LeaseTable("d0", clock=clock)
+    table.grant("req-1", [4, 5], ttl_s=5.0)
+    clock.now = 104.0
+    assert table.renew("req-1", ttl_s=5.0) == BlockLeaseRecord("req-1", "d0", (4, 5), 109.0)
+    assert table.expired(108.999) == []
+    assert table.expired(109.0) == [table.get("req-1")]
+    assert table.renew("never-granted", ttl_s=5.0) is None
+    with pytest.raises(InvalidRequestError, match="ttl_s"):
+        table.renew("req-1", ttl_s=0)
+
+
 def test_expired_lists_oldest_first_and_defaults_to_the_clock():
     clock = FakeClock(0.0)
     table = LeaseTable("d0", clock=clock)

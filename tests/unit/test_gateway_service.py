@@ -134,6 +134,22 @@ def test_all_decodes_refusing_is_resource_exhausted(redis_server, model):
     run(scenario)
 
 
+def test_a_slow_prefill_renews_the_decode_lease_until_it_answers(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model, lease_s=0.3) as gate:
+            p0 = FakeInstance("p0", "prefill", Behaviour(prefill_delay_s=0.75))
+            d0 = FakeInstance("d0", "decode")
+            await gate.add(p0, d0)
+            [*messages] = [message async for message in gate.stub.Generate(generate_request())]
+            assert messages[-1].finish_reason == gen.FINISH_REASON_STOP
+            renewals = d0.requests_of("Renew")
+            assert len(renewals) >= 2  # every 0.1 s while the prefill took 0.75 s
+            assert {(r.request_id, r.lease_ms) for r in renewals} == {("r1", 300)}
+            assert d0.methods() == ["Reserve"] + ["Renew"] * len(renewals) + ["Decode"]
+            assert gate.stats.num_lease_renewals == len(renewals)
+    run(scenario)
+
+
 def test_client_cancel_during_prefill_cancels_it_and_releases_the_reservation(redis_server, model):
     async def scenario():
         async with gateway(redis_server.url, model) as gate:

@@ -323,6 +323,22 @@ def test_an_expired_lease_frees_the_reservation(redis_server, tiny_llama_folder)
     asyncio.run(scenario())
 
 
+def test_renewing_a_lease_keeps_the_reservation_past_its_first_expiry(redis_server, tiny_llama_folder):
+    async def scenario():
+        async with running(make_settings("decode", tiny_llama_folder, redis_server.url)) as decode:
+            await reserve(decode, "queued", prompt_ids(20, 9), greedy(4), lease_ms=300)
+            for _ in range(4):  # 0.8 s in all, well past the first 300 ms lease
+                await asyncio.sleep(0.2)
+                renewal = pb.RenewRequest(request_id="queued", lease_ms=300)
+                assert (await decode.stub.Renew(renewal, timeout=TIMEOUT_S)).renewed
+            status = await decode.status()
+            assert (status.num_reserved, status.num_lease_expiries) == (1, 0)
+            status = await wait_until(lambda: _status_if(decode, lambda s: s.num_lease_expiries == 1))
+            assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
+            await expect_status(decode.stub.Renew(pb.RenewRequest(request_id="queued")), grpc.StatusCode.NOT_FOUND)
+    asyncio.run(scenario())
+
+
 async def _status_if(instance: Instance, predicate):
     status = await instance.status()
     return status if predicate(status) else None

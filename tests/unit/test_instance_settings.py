@@ -90,7 +90,7 @@ def test_ready_file_is_the_json_a_launcher_reads(tmp_path):
     path = tmp_path / "sub" / "ready.json"
     write_ready_file(str(path), "127.0.0.1:5", "127.0.0.1:6", "decode-1", "decode")
     assert json.loads(path.read_text()) == {"grpc_address": "127.0.0.1:5", "ucx_address": "127.0.0.1:6",
-                                            "instance_id": "decode-1", "role": "decode"}
+                                            "instance_id": "decode-1", "role": "decode", "metrics_address": ""}
     assert [p.name for p in path.parent.iterdir()] == ["ready.json"]
 
 

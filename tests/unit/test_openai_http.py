@@ -125,7 +125,7 @@ def test_completion_sends_every_sampling_field_and_returns_text_and_usage(redis_
                 model=MODEL_NAME, prompt=PROMPT_IDS, max_tokens=7, temperature=0.5, top_p=0.9, seed=3,
                 stop=["END", "\n\n"], presence_penalty=0.1, frequency_penalty=0.2,
                 extra_body={"top_k": 5, "min_p": 0.05, "min_tokens": 2, "ignore_eos": True,
-                            "repetition_penalty": 1.1, "stop_token_ids": [9, 10]})
+                            "repetition_penalty": 1.1, "stop_token_ids": [9, 10], "use_speculation": False})
             assert reply.object == "text_completion" and reply.id.startswith("cmpl-")
             assert reply.model == MODEL_NAME
             [choice] = reply.choices
@@ -136,7 +136,7 @@ def test_completion_sends_every_sampling_field_and_returns_text_and_usage(redis_
             assert list(reserve.prompt_token_ids) == PROMPT_IDS
             sent = dict(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, presence_penalty=0.1,
                         frequency_penalty=0.2, top_k=5, min_p=0.05, min_tokens=2, ignore_eos=True,
-                        repetition_penalty=1.1, n=1)
+                        repetition_penalty=1.1, n=1, use_speculation=False)
             assert {name: getattr(reserve.sampling, name) for name in sent} == pytest.approx(sent)
             assert list(reserve.sampling.stop) == ["END", "\n\n"]
             assert list(reserve.sampling.stop_token_ids) == [9, 10]

@@ -2,7 +2,8 @@
 
 `build_app(state, health)` is called once by GatewayServer, with the same GatewayState the
 gRPC servicer uses (so both doors share the model, the relay and its counters). Routes:
-`POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
+`POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
+`GET /metrics` (the gateway's Prometheus metrics, services.gateway.metrics).
 """
 
 import time
@@ -13,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from shared.errors import InvalidRequestError
+from shared.metrics.registry import CONTENT_TYPE_LATEST, render
 
 from services.gateway.errors import GatewayError
 from services.gateway.generation import GatewayState, require_ready
@@ -70,6 +72,12 @@ class OpenAIEndpoints:
                 "max_model_len": model.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 
+    async def export_metrics(self) -> Response:
+        """The Prometheus text format (before the gateway is ready: process metrics only)."""
+        registry = self.state.metrics.registry if self.state.metrics is not None else None
+        body = render(registry) if registry is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
     async def check_health(self) -> Response:
         """200 once the gateway is SERVING (as its gRPC health service says), else 503."""
         is_ready = self.health.is_serving and self.state.model is not None
@@ -95,4 +103,5 @@ def build_app(state: GatewayState, health: GatewayHealth) -> FastAPI:
     app.add_api_route("/v1/chat/completions", endpoints.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])
     app.add_api_route("/health", endpoints.check_health, methods=["GET"])
+    app.add_api_route("/metrics", endpoints.export_metrics, methods=["GET"])
     return app

@@ -57,6 +57,8 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    # pdserve: false keeps this request out of speculative decoding.
+    use_speculation: bool | None = None
     # Guided decoding (`guided_fields`): OpenAI's response_format, or vLLM's extras.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

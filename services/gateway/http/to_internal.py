@@ -22,6 +22,7 @@ MAX_PROMPTS = 64  # prompts in one /v1/completions request
 _SAME_NAME_FIELDS = (
     "n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
     "min_tokens", "ignore_eos", "repetition_penalty", "skip_special_tokens", "include_stop_str_in_output",
+    "use_speculation",
 )
 _COMPLETION_RENAMES = {"text": "prompt", "token_ids": "prompt"}
 _CHAT_RENAMES = {"chat.messages": "messages", "chat": "messages", "prompt": "messages"}

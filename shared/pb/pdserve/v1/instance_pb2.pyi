@@ -89,6 +89,20 @@ class ReleaseResponse(_message.Message):
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
+class RenewRequest(_message.Message):
+    __slots__ = ("request_id", "lease_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    lease_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("renewed",)
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    renewed: bool
+    def __init__(self, renewed: _Optional[bool] = ...) -> None: ...
+
 class InstanceGenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class InstanceStub:
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_instance__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/pdserve.v1.Instance/Renew',
+                request_serializer=pdserve_dot_v1_dot_instance__pb2.RenewRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_instance__pb2.RenewResponse.FromString,
+                _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/pdserve.v1.Instance/Generate',
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.InstanceGenerateRequest.SerializeToString,
@@ -100,6 +105,14 @@ class InstanceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Renew(self, request, context):
+        """Decode role: extend a reservation's lease from now (the gateway renews while the prompt
+        waits for or runs on a prefill instance); NOT_FOUND once it was released or expired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Generate(self, request, context):
         """Colocated role: prefill and decode here.
         """
@@ -135,6 +148,11 @@ def add_InstanceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=pdserve_dot_v1_dot_instance__pb2.ReleaseRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_instance__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=pdserve_dot_v1_dot_instance__pb2.RenewRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_instance__pb2.RenewResponse.SerializeToString,
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
@@ -255,6 +273,33 @@ class Instance:
             '/pdserve.v1.Instance/Release',
             pdserve_dot_v1_dot_instance__pb2.ReleaseRequest.SerializeToString,
             pdserve_dot_v1_dot_instance__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Instance/Renew',
+            pdserve_dot_v1_dot_instance__pb2.RenewRequest.SerializeToString,
+            pdserve_dot_v1_dot_instance__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

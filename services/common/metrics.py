@@ -1,0 +1,84 @@
+"""An engine instance's Prometheus metrics: its registry, the engine collector, the request
+latency histograms (observed on the engine thread), the role's own counters, and the
+`/metrics` listener on `--metrics-port` (-1: none; 0: a free port, announced in the log and
+the ready file).
+
+Every series is labelled model_name, role and instance_id. The role's counters (KV bytes,
+seconds, transfers and failures by direction, lease expiries, Redis mirror failures) are read
+at scrape time from the handlers' own counters.
+"""
+
+from collections.abc import Iterator
+
+from prometheus_client.registry import Collector
+
+from shared.metrics.engine_collector import EngineCollector
+from shared.metrics.families import FamilyMaker
+from shared.metrics.http_server import MetricsServer
+from shared.metrics.registry import new_registry
+from shared.metrics.request_latency import RequestLatencyTracker
+from shared.transfer.stats import TransferCounters
+
+METRICS_OFF = -1
+
+
+class RoleCollector(Collector):
+    """Counters of the role handlers and the Redis presence, read at scrape time."""
+
+    def __init__(self, runtime, labels: dict[str, str]):
+        self.runtime = runtime  # services.common.runtime.InstanceRuntime
+        self.make = FamilyMaker(labels)
+
+    def collect(self) -> Iterator:
+        make = self.make
+        yield make.gauge("pdserve:instance_info", "Always 1; its labels name the instance.", 1)
+        yield make.gauge("pdserve:instance_draining", "1 while draining (health NOT_SERVING).",
+                         int(self.runtime.is_draining))
+        transfers = self._transfer_counters()
+        for suffix, attribute, documentation in (
+                ("bytes", "total_bytes", "KV payload bytes moved, by direction."),
+                ("seconds", "total_seconds", "Seconds spent moving KV, by direction."),
+                ("transfers", "num_transfers", "KV transfers completed, by direction."),
+                ("failures", "num_failed", "KV transfers failed, by direction.")):
+            yield make.labelled_counter(f"pdserve:kv_transfer_{suffix}", documentation, "direction",
+                                        [(d, getattr(c, attribute)) for d, c in transfers])
+        decode = self._handler("decode")
+        if decode is not None:
+            yield make.counter("pdserve:lease_expiries", "Reservations freed because their lease ran out.",
+                               decode.book.num_lease_expiries)
+        presence = self.runtime.presence
+        if presence is not None:
+            yield make.counter("pdserve:lease_mirror_failures", "Lease writes to Redis dropped or failed.",
+                               presence.lease_mirror.num_failures)
+
+    def _handler(self, kind: str):
+        handlers = self.runtime.handlers
+        return getattr(handlers, kind, None) if handlers is not None else None
+
+    def _transfer_counters(self) -> list[tuple[str, TransferCounters]]:
+        found = []
+        prefill, decode = self._handler("prefill"), self._handler("decode")
+        if prefill is not None:
+            found.append(("sent", prefill.sender.counters))
+        if decode is not None:
+            found.append(("received", decode.receiver.counters))
+        return found
+
+
+class InstanceMetrics:
+    """Built by InstanceRuntime once the engine has loaded (the model name is known then)."""
+
+    def __init__(self, runtime, model_name: str):
+        self.labels = {"model_name": model_name, "role": runtime.role, "instance_id": runtime.instance_id}
+        self.registry = new_registry()
+        self.registry.register(EngineCollector(runtime.engine, self.labels))
+        self.registry.register(RoleCollector(runtime, self.labels))
+        self.tracker = RequestLatencyTracker(self.registry, self.labels)
+        self.server = MetricsServer(self.registry)
+
+    def start(self, host: str, port: int) -> str:
+        """Serve `/metrics` unless port is METRICS_OFF; returns the address ("" when off)."""
+        return "" if port == METRICS_OFF else self.server.start(host, port)
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -1,0 +1,102 @@
+"""The gateway's Prometheus metrics: the client's view of every request.
+
+Counters and gauges are read at scrape time from GatewayStats (requests, failures by status
+code, routing decisions by role and reason, retries, failovers, refusals, releases) and from
+the cluster view (Redis errors, the live instances of its last listing: no Redis call per
+scrape). Latencies are real histograms observed by RequestTimer as messages reach the client.
+They are named `pdserve:gateway_*`, not `vllm:*`: the gateway's time to first token includes
+routing, Reserve, Prefill and the KV transfer, and dashboards that sum `vllm:*` series over
+all services must not mix the two views. Every series has the `model_name` label.
+
+Served at `GET /metrics` on the HTTP API, and on `--metrics-port` when given.
+"""
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter as PromCounter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shared.metrics.buckets import ITL_BUCKETS_S, REQUEST_BUCKETS_S, TTFT_BUCKETS_S
+from shared.metrics.families import FamilyMaker
+from shared.metrics.http_server import MetricsServer
+from shared.metrics.registry import new_registry
+
+if TYPE_CHECKING:
+    from services.gateway.generation import GatewayState
+
+ROLES = ("prefill", "decode", "colocated")
+
+
+class GatewayCollector(Collector):
+    def __init__(self, state: "GatewayState"):
+        self.state = state
+
+    def collect(self) -> Iterator:
+        model, relay = self.state.model, self.state.relay
+        if model is None or relay is None:
+            return  # not ready: nothing routed yet
+        make, stats = FamilyMaker({"model_name": model.name}), relay.stats
+        yield make.counter("pdserve:gateway_requests", "Generate requests received.", stats.num_requests)
+        yield make.counter("pdserve:gateway_requests_completed", "Requests streamed to the end.", stats.num_completed)
+        yield make.counter("pdserve:gateway_requests_cancelled", "Requests the client cancelled (or whose "
+                           "deadline passed while streaming).", stats.num_cancelled)
+        yield make.labelled_counter("pdserve:gateway_failures", "Failed requests by final gRPC status code.",
+                                    "code", sorted(stats.failures.items()))
+        yield _routing_family(make, stats.routing)
+        yield make.counter("pdserve:gateway_prefill_retries", "Prefill attempts after a failed one.",
+                           stats.num_prefill_retries)
+        yield make.counter("pdserve:gateway_decode_refusals", "Reserve calls refused for lack of room.",
+                           stats.num_decode_refusals)
+        yield make.labelled_counter("pdserve:gateway_failovers", "Instances skipped after failing a call, by role.",
+                                    "role", [("decode", stats.num_decode_failovers),
+                                             ("colocated", stats.num_colocated_failovers)])
+        yield make.counter("pdserve:gateway_releases", "Reservations given back because Decode never started.",
+                           stats.num_releases)
+        yield make.counter("pdserve:gateway_lease_renewals", "Decode leases renewed while the prompt was queued "
+                           "or running on a prefill instance.", stats.num_lease_renewals)
+        yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
+                           relay.view.num_redis_errors)
+        yield _live_instances_family(make, relay.view)
+
+
+def _routing_family(make: FamilyMaker, routing: Counter) -> CounterMetricFamily:
+    rows = [(tuple(key.split(":", 1)), count) for key, count in sorted(routing.items())]
+    return make.labelled(CounterMetricFamily, "pdserve:gateway_routing_decisions",
+                         "Instances picked, by role and reason (prefix, load, only, retry).", ("role", "reason"), rows)
+
+
+def _live_instances_family(make: FamilyMaker, view) -> GaugeMetricFamily:
+    listing = view._listing or []  # noqa: SLF001 - the cached listing: no Redis call per scrape
+    counts = Counter(info.role for info, _ in listing)
+    return make.labelled(GaugeMetricFamily, "pdserve:gateway_live_instances",
+                         "Live instances in the gateway's last listing, by role.", ("role",),
+                         [((role,), counts[role]) for role in ROLES])
+
+
+class GatewayMetrics:
+    """One per GatewayServer; GatewayState.metrics points at it for RequestTimer."""
+
+    def __init__(self, state: "GatewayState"):
+        self.registry = new_registry()
+        self.registry.register(GatewayCollector(state))
+        labels = ["model_name"]
+        self.ttft = Histogram("pdserve:gateway_time_to_first_token_seconds", "Request received to first "
+                              "token sent to the client, seconds.", labels, registry=self.registry,
+                              buckets=TTFT_BUCKETS_S)
+        self.itl = Histogram("pdserve:gateway_inter_token_latency_seconds", "Between consecutive token "
+                             "messages of a completion sent to the client, seconds.", labels,
+                             registry=self.registry, buckets=ITL_BUCKETS_S)
+        self.e2e = Histogram("pdserve:gateway_e2e_request_latency_seconds", "Request received to its last "
+                             "message sent (completed requests), seconds.", labels, registry=self.registry,
+                             buckets=REQUEST_BUCKETS_S)
+        self.prompt_tokens = PromCounter("pdserve:gateway_prompt_tokens", "Prompt tokens of completed requests.",
+                                         labels, registry=self.registry)
+        self.generation_tokens = PromCounter("pdserve:gateway_generation_tokens", "Tokens sent to clients.",
+                                             labels, registry=self.registry)
+        self.server = MetricsServer(self.registry)
+
+    def stop(self) -> None:
+        self.server.stop()

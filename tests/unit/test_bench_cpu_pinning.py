@@ -1,0 +1,36 @@
+"""CPU pinning of the stack's engine processes (`pdserve up --prefill-cpus 0 --decode-cpus 1`),
+which `make bench` uses to give prefill and decode one core each."""
+
+import os
+import sys
+
+import pytest
+
+from services.launcher.child import ChildProcess
+from services.launcher.config import StackConfig
+from shared.cli.main import build_parser
+from shared.cli.up_command import config_from_args
+
+
+def test_up_flags_set_the_cpus_of_each_role():
+    args = build_parser().parse_args(["up", "--prefill-cpus", "0", "--decode-cpus", "1,2"])
+    config = config_from_args(args)
+    assert (config.cpus_of("prefill"), config.cpus_of("decode")) == ((0,), (1, 2))
+    assert config.cpus_of("colocated") == (1, 2)
+    assert config.cpus_of("gateway") is None
+    assert StackConfig().cpus_of("decode") is None
+
+
+def test_bad_cpu_lists_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--decode-cpus", "one"])
+    assert "expected comma-separated CPU ids, got 'one'" in capsys.readouterr().err
+
+
+def test_a_pinned_child_runs_on_its_cpus_only(tmp_path):
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    argv = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    child = ChildProcess("probe", "decode", argv, tmp_path / "probe.log", cpus=[cpu])
+    child.start()
+    assert child.wait(30.0) and child.exit_code() == 0
+    assert (tmp_path / "probe.log").read_text().strip() == f"[{cpu}]"
