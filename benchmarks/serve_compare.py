@@ -7,7 +7,8 @@ the gRPC gateway, and stops the stack:
 
   colocated       one colocated instance doing prefill and decode, 2 torch threads, unpinned
   disaggregated   one prefill instance pinned to CPU 0 and one decode instance pinned to
-                  CPU 1, 1 torch thread each (the gateway and Redis float)
+                  CPU 1, 1 torch thread each; the gateway, Redis and this load generator
+                  share CPU 0, so CPU 1 only decodes (as a decode machine would)
 
 Workload: 64 random-token prompts of 128-256 tokens (a fresh set per rate, so no prefix-cache
 hits), 128 output tokens, EOS ignored, greedy, Poisson arrivals at each rate. Prints one table
@@ -19,10 +20,12 @@ then tells how many slow inter-token gaps contain another request's first token.
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,6 +46,9 @@ from shared.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
 logger = logging.getLogger("benchmarks.serve_compare")
 MODES = ("colocated", "disaggregated")
 NUM_WARMUPS = 2
+# Disaggregated mode: the prefill instance, the gateway, Redis and the load generator share CPU 0;
+# the decode instance has CPU 1 to itself.
+PREFILL_CPUS = (0,)
 
 
 def parse_args() -> argparse.Namespace:
@@ -69,7 +75,22 @@ def stack_config(mode: str, args: argparse.Namespace, run_dir: Path) -> StackCon
                   env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     if mode == "colocated":
         return StackConfig(colocated=True, num_decode=1, num_threads=2, **common)
-    return StackConfig(num_prefill=1, num_decode=1, num_threads=1, prefill_cpus=(0,), decode_cpus=(1,), **common)
+    return StackConfig(num_prefill=1, num_decode=1, num_threads=1, prefill_cpus=PREFILL_CPUS, decode_cpus=(1,),
+                       gateway_cpus=PREFILL_CPUS, **common)
+
+
+@contextlib.contextmanager
+def client_cpus(mode: str) -> Iterator[None]:
+    """Disaggregated: this process (the load generator) shares the prefill core with the gateway
+    and Redis, so the decode core only decodes, as on a decode machine of its own. Colocated:
+    everything floats over both cores, as the colocated instance does."""
+    previous = os.sched_getaffinity(0)
+    if mode == "disaggregated":
+        os.sched_setaffinity(0, PREFILL_CPUS)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
 
 
 def run_mode(mode: str, args: argparse.Namespace, workloads, slos: dict[str, float]) -> list[RunResult]:
@@ -82,8 +103,9 @@ def run_mode(mode: str, args: argparse.Namespace, workloads, slos: dict[str, flo
                        stack.run_dir / "logs")
         options = ClientOptions("pdserve-grpc", stack.gateway_address, ignore_eos=True, temperature=0.0)
         warmup_prompts, prompt_sets = workloads
-        runs = asyncio.run(run_sweep(options, prompt_sets, loads, slos, mode, warmup_prompts,
-                                     show_progress=not args.disable_tqdm, on_run=_log_run))
+        with client_cpus(mode):
+            runs = asyncio.run(run_sweep(options, prompt_sets, loads, slos, mode, warmup_prompts,
+                                         show_progress=not args.disable_tqdm, on_run=_log_run))
     return runs
 
 

@@ -47,6 +47,8 @@ class StackConfig:
     # CPU ids every prefill / decode (and colocated) process is pinned to (None: not pinned).
     prefill_cpus: tuple[int, ...] | None = None
     decode_cpus: tuple[int, ...] | None = None
+    # CPU ids the gateway and the stack's redis-server are pinned to (None: not pinned).
+    gateway_cpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:
@@ -59,9 +61,9 @@ class StackConfig:
             raise ValueError(f"gateway_http_port must be <= 65535, got {self.gateway_http_port}")
 
     def cpus_of(self, role: str) -> tuple[int, ...] | None:
-        """The CPUs a child of this role is pinned to (colocated ones take decode's)."""
-        return {"prefill": self.prefill_cpus, "decode": self.decode_cpus,
-                "colocated": self.decode_cpus}.get(role)
+        """The CPUs a child of this role is pinned to (colocated ones take decode's, redis the gateway's)."""
+        return {"prefill": self.prefill_cpus, "decode": self.decode_cpus, "colocated": self.decode_cpus,
+                "gateway": self.gateway_cpus, "redis": self.gateway_cpus}.get(role)
 
     def instance_roles(self) -> list[tuple[str, str]]:
         """(name, role) of every engine instance, prefill ones first."""

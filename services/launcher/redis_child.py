@@ -42,14 +42,14 @@ def wait_for_ping(host: str, port: int, timeout_s: float, check_alive: Callable[
 class RedisChild(ChildProcess):
     """redis-server on a fixed loopback port; `restart()` brings it back empty on that port."""
 
-    def __init__(self, port: int, run_dir: Path, host: str = "127.0.0.1"):
+    def __init__(self, port: int, run_dir: Path, host: str = "127.0.0.1", cpus: tuple[int, ...] | None = None):
         executable = shutil.which("redis-server")
         if executable is None:
             raise StackError(MISSING_REDIS_MESSAGE)
         self.host = host
         self.port = port
         argv = redis_server_argv(executable, port, host, run_dir)
-        super().__init__("redis", "redis", argv, run_dir / "logs" / "redis.log")
+        super().__init__("redis", "redis", argv, run_dir / "logs" / "redis.log", cpus=cpus)
 
     @property
     def url(self) -> str:

@@ -68,7 +68,7 @@ class LocalStack:
         if self.config.redis_url:
             return
         port = self.config.redis_port or find_free_port(self.config.host)
-        self.redis = RedisChild(port, self.run_dir, self.config.host)
+        self.redis = RedisChild(port, self.run_dir, self.config.host, cpus=self.config.cpus_of("redis"))
         self.redis.start()
         self.redis.wait_ready(should_abort=should_abort)
 

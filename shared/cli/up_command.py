@@ -64,6 +64,10 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-cpus", type=_cpu_list, default=_env("PDSERVE_UP_DECODE_CPUS", None, _cpu_list),
                         help="pin every decode (or colocated) process to these CPU ids "
                              "(default: not pinned; env PDSERVE_UP_DECODE_CPUS)")
+    parser.add_argument("--gateway-cpus", type=_cpu_list, default=_env("PDSERVE_UP_GATEWAY_CPUS", None, _cpu_list),
+                        help="pin the gateway and the stack's redis-server to these CPU ids, e.g. the "
+                             "prefill's to keep decode cores for decoding (default: not pinned; "
+                             "env PDSERVE_UP_GATEWAY_CPUS)")
     for kind in ("gateway", "instance", "prefill", "decode"):
         parser.add_argument(f"--{kind}-arg", dest=f"{kind}_args", action="append", default=[],
                             metavar="ARG", help=f"extra argument for every {kind} process (repeatable; "
@@ -93,7 +97,7 @@ def config_from_args(args: argparse.Namespace):
         model=args.model, dtype=args.dtype, num_threads=args.num_threads, host=args.host,
         gateway_port=args.gateway_port, redis_url=args.redis_url, run_dir=args.run_dir,
         ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, extra_args=extra_args,
-        prefill_cpus=args.prefill_cpus, decode_cpus=args.decode_cpus,
+        prefill_cpus=args.prefill_cpus, decode_cpus=args.decode_cpus, gateway_cpus=args.gateway_cpus,
     )
 
 

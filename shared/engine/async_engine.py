@@ -167,7 +167,7 @@ class AsyncEngine:
         self._dispatch(outputs)
 
     def _requests_of(self, request_id: str) -> list[Request]:
-        return list(self.engine._children.get(request_id, ()))  # noqa: SLF001 - read only
+        return self.engine.requests_of(request_id)
 
     def _notify(self, hook: Callable[..., None], *args) -> None:
         """Call an observer hook; its failure is logged, never the engine's."""

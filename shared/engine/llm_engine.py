@@ -171,6 +171,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._children)
 
+    def requests_of(self, request_id: str) -> list[Request]:
+        """The engine requests (one per completion of n) behind a request id; [] once it ended."""
+        return list(self._children.get(request_id, ()))
+
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -1,5 +1,6 @@
-"""CPU pinning of the stack's engine processes (`pdserve up --prefill-cpus 0 --decode-cpus 1`),
-which `make bench` uses to give prefill and decode one core each."""
+"""CPU pinning of the stack's processes (`pdserve up --prefill-cpus 0 --decode-cpus 1
+--gateway-cpus 0`), which `make bench` uses to give prefill and decode one core each and keep
+the gateway and Redis off the decode core."""
 
 import os
 import sys
@@ -19,6 +20,11 @@ def test_up_flags_set_the_cpus_of_each_role():
     assert config.cpus_of("colocated") == (1, 2)
     assert config.cpus_of("gateway") is None
     assert StackConfig().cpus_of("decode") is None
+
+
+def test_the_gateway_and_redis_share_the_gateway_cpus():
+    config = config_from_args(build_parser().parse_args(["up", "--prefill-cpus", "0", "--gateway-cpus", "0"]))
+    assert (config.cpus_of("gateway"), config.cpus_of("redis"), config.cpus_of("decode")) == ((0,), (0,), None)
 
 
 def test_bad_cpu_lists_are_refused(capsys):

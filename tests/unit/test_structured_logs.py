@@ -26,17 +26,23 @@ SECRET_PROMPT = "The secret pineapple recipe of grandmother Ottilie"
 
 @contextlib.contextmanager
 def json_log_lines(context: dict[str, str] | None = None):
-    """Collect the root logger's INFO+ lines as parsed JSON objects (the list fills as it runs)."""
+    """Collect the root logger's INFO+ lines as parsed JSON objects (the list fills as it runs).
+    The root's other handlers (an earlier test's `configure_logging`, with its own context
+    fields) are set aside meanwhile: their filters would stamp the same records first."""
     stream, lines = io.StringIO(), []
     handler = make_handler("json", context, stream=stream)
     root = logging.getLogger()
-    previous_level = root.level
+    previous_level, previous_handlers = root.level, list(root.handlers)
+    for other in previous_handlers:
+        root.removeHandler(other)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
         yield lines
     finally:
         root.removeHandler(handler)
+        for other in previous_handlers:
+            root.addHandler(other)
         root.setLevel(previous_level)
         lines.extend(json.loads(line) for line in stream.getvalue().splitlines())
 
