@@ -8,25 +8,20 @@ output. Used for the target's p (`Speculator.verify`) and the draft model's q.
 from collections.abc import Sequence
 
 from shared.core.scheduler_output import ScheduledRequest
+from shared.sampling.penalties import is_suppressing_stops
 from shared.sampling.sampler import SamplingRow
 
 
-def needs_history(item: ScheduledRequest, num_positions: int) -> bool:
-    """True when a row's processing depends on the draft tokens before it."""
-    params = item.sampling_params
-    is_suppressing = (len(item.output_token_ids) < params.min_tokens
-                      and bool(item.stop_and_eos_token_ids))
-    return params.needs_penalties or (is_suppressing and num_positions > 1)
-
-
 def draft_position_row(item: ScheduledRequest, draft_token_ids: Sequence[int]) -> SamplingRow:
-    """The sampling row of the position after `draft_token_ids` (drafts so far)."""
-    outputs = item.output_token_ids
-    if draft_token_ids and needs_history(item, len(draft_token_ids) + 1):
-        outputs = [*outputs, *draft_token_ids]
-    return SamplingRow(params=item.sampling_params, prompt_token_ids=item.prompt_token_ids,
-                       output_token_ids=outputs, generator=None,
-                       stop_and_eos_token_ids=item.stop_and_eos_token_ids)
+    """The sampling row of the position after `draft_token_ids` (drafts so far). The drafts
+    join the output history only where processing depends on it: penalties, or min_tokens
+    still hiding the stop ids at the confirmed output's length."""
+    row = SamplingRow(params=item.sampling_params, prompt_token_ids=item.prompt_token_ids,
+                      output_token_ids=item.output_token_ids, generator=None,
+                      stop_and_eos_token_ids=item.stop_and_eos_token_ids)
+    if draft_token_ids and (row.params.needs_penalties or is_suppressing_stops(row)):
+        row.output_token_ids = [*item.output_token_ids, *draft_token_ids]
+    return row
 
 
 def verify_rows(item: ScheduledRequest, draft_token_ids: Sequence[int]) -> list[SamplingRow]:

@@ -116,11 +116,12 @@ class KVReceiver:
         outcome = asyncio.get_running_loop().create_future()
         self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome)
 
-    async def wait(self, request_id: str, timeout_s: float) -> TransferResult:
+    async def wait(self, request_id: str, timeout_s: float | None) -> TransferResult:
         """Wait for `request_id`'s blocks to be written; always withdraws the expectation.
 
         Raises KVTransferError: the sender's or receiver's rejection (field named), or
-        field "timeout" when nothing complete arrived within `timeout_s` seconds.
+        field "timeout" when nothing complete arrived within `timeout_s` seconds (None: no
+        timeout; the decode side's reservation book relies on its lease instead).
         """
         expected = self._expected.get(request_id)
         if expected is None:

@@ -8,8 +8,10 @@
 //   value_cache  same as key_cache
 //   block_tables (num_seqs, max_blocks_per_seq) int32, context_lens (num_seqs,) int32
 //   output       (num_seqs, num_heads, head_dim)
-// Work items are (sequence, kv head) pairs spread over OpenMP threads; the query heads that
-// share a KV head are done together so each key/value row is loaded once for all of them.
+// Work items spread over OpenMP threads: on the AVX512-BF16 path one sequence each (every KV
+// head per tile, so each tile's rows are read front to back), elsewhere (sequence, KV head)
+// pairs. The query heads sharing a KV head are done together, so each key/value row is loaded
+// once for all of them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
