@@ -33,6 +33,7 @@ def draw_uniforms(generators: Sequence[torch.Generator | None],
     """(num_rows,) float32 in [0, 1): one per row, from the row's generator or the global one.
 
     `global_generator` None means torch's default CPU generator (`torch.manual_seed`).
+    Speculative steps draw several per row by the same rule (`shared.spec_decode.draws`).
     """
     uniforms = torch.empty(len(generators))
     unseeded_rows = [index for index, generator in enumerate(generators) if generator is None]
