@@ -18,15 +18,17 @@ from pathlib import Path
 
 import grpc
 import redis.asyncio
+from grpc_health.v1 import health
 
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 
+from services.common.reflection import enable_reflection
 from services.gateway.channels import CHANNEL_OPTIONS, InstanceChannels
 from services.gateway.cluster_view import ClusterView
-from services.gateway.health import GatewayHealth
+from services.gateway.health import GATEWAY_SERVICE_NAME, GatewayHealth
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
 from services.gateway.metrics import GatewayMetrics
@@ -57,6 +59,7 @@ class GatewayServer:
         self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
         self.health.add_to_server(self.server)
+        enable_reflection(self.server, [GATEWAY_SERVICE_NAME, health.SERVICE_NAME])
         self.address: str | None = None
         self.http = HttpFrontDoor(build_app(self.state, self.health)) if settings.serves_http else None
         self.http_address: str | None = None  # "host:port" of the HTTP API, once bound
