@@ -61,7 +61,8 @@ class GatewayServer:
         self.health.add_to_server(self.server)
         enable_reflection(self.server, [GATEWAY_SERVICE_NAME, health.SERVICE_NAME])
         self.address: str | None = None
-        self.http = HttpFrontDoor(build_app(self.state, self.health)) if settings.serves_http else None
+        self.http = (HttpFrontDoor(build_app(self.state, self.health), keep_alive_s=settings.http_keep_alive_s)
+                     if settings.serves_http else None)
         self.http_address: str | None = None  # "host:port" of the HTTP API, once bound
         self.redis: redis.asyncio.Redis | None = None
         self.channels = InstanceChannels()

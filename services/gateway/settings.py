@@ -18,6 +18,9 @@ DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DEPLOYMENT = "default"
+# Longer than the idle timeouts of load balancers in front (AWS ALB: 60 s), so that the gateway
+# never closes a pooled connection at the moment a client reuses it.
+DEFAULT_HTTP_KEEP_ALIVE_S = 75.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class GatewaySettings:
     http_host: str = "127.0.0.1"  # the OpenAI-compatible HTTP API
     http_port: int = DEFAULT_HTTP_PORT  # 0: an ephemeral port; negative: no HTTP API
     no_http: bool = False  # no HTTP API, whatever http_port says
+    http_keep_alive_s: float = DEFAULT_HTTP_KEEP_ALIVE_S  # idle HTTP connections are closed after this
     # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
     # serves /metrics too, whatever this says.
     metrics_port: int = -1
@@ -54,6 +58,7 @@ class GatewaySettings:
         _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
         _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
+        _check(self.http_keep_alive_s, "http_keep_alive_s", lambda v: v > 0, "must be > 0")
         _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
@@ -98,6 +103,8 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--http-port", int, f"HTTP API port; 0 binds an ephemeral one, negative turns it off "
                          f"(default: {DEFAULT_HTTP_PORT})"),
     ("--no-http", _env_bool, "serve no HTTP API (default: off)"),
+    ("--http-keep-alive-s", float, f"close idle HTTP connections after this many seconds "
+                                   f"(default: {DEFAULT_HTTP_KEEP_ALIVE_S:g})"),
     ("--metrics-port", int, "Prometheus /metrics port of its own; 0 binds an ephemeral one "
                             "(default: -1, none; the HTTP API serves /metrics anyway)"),
     ("--log-level", str, "Python logging level (default: INFO)"),

@@ -40,8 +40,9 @@ def reachable_address(host: str, port: int) -> str:
 
 
 class HttpFrontDoor:
-    def __init__(self, app):
+    def __init__(self, app, keep_alive_s: float = 75.0):
         self.app = app
+        self.keep_alive_s = keep_alive_s  # idle keep-alive connections are closed after this
         self.address: str | None = None
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task | None = None
@@ -50,7 +51,8 @@ class HttpFrontDoor:
         """Bind, serve in a task, wait until accepting; returns "host:port"."""
         sock = bind_socket(host, port)
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
-                                http="h11", timeout_graceful_shutdown=5)
+                                http="h11", timeout_graceful_shutdown=5,
+                                timeout_keep_alive=self.keep_alive_s)
         self._server = _EmbeddedServer(config)
         self._task = asyncio.get_running_loop().create_task(
             self._server.serve(sockets=[sock]), name="gateway-http")
