@@ -60,6 +60,10 @@ class GatewayCollector(Collector):
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
         yield _live_instances_family(make, relay.view)
+        yield make.labelled(CounterMetricFamily, "pdserve:gateway_unknown_request_fields",
+                            "HTTP requests carrying a field this server does not know (accepted, "
+                            "ignored), by endpoint and field name.", ("endpoint", "field"),
+                            stats.unknown_fields.rows())
 
 
 def _routing_family(make: FamilyMaker, routing: Counter) -> CounterMetricFamily:

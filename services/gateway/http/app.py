@@ -41,7 +41,8 @@ class OpenAIEndpoints:
     async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
         response_id = f"cmpl-{uuid.uuid4().hex}"
         try:
-            model, _ = require_ready(self.state)
+            model, relay = require_ready(self.state)
+            relay.stats.unknown_fields.record("completions", body.model_extra or {})
             internal = completion_to_internal(body, response_id)
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
@@ -53,7 +54,8 @@ class OpenAIEndpoints:
     async def create_chat_completion(self, body: ChatCompletionRequest, request: Request) -> Response:
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
-            model, _ = require_ready(self.state)
+            model, relay = require_ready(self.state)
+            relay.stats.unknown_fields.record("chat.completions", body.model_extra or {})
             internal = chat_to_internal(body, response_id)
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)

@@ -2,8 +2,10 @@
 
 Only types are checked here (a wrong type is a 400 naming the field); ranges and meaning
 are checked by the same validation as the gRPC API, once the body is converted to a
-GenerateRequest (`to_internal`). Unknown fields are ignored, as OpenAI-compatible servers
-do; fields we know but cannot honour are declared so that `to_internal` can refuse them.
+GenerateRequest (`to_internal`). Unknown top-level fields are accepted, as OpenAI-compatible
+servers do, and kept in `model_extra` so that the endpoints log and count them
+(services.gateway.unknown_fields); fields we know but cannot honour are declared so that
+`to_internal` can refuse them.
 """
 
 from typing import Any
@@ -36,7 +38,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields both endpoints share: OpenAI's and the extras vLLM users send."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = ""  # empty: the served model
     stream: bool | None = False
