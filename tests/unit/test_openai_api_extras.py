@@ -1,13 +1,17 @@
 """OpenAI API completeness through the official client against fake instances: unknown fields
-counted, echo and prompt logprobs, continuous usage stats."""
+counted, echo and prompt logprobs, continuous usage stats. The fake prefill scores every prompt
+token after the first -1.0; the fake decode answers "Hello world!" in three tokens."""
 
 import asyncio
 import logging
 import urllib.request
 
 from services.gateway.unknown_fields import MAX_FIELD_NAMES, OTHER_FIELDS, UnknownFields
+from shared.tokenization import apply_chat_template, encode_prompt
+from tests.unit.gateway_fakes import FakeInstance
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
-from tests.unit.test_openai_http import CHAT, MODEL_NAME, http_gateway, model, run, with_pair  # noqa: F401
+from tests.unit.test_openai_http import (  # noqa: F401 - model is a fixture
+    CHAT, MODEL_NAME, DecodeWithLogprobs, http_gateway, model, run, with_pair)
 
 
 def _metrics_text(address: str) -> str:
@@ -51,3 +55,123 @@ def run_and_return(scenario):
         result.append(await scenario())
     run(wrapped)
     return result[0]
+
+
+PROMPT = "Say hello"
+GENERATED = "Hello world!"  # the fake decode instance's three tokens, 42 43 44
+
+
+def test_echo_with_logprobs_puts_the_prompt_and_its_logprobs_first(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            await gate.add(FakeInstance("p0", "prefill"), DecodeWithLogprobs("d0", "decode"))
+            reply = await gate.client.completions.create(model=MODEL_NAME, prompt=PROMPT, echo=True, logprobs=1)
+            [reserve] = gate.fakes[1].requests_of("Reserve")
+            return reply, reserve
+
+    reply, reserve = run_and_return(scenario)
+    prompt_ids = encode_prompt(model.tokenizer, PROMPT)
+    texts = [model.tokenizer.decode([t]) for t in prompt_ids + [42, 43, 44]]
+    [choice] = reply.choices
+    assert choice.text == PROMPT + GENERATED
+    assert reserve.sampling.prompt_logprobs == 1
+    logprobs = choice.logprobs
+    assert logprobs.tokens == texts
+    assert logprobs.token_logprobs == [None] + [-1.0] * (len(prompt_ids) - 1) + [-0.5] * 3
+    assert logprobs.top_logprobs[0] is None and logprobs.top_logprobs[1] == {texts[1]: -1.0}
+    assert logprobs.text_offset[:len(prompt_ids)] == [sum(map(len, texts[:i])) for i in range(len(prompt_ids))]
+    generated = texts[len(prompt_ids):]
+    assert logprobs.text_offset[len(prompt_ids):] == [len(PROMPT) + sum(map(len, generated[:i])) for i in range(3)]
+    assert reply.usage.completion_tokens == 3
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_alone(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            await with_pair(gate)
+            reply = await gate.client.completions.create(model=MODEL_NAME, prompt=PROMPT, echo=True,
+                                                         max_tokens=0, logprobs=0)
+            stream = await gate.client.completions.create(
+                model=MODEL_NAME, prompt=PROMPT, echo=True, max_tokens=0, logprobs=0, stream=True,
+                stream_options={"include_usage": True})
+            chunks = [chunk async for chunk in stream]
+            return reply, chunks, [r.sampling.max_tokens for r in gate.fakes[1].requests_of("Reserve")]
+
+    reply, chunks, max_tokens_sent = run_and_return(scenario)
+    num_prompt_tokens = len(encode_prompt(model.tokenizer, PROMPT))
+    assert max_tokens_sent == [1, 1]  # one prefill's worth
+    for text, logprobs, finish_reason in [
+            (reply.choices[0].text, reply.choices[0].logprobs, reply.choices[0].finish_reason),
+            ("".join(c.text for chunk in chunks for c in chunk.choices),
+             chunks[0].choices[0].logprobs, chunks[-2].choices[0].finish_reason)]:
+        assert text == PROMPT and finish_reason == "length"
+        assert len(logprobs.tokens) == num_prompt_tokens
+        assert logprobs.token_logprobs == [None] + [-1.0] * (num_prompt_tokens - 1)
+    assert reply.usage.completion_tokens == 0 and chunks[-1].usage.completion_tokens == 0
+
+
+def test_echo_streamed_with_n_opens_each_choice_with_its_prompt(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            await with_pair(gate)
+            stream = await gate.client.completions.create(model=MODEL_NAME, prompt=[PROMPT, "Bye"], n=2,
+                                                          echo=True, logprobs=0, stream=True)
+            return [chunk async for chunk in stream]
+
+    chunks = run_and_return(scenario)
+    texts, first_tokens = {}, {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            if c.index not in first_tokens:
+                first_tokens[c.index] = c.logprobs.tokens[0]
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {0: PROMPT + GENERATED, 1: PROMPT + GENERATED, 2: "Bye" + GENERATED, 3: "Bye" + GENERATED}
+    first_text = model.tokenizer.decode(encode_prompt(model.tokenizer, "Bye")[:1])
+    assert first_tokens[0] == first_tokens[1] == "Say" and first_tokens[2] == first_tokens[3] == first_text
+
+
+def test_prompt_logprobs_on_both_endpoints(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            await with_pair(gate)
+            completion = await gate.client.completions.create(model=MODEL_NAME, prompt=PROMPT,
+                                                              extra_body={"prompt_logprobs": 0})
+            stream = await gate.client.completions.create(model=MODEL_NAME, prompt=PROMPT, stream=True,
+                                                          extra_body={"prompt_logprobs": 0})
+            chunks = [chunk async for chunk in stream]
+            chat = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT,
+                                                             extra_body={"prompt_logprobs": 0})
+            sent = [r.sampling.prompt_logprobs for r in gate.fakes[1].requests_of("Reserve")]
+            return completion, chunks, chat, sent
+
+    completion, chunks, chat, sent = run_and_return(scenario)
+    assert sent == [0, 0, 0]
+    prompt_ids = encode_prompt(model.tokenizer, PROMPT)
+    expected = [None] + [{str(t): {"logprob": -1.0, "rank": None, "decoded_token": model.tokenizer.decode([t])}}
+                         for t in prompt_ids[1:]]
+    assert completion.choices[0].prompt_logprobs == expected
+    assert chunks[0].choices[0].prompt_logprobs == expected
+    chat_ids = apply_chat_template(model.tokenizer, CHAT)
+    assert [None if p is None else list(p) for p in chat.prompt_logprobs] == [None] + [[str(t)] for t in chat_ids[1:]]
+
+
+def test_continuous_usage_stats_put_running_usage_in_every_chunk(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            await with_pair(gate)
+            options = {"include_usage": True, "continuous_usage_stats": True}
+            stream = await gate.client.completions.create(model=MODEL_NAME, prompt=PROMPT, stream=True,
+                                                          stream_options=options)
+            completion_chunks = [chunk async for chunk in stream]
+            stream = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, stream=True,
+                                                               stream_options=options)
+            return completion_chunks, [chunk async for chunk in stream]
+
+    completion_chunks, chat_chunks = run_and_return(scenario)
+    prompt_tokens = len(encode_prompt(model.tokenizer, PROMPT))
+    assert [(c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens)
+            for c in completion_chunks[:-1]] == [(prompt_tokens, k, prompt_tokens + k) for k in (1, 2, 3)]
+    assert completion_chunks[-1].usage.completion_tokens == 3  # the final usage: it adds up
+    chat_prompt_tokens = len(apply_chat_template(model.tokenizer, CHAT))
+    assert [c.usage.completion_tokens for c in chat_chunks] == [0, 1, 2, 3, 3]
+    assert {c.usage.prompt_tokens for c in chat_chunks[:-1]} == {chat_prompt_tokens}

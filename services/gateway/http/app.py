@@ -24,6 +24,7 @@ from services.gateway.http.completion_builder import CompletionBuilder
 from services.gateway.http.errors import from_gateway_error, from_invalid_request, from_validation_errors
 from services.gateway.http.flow import respond
 from services.gateway.http.logprobs import TokenTexts
+from services.gateway.http.prompt_tokens import echoed, tokenized
 from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
 
@@ -44,11 +45,15 @@ class OpenAIEndpoints:
             model, relay = require_ready(self.state)
             relay.stats.unknown_fields.record("completions", body.model_extra or {})
             internal = completion_to_internal(body, response_id)
+            token_ids = (tokenized(internal.messages, model, internal.renamed)
+                         if body.echo or internal.continuous_usage else [])
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
-        builder = CompletionBuilder(response_id, model.name, int(time.time()), internal.n,
-                                    TokenTexts(model.tokenizer), internal.include_usage,
-                                    wants_logprobs=body.logprobs is not None)
+        builder = CompletionBuilder(
+            response_id, model.name, int(time.time()), internal.n, TokenTexts(model.tokenizer),
+            internal.include_usage, internal.continuous_usage, sum(map(len, token_ids)),
+            num_logprobs=body.logprobs, echo=echoed(internal.messages, token_ids, model) if body.echo else None,
+            is_echo_only=internal.is_echo_only, num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, self.state, internal, builder)
 
     async def create_chat_completion(self, body: ChatCompletionRequest, request: Request) -> Response:
@@ -57,12 +62,14 @@ class OpenAIEndpoints:
             model, relay = require_ready(self.state)
             relay.stats.unknown_fields.record("chat.completions", body.model_extra or {})
             internal = chat_to_internal(body, response_id)
+            token_ids = tokenized(internal.messages, model, internal.renamed) if internal.continuous_usage else []
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
         num_top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         builder = ChatBuilder(response_id, model.name, int(time.time()), internal.n,
-                              TokenTexts(model.tokenizer), internal.include_usage,
-                              num_top_logprobs=num_top_logprobs)
+                              TokenTexts(model.tokenizer), internal.include_usage, internal.continuous_usage,
+                              sum(map(len, token_ids)), num_top_logprobs=num_top_logprobs,
+                              num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, self.state, internal, builder)
 
     async def list_models(self) -> Response:

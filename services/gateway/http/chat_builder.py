@@ -1,10 +1,12 @@
 """`/v1/chat/completions` choices: whole `message`s, or streamed `delta`s (each choice opens
-with a `{"role": "assistant"}` delta, as OpenAI's stream does)."""
+with a `{"role": "assistant"}` delta, as OpenAI's stream does). vLLM's `prompt_logprobs`,
+when asked for, is a field of the response (streamed: of the chunk that first can carry it)."""
 
 from shared.pb.pdserve.v1 import generation_pb2
 
 from services.gateway.http.builder import ChoiceState, ResponseBuilder
 from services.gateway.http.logprobs import chat_logprobs
+from services.gateway.http.prompt_logprobs import vllm_prompt_logprobs
 
 ROLE = "assistant"
 
@@ -13,10 +15,33 @@ class ChatBuilder(ResponseBuilder):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def __init__(self, *args, num_top_logprobs: int | None = None, **kwargs):
-        """`num_top_logprobs`: None when the client did not ask for logprobs."""
+    def __init__(self, *args, num_top_logprobs: int | None = None, num_prompt_logprobs: int | None = None,
+                 **kwargs):
+        """`num_top_logprobs`, `num_prompt_logprobs`: None when the client did not ask for them."""
         super().__init__(*args, **kwargs)
         self.num_top_logprobs = num_top_logprobs
+        self.num_prompt_logprobs = num_prompt_logprobs
+        self.prompt_entries: list[generation_pb2.PositionLogprobs] = []
+
+    def chunk(self, prompt_index: int, message: generation_pb2.GenerateResponse) -> dict:
+        chunk = super().chunk(prompt_index, message)
+        if self.num_prompt_logprobs is not None and message.prompt_logprobs:
+            chunk["prompt_logprobs"] = self._prompt_logprobs()
+        return chunk
+
+    def add(self, prompt_index: int, message: generation_pb2.GenerateResponse):
+        if message.prompt_logprobs:
+            self.prompt_entries = list(message.prompt_logprobs)
+        return super().add(prompt_index, message)
+
+    def response(self) -> dict:
+        body = super().response()
+        if self.num_prompt_logprobs is not None:
+            body["prompt_logprobs"] = self._prompt_logprobs()
+        return body
+
+    def _prompt_logprobs(self) -> list[dict | None]:
+        return vllm_prompt_logprobs(self.prompt_entries, self.texts, self.num_prompt_logprobs)
 
     def opening_chunks(self) -> list[dict]:
         return [self.envelope(self.chunk_object_name, [{

@@ -33,6 +33,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: running usage in every chunk
 
 
 class SamplingFields(BaseModel):
@@ -61,6 +62,8 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool | None = None
     # pdserve: false keeps this request out of speculative decoding.
     use_speculation: bool | None = None
+    # vLLM's: logprobs of every prompt token after the first, with this many alternatives.
+    prompt_logprobs: int | None = None
     # Guided decoding (`guided_fields`): OpenAI's response_format, or vLLM's extras.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -80,7 +83,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions; null: up to the model's length
     logprobs: int | None = None  # top alternatives per token (0: the sampled token only)
-    echo: bool | None = None  # not supported
+    echo: bool | None = None  # the prompt starts each choice's text (and logprobs)
     suffix: str | None = None  # not supported
 
 

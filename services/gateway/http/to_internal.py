@@ -22,7 +22,7 @@ MAX_PROMPTS = 64  # prompts in one /v1/completions request
 _SAME_NAME_FIELDS = (
     "n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
     "min_tokens", "ignore_eos", "repetition_penalty", "skip_special_tokens", "include_stop_str_in_output",
-    "use_speculation",
+    "use_speculation", "prompt_logprobs",
 )
 _COMPLETION_RENAMES = {"text": "prompt", "token_ids": "prompt"}
 _CHAT_RENAMES = {"chat.messages": "messages", "chat": "messages", "prompt": "messages"}
@@ -37,15 +37,18 @@ class InternalRequest:
     stream: bool
     include_usage: bool
     renamed: dict[str, str] = field(default_factory=dict)  # internal field -> OpenAI field
+    continuous_usage: bool = False  # running usage in every streamed chunk
+    is_echo_only: bool = False  # echo with max_tokens 0: the engine's one token is dropped
 
 
 def completion_to_internal(body: CompletionRequest, request_id: str) -> InternalRequest:
     _refuse_unsupported(body)
-    if body.echo:
-        raise InvalidRequestError("echo", "is not supported by this server")
     if body.suffix:
         raise InvalidRequestError("suffix", "is not supported by this server")
-    sampling = sampling_proto(body, body.max_tokens, body.logprobs)
+    is_echo_only = bool(body.echo) and body.max_tokens == 0
+    sampling = sampling_proto(body, 1 if is_echo_only else body.max_tokens, body.logprobs)
+    if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from the engine
+        sampling.prompt_logprobs = max(body.logprobs, body.prompt_logprobs or 0)
     renamed = dict(_COMPLETION_RENAMES, **add_guided(sampling, body))
     prompts = split_prompts(body.prompt)
     messages = []
@@ -57,7 +60,7 @@ def completion_to_internal(body: CompletionRequest, request_id: str) -> Internal
         else:
             message.token_ids.ids.extend(_checked_token_ids(prompt))
         messages.append(message)
-    return _internal(body, messages, renamed)
+    return _internal(body, messages, renamed, is_echo_only=is_echo_only)
 
 
 def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRequest:
@@ -81,10 +84,12 @@ def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRe
 
 
 def _internal(body: SamplingFields, messages: list[gateway_pb2.GenerateRequest],
-              renamed: dict[str, str]) -> InternalRequest:
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return InternalRequest(messages, n=body.n or 1, stream=bool(body.stream),
-                           include_usage=include_usage, renamed=renamed)
+              renamed: dict[str, str], is_echo_only: bool = False) -> InternalRequest:
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
+    return InternalRequest(messages, n=body.n or 1, stream=bool(body.stream), include_usage=include_usage,
+                           renamed=renamed, continuous_usage=include_usage and options.continuous_usage_stats,
+                           is_echo_only=is_echo_only)
 
 
 def _refuse_unsupported(body: SamplingFields) -> None:
