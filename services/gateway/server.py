@@ -31,6 +31,7 @@ from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GATEWAY_SERVICE_NAME, GatewayHealth
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
+from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay_context import RelayContext
 from services.gateway.served_model import ServedModel, load_served_model
@@ -61,8 +62,9 @@ class GatewayServer:
         self.health.add_to_server(self.server)
         enable_reflection(self.server, [GATEWAY_SERVICE_NAME, health.SERVICE_NAME])
         self.address: str | None = None
-        self.http = (HttpFrontDoor(build_app(self.state, self.health), keep_alive_s=settings.http_keep_alive_s)
-                     if settings.serves_http else None)
+        tool_options = ToolOptions(settings.enable_auto_tool_choice, settings.tool_call_parser)
+        self.http = (HttpFrontDoor(build_app(self.state, self.health, tool_options),
+                                   keep_alive_s=settings.http_keep_alive_s) if settings.serves_http else None)
         self.http_address: str | None = None  # "host:port" of the HTTP API, once bound
         self.redis: redis.asyncio.Redis | None = None
         self.channels = InstanceChannels()

@@ -43,6 +43,8 @@ class GatewaySettings:
     http_port: int = DEFAULT_HTTP_PORT  # 0: an ephemeral port; negative: no HTTP API
     no_http: bool = False  # no HTTP API, whatever http_port says
     http_keep_alive_s: float = DEFAULT_HTTP_KEEP_ALIVE_S  # idle HTTP connections are closed after this
+    enable_auto_tool_choice: bool = False  # chat tool_choice "auto" (needs tool_call_parser)
+    tool_call_parser: str | None = None  # how "auto" finds calls in the text: "hermes"
     # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
     # serves /metrics too, whatever this says.
     metrics_port: int = -1
@@ -59,6 +61,10 @@ class GatewaySettings:
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
         _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
         _check(self.http_keep_alive_s, "http_keep_alive_s", lambda v: v > 0, "must be > 0")
+        _check(self.tool_call_parser, "tool_call_parser", lambda v: v in (None, "hermes"),
+               "must be hermes (the only parser)")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise InvalidRequestError("tool_call_parser", "is required with enable_auto_tool_choice")
         _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
@@ -107,6 +113,9 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
                                    f"(default: {DEFAULT_HTTP_KEEP_ALIVE_S:g})"),
     ("--metrics-port", int, "Prometheus /metrics port of its own; 0 binds an ephemeral one "
                             "(default: -1, none; the HTTP API serves /metrics anyway)"),
+    ("--enable-auto-tool-choice", _env_bool, "let chat requests use tool_choice \"auto\" (needs "
+                                             "--tool-call-parser; default: off)"),
+    ("--tool-call-parser", str, "how tool calls are found in \"auto\" output: hermes (<tool_call> tags)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
     ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
 )

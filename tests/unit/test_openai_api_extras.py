@@ -3,10 +3,12 @@ counted, echo and prompt logprobs, continuous usage stats. The fake prefill scor
 token after the first -1.0; the fake decode answers "Hello world!" in three tokens."""
 
 import asyncio
+import json
 import logging
 import urllib.request
 
 from services.gateway.unknown_fields import MAX_FIELD_NAMES, OTHER_FIELDS, UnknownFields
+from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.tokenization import apply_chat_template, encode_prompt
 from tests.unit.gateway_fakes import FakeInstance
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
@@ -175,3 +177,56 @@ def test_continuous_usage_stats_put_running_usage_in_every_chunk(redis_server, m
     chat_prompt_tokens = len(apply_chat_template(model.tokenizer, CHAT))
     assert [c.usage.completion_tokens for c in chat_chunks] == [0, 1, 2, 3, 3]
     assert {c.usage.prompt_tokens for c in chat_chunks[:-1]} == {chat_prompt_tokens}
+
+
+class DecodeSaying(FakeInstance):
+    """A fake decode instance that answers `pieces` (one token each), finishing with "stop"."""
+
+    def __init__(self, *args, pieces: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pieces = pieces
+
+    async def Decode(self, request, context):
+        self.calls.append(("Decode", request))
+        for position, text in enumerate(self.pieces):
+            message = gen.GenerateResponse(request_id=request.request_id, text=text, token_ids=[100 + position])
+            if position == len(self.pieces) - 1:
+                message.finish_reason = gen.FINISH_REASON_STOP
+                message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=len(self.pieces)))
+            yield message
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+HERMES_REPLY = ["Sure <tool", '_call>{"name": "get_weather", "argu', 'ments": {"city": "Par', 'is"}}</tool_call>']
+
+
+def test_auto_tool_calls_in_the_message_and_in_streamed_deltas(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with http_gateway(redis_server.url, model, enable_auto_tool_choice=True,
+                                tool_call_parser="hermes") as gate:
+            await gate.add(FakeInstance("p0", "prefill"), DecodeSaying("d0", "decode", pieces=HERMES_REPLY))
+            reply = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL])
+            stream = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL],
+                                                               tool_choice="auto", stream=True)
+            chunks = [chunk async for chunk in stream]
+            plain = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL],
+                                                              tool_choice="none")
+            reserves = gate.fakes[1].requests_of("Reserve")
+            return reply, chunks, plain, reserves
+
+    reply, chunks, plain, reserves = run_and_return(scenario)
+    [choice] = reply.choices
+    assert (choice.message.content, choice.finish_reason) == ("Sure ", "tool_calls")
+    [call] = choice.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function", "get_weather", {"city": "Paris"})
+    deltas = [c.delta for chunk in chunks for c in chunk.choices]
+    assert "".join(d.content or "" for d in deltas) == "Sure "
+    streamed = [call for d in deltas for call in d.tool_calls or []]
+    assert streamed[0].function.name == "get_weather" and streamed[0].id.startswith("call_")
+    assert [call.function.arguments for call in streamed] == ['{"city": "Par', 'is"}']  # as they came
+    assert json.loads("".join(call.function.arguments for call in streamed)) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert plain.choices[0].message.content == "".join(HERMES_REPLY) and not plain.choices[0].message.tool_calls
+    assert not any(reserve.sampling.HasField("guided") for reserve in reserves)

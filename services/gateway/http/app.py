@@ -26,6 +26,7 @@ from services.gateway.http.flow import respond
 from services.gateway.http.logprobs import TokenTexts
 from services.gateway.http.prompt_tokens import echoed, tokenized
 from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
 
 OWNER = "pdserve"
@@ -34,9 +35,10 @@ OWNER = "pdserve"
 class OpenAIEndpoints:
     """The route handlers; each turns every failure into OpenAI's error shape."""
 
-    def __init__(self, state: GatewayState, health: GatewayHealth):
+    def __init__(self, state: GatewayState, health: GatewayHealth, tool_options: ToolOptions):
         self.state = state
         self.health = health
+        self.tool_options = tool_options
         self.created = int(time.time())
 
     async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
@@ -61,7 +63,7 @@ class OpenAIEndpoints:
         try:
             model, relay = require_ready(self.state)
             relay.stats.unknown_fields.record("chat.completions", body.model_extra or {})
-            internal = chat_to_internal(body, response_id)
+            internal = chat_to_internal(body, response_id, self.tool_options)
             token_ids = tokenized(internal.messages, model, internal.renamed) if internal.continuous_usage else []
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
@@ -69,7 +71,7 @@ class OpenAIEndpoints:
         builder = ChatBuilder(response_id, model.name, int(time.time()), internal.n,
                               TokenTexts(model.tokenizer), internal.include_usage, internal.continuous_usage,
                               sum(map(len, token_ids)), num_top_logprobs=num_top_logprobs,
-                              num_prompt_logprobs=body.prompt_logprobs)
+                              num_prompt_logprobs=body.prompt_logprobs, tools=internal.tools)
         return await respond(request, self.state, internal, builder)
 
     async def list_models(self) -> Response:
@@ -104,8 +106,8 @@ async def _on_bad_body(request: Request, error: RequestValidationError) -> Respo
     return from_validation_errors(error.errors()).response()
 
 
-def build_app(state: GatewayState, health: GatewayHealth) -> FastAPI:
-    endpoints = OpenAIEndpoints(state, health)
+def build_app(state: GatewayState, health: GatewayHealth, tool_options: ToolOptions = ToolOptions()) -> FastAPI:
+    endpoints = OpenAIEndpoints(state, health, tool_options)
     app = FastAPI(title="pdserve gateway", summary="OpenAI-compatible API of the pdserve gateway")
     app.add_exception_handler(RequestValidationError, _on_bad_body)
     app.add_api_route("/v1/completions", endpoints.create_completion, methods=["POST"])

@@ -7,6 +7,8 @@ from shared.pb.pdserve.v1 import generation_pb2
 from services.gateway.http.builder import ChoiceState, ResponseBuilder
 from services.gateway.http.logprobs import chat_logprobs
 from services.gateway.http.prompt_logprobs import vllm_prompt_logprobs
+from services.gateway.http.tool_choice import ToolPlan
+from services.gateway.http.tool_output import ToolCallStream
 
 ROLE = "assistant"
 
@@ -16,12 +18,15 @@ class ChatBuilder(ResponseBuilder):
     chunk_object_name = "chat.completion.chunk"
 
     def __init__(self, *args, num_top_logprobs: int | None = None, num_prompt_logprobs: int | None = None,
-                 **kwargs):
-        """`num_top_logprobs`, `num_prompt_logprobs`: None when the client did not ask for them."""
+                 tools: ToolPlan | None = None, **kwargs):
+        """`num_top_logprobs`, `num_prompt_logprobs`: None when the client did not ask for them;
+        `tools`: the request's tool plan (None or "none": plain content)."""
         super().__init__(*args, **kwargs)
         self.num_top_logprobs = num_top_logprobs
         self.num_prompt_logprobs = num_prompt_logprobs
         self.prompt_entries: list[generation_pb2.PositionLogprobs] = []
+        self.tools = tools if tools is not None and tools.mode != "none" else None
+        self.tool_streams: dict[int, ToolCallStream] = {}
 
     def chunk(self, prompt_index: int, message: generation_pb2.GenerateResponse) -> dict:
         chunk = super().chunk(prompt_index, message)
@@ -50,15 +55,24 @@ class ChatBuilder(ResponseBuilder):
 
     def choice_delta(self, choice: ChoiceState, message: generation_pb2.GenerateResponse,
                      offset: int) -> dict:
+        finish_reason = choice.finish_reason if message.finish_reason else None
         delta = {"content": message.text} if message.text else {}
+        if self.tools is not None:
+            stream = self.tool_streams.setdefault(choice.index, ToolCallStream(self.tools))
+            content, calls = stream.feed(message.text, is_last=finish_reason is not None)
+            delta = {**({"content": content} if content else {}), **({"tool_calls": calls} if calls else {})}
+            finish_reason = stream.finish_reason(finish_reason)
         return {"index": choice.index, "delta": delta, "logprobs": self._logprobs(message.logprobs),
-                "finish_reason": choice.finish_reason if message.finish_reason else None,
-                "stop_reason": choice.stop_reason}
+                "finish_reason": finish_reason, "stop_reason": choice.stop_reason}
 
     def choice_final(self, choice: ChoiceState) -> dict:
-        return {"index": choice.index, "message": {"role": ROLE, "content": choice.text},
-                "logprobs": self._logprobs(choice.logprobs), "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason}
+        message, finish_reason = {"role": ROLE, "content": choice.text}, choice.finish_reason
+        if self.tools is not None:
+            stream = ToolCallStream(self.tools)
+            stream.feed(choice.text, is_last=True)
+            message, finish_reason = stream.message(), stream.finish_reason(finish_reason)
+        return {"index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs),
+                "finish_reason": finish_reason, "stop_reason": choice.stop_reason}
 
     def _logprobs(self, entries) -> dict | None:
         if self.num_top_logprobs is None:

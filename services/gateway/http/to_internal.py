@@ -7,13 +7,15 @@ shared validation uses to the OpenAI names, so its errors name what the client s
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.wire.guided import guided_to_proto
 
 from services.gateway.http.guided_fields import guided_from_body
+from services.gateway.http.tool_choice import ToolOptions, ToolPlan, plan_tools
+from services.gateway.http.tool_prompt import with_tool_turns
 from services.gateway.http.schemas import (
     ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields)
 
@@ -39,6 +41,7 @@ class InternalRequest:
     renamed: dict[str, str] = field(default_factory=dict)  # internal field -> OpenAI field
     continuous_usage: bool = False  # running usage in every streamed chunk
     is_echo_only: bool = False  # echo with max_tokens 0: the engine's one token is dropped
+    tools: ToolPlan = ToolPlan("none", [])  # chat: what tool calling asks for
 
 
 def completion_to_internal(body: CompletionRequest, request_id: str) -> InternalRequest:
@@ -63,10 +66,10 @@ def completion_to_internal(body: CompletionRequest, request_id: str) -> Internal
     return _internal(body, messages, renamed, is_echo_only=is_echo_only)
 
 
-def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRequest:
+def chat_to_internal(body: ChatCompletionRequest, request_id: str,
+                     tool_options: ToolOptions = ToolOptions()) -> InternalRequest:
     _refuse_unsupported(body)
-    if body.tools:
-        raise InvalidRequestError("tools", "tool calling is not supported by this server")
+    tools = plan_tools(body, tool_options)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs", "requires logprobs to be true")
     renamed = dict(_CHAT_RENAMES, logprobs="top_logprobs")
@@ -77,10 +80,24 @@ def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRe
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     sampling = sampling_proto(body, max_tokens, logprobs)
     renamed.update(add_guided(sampling, body))
-    message = gateway_pb2.GenerateRequest(
-        request_id=request_id, model=body.model, sampling=sampling,
-        chat=gateway_pb2.ChatMessages(messages=[_chat_message(m, i) for i, m in enumerate(body.messages)]))
-    return _internal(body, [message], renamed)
+    _add_tool_guide(sampling, tools, renamed)
+    rendered = with_tool_turns([_chat_message(m, i) for i, m in enumerate(body.messages)], body.messages,
+                               tools.tools)
+    message = gateway_pb2.GenerateRequest(request_id=request_id, model=body.model, sampling=sampling,
+                                          chat=gateway_pb2.ChatMessages(messages=rendered))
+    return replace(_internal(body, [message], renamed), tools=tools)
+
+
+def _add_tool_guide(message: generation_pb2.SamplingParams, tools: ToolPlan, renamed: dict[str, str]) -> None:
+    """A named function or "required": the output constrained to the call(s)."""
+    guided = tools.guided
+    if guided is None:
+        return
+    if message.HasField("guided"):
+        raise InvalidRequestError("tool_choice", f"{tools.mode!r} cannot be combined with another "
+                                                 "guided-decoding constraint")
+    message.guided.CopyFrom(guided_to_proto(guided))
+    renamed.update({"guided": "tool_choice", "guided.json_schema": "tools"})
 
 
 def _internal(body: SamplingFields, messages: list[gateway_pb2.GenerateRequest],
