@@ -42,6 +42,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = ""  # empty: the served model
+    user: str | None = None  # OpenAI's end-user id: accepted, not used
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = None
