@@ -230,3 +230,28 @@ def test_auto_tool_calls_in_the_message_and_in_streamed_deltas(redis_server, mod
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert plain.choices[0].message.content == "".join(HERMES_REPLY) and not plain.choices[0].message.tool_calls
     assert not any(reserve.sampling.HasField("guided") for reserve in reserves)
+
+
+def test_required_tool_choice_is_guided_and_returns_each_call(redis_server, model):  # noqa: F811
+    reply_text = ['[{"name": "get_weather", "parameters": {"city": ', '"Paris"}}]']
+
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            await gate.add(FakeInstance("p0", "prefill"), DecodeSaying("d0", "decode", pieces=reply_text))
+            reply = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL],
+                                                              tool_choice="required")
+            named = await gate.client.chat.completions.create(
+                model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            return reply, named, gate.fakes[1].requests_of("Reserve")
+
+    reply, named, reserves = run_and_return(scenario)
+    [call] = reply.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments, reply.choices[0].finish_reason) == (
+        "get_weather", '{"city": "Paris"}', "tool_calls")
+    required_schema = json.loads(reserves[0].sampling.guided.json_schema)
+    assert required_schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER_TOOL["function"]["parameters"]
+    assert json.loads(reserves[1].sampling.guided.json_schema) == WEATHER_TOOL["function"]["parameters"]
+    [named_call] = named.choices[0].message.tool_calls
+    assert named_call.function.arguments == "".join(reply_text)  # a named function's output is its arguments
+    assert named.choices[0].finish_reason == "stop"
