@@ -74,8 +74,9 @@ def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
 
 
 async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
-                  reservation: Reservation, deadline: Deadline) -> instance_pb2.PrefillResponse:
-    """Prefill on the best prefill instance; on failure, on the next one (up to the retries)."""
+                  reservation: Reservation | None, deadline: Deadline) -> instance_pb2.PrefillResponse:
+    """Prefill on the best prefill instance; on failure, on the next one (up to the retries).
+    Without a reservation the prompt is only scored: no KV is sent anywhere."""
     message = _prefill_message(ctx, sub, reservation)
     failed: dict[str, str] = {}
     for attempt in range(1 + ctx.max_prefill_retries):
@@ -100,13 +101,15 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
 
 
 def _prefill_message(ctx: RelayContext, sub: SubRequest,
-                     reservation: Reservation) -> instance_pb2.PrefillRequest:
-    reply = reservation.reply
+                     reservation: Reservation | None) -> instance_pb2.PrefillRequest:
+    """None: no destination (prompt only, nothing sent)."""
     message = instance_pb2.PrefillRequest(
-        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids,
-        sampling=sub.sampling_proto(), decode_ucx_address=reply.ucx_address,
-        dst_block_ids=reply.block_ids,
-        num_skip_blocks=reply.num_cached_prompt_tokens // ctx.block_size)
+        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids, sampling=sub.sampling_proto())
+    if reservation is not None:
+        reply = reservation.reply
+        message.decode_ucx_address = reply.ucx_address
+        message.dst_block_ids.extend(reply.block_ids)
+        message.num_skip_blocks = reply.num_cached_prompt_tokens // ctx.block_size
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
     return message

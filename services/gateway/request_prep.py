@@ -31,6 +31,9 @@ class PreparedRequest:
     params: SamplingParams
     cache_salt: str | None
     block_hashes: list[bytes]
+    # Only the prompt matters (its logprobs, its usage): the generated token is dropped, and the
+    # disaggregated route skips decode (services.gateway.prompt_only).
+    is_prompt_only: bool = False
 
     @property
     def n(self) -> int:

@@ -5,6 +5,9 @@ into its own reservation of `<request_id>`) with max_tokens=1 and no stop string
 its blocks are held past the request's end so they can be shipped; they are released in a
 `finally` whatever happens: success, a failed transfer, cancellation or deadline. Blocks the
 decode instance already holds (its prefix cache: the first `num_skip_blocks`) are not sent.
+A request with no destination (no decode address, no block ids) is prompt-only: the prompt is
+scored (first token, prompt logprobs) and nothing is sent, e.g. for an OpenAI echo with
+max_tokens 0.
 """
 
 import dataclasses
@@ -41,6 +44,8 @@ def check_transfer_request(request: pb.PrefillRequest, block_size: int) -> None:
         raise InvalidRequestError("request_id", "must not be empty")
     if not request.prompt_token_ids:
         raise InvalidRequestError("prompt_token_ids", "must not be empty")
+    if is_prompt_only(request):
+        return
     try:
         parse_address(request.decode_ucx_address)
     except InvalidRequestError as error:
@@ -52,6 +57,11 @@ def check_transfer_request(request: pb.PrefillRequest, block_size: int) -> None:
     if request.num_skip_blocks >= num_blocks:
         raise InvalidRequestError("num_skip_blocks", f"{request.num_skip_blocks} leaves none of the "
                                                      f"{num_blocks} prompt blocks to send")
+
+
+def is_prompt_only(request: pb.PrefillRequest) -> bool:
+    """No destination: score the prompt, send nothing."""
+    return not request.decode_ucx_address and not request.dst_block_ids
 
 
 def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: TransferResult) -> pb.PrefillResponse:
@@ -89,7 +99,8 @@ class PrefillHandler(RoleHandler):
         engine_request_id = f"{request.request_id}{ENGINE_ID_SUFFIX}"
         try:
             output = await self._run_prompt(request, engine_request_id, params)
-            sent = await self._push_blocks(request, engine_request_id)
+            sent = (TransferResult(request.request_id, 0, 0.0) if is_prompt_only(request)
+                    else await self._push_blocks(request, engine_request_id))
         finally:
             self.async_engine.submit(engine.release_request, engine_request_id)
         logger.info("prefill %s: %d prompt tokens (%d cached), %d KV bytes to %s in %.1f ms", request.request_id,

@@ -97,11 +97,13 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone(redis_server, model):  
                 model=MODEL_NAME, prompt=PROMPT, echo=True, max_tokens=0, logprobs=0, stream=True,
                 stream_options={"include_usage": True})
             chunks = [chunk async for chunk in stream]
-            return reply, chunks, [r.sampling.max_tokens for r in gate.fakes[1].requests_of("Reserve")]
+            p0, d0 = gate.fakes
+            return reply, chunks, p0.requests_of("Prefill"), d0.calls
 
-    reply, chunks, max_tokens_sent = run_and_return(scenario)
+    reply, chunks, prefills, decode_calls = run_and_return(scenario)
     num_prompt_tokens = len(encode_prompt(model.tokenizer, PROMPT))
-    assert max_tokens_sent == [1, 1]  # one prefill's worth
+    assert decode_calls == []  # prompt only: no reservation, no KV transfer, no decode
+    assert [(p.sampling.max_tokens, p.decode_ucx_address, len(p.dst_block_ids)) for p in prefills] == [(1, "", 0)] * 2
     for text, logprobs, finish_reason in [
             (reply.choices[0].text, reply.choices[0].logprobs, reply.choices[0].finish_reason),
             ("".join(c.text for chunk in chunks for c in chunk.choices),
