@@ -133,3 +133,11 @@ def test_tools_and_tool_turns_render_through_the_chat_template(smollm2_tokenizer
             '</tool_call><|im_end|>') in prompt
     assert "<|im_start|>tool\n<tool_response>\n18 C, sunny\n</tool_response><|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_malformed_calls_never_raise():
+    for text in ['<tool_call>{"name": "a\\x", "arguments": {}}</tool_call>', "<tool_call>{]}</tool_call>",
+                 '<tool_call>{"name": "f", "arguments": "text"}</tool_call>', "<tool_call>{{{", "</tool_call>"]:
+        for step in (1, 10_000):
+            parse(HermesParser(), text, step)
+    assert parse(HermesParser(), '<tool_call>{"name": "f", "arguments": "text"}</tool_call>', 1)[2] == {0: '"text"'}

@@ -77,11 +77,11 @@ class CallParser:
             head = CALL_HEAD.match(self.text)
             if head:
                 self.arguments_start = head.end()
-                events.names.append((self.index, json.loads(f'"{head.group(1)}"')))
+                events.names.append((self.index, _unescaped(head.group(1))))
         if self.arguments_start is not None:
             self._send_arguments(events)
             if self.whole.is_done and not self.num_arguments_sent:  # e.g. a string: the raw value
-                events.arguments.append((self.index, self.text[self.arguments_start:].rstrip()[:-1].rstrip()))
+                events.arguments.append((self.index, self.text[self.arguments_start:].strip()[:-1].strip()))
         elif self.whole.is_done:
             self._send_whole(events)
         return text[used:] if self.whole.is_done else None
@@ -182,6 +182,13 @@ class HermesParser:
             self.calls = CallListParser(self.num_calls)
         else:
             self.num_calls, self.calls = self.calls.next_index, None
+
+
+def _unescaped(json_string_body: str) -> str:
+    try:
+        return json.loads(f'"{json_string_body}"')
+    except ValueError:  # a bad escape: the name as written
+        return json_string_body
 
 
 def _partial_tag_suffix(text: str, tag: str) -> int:
