@@ -50,9 +50,11 @@ def completion_to_internal(body: CompletionRequest, request_id: str) -> Internal
         raise InvalidRequestError("suffix", "is not supported by this server")
     is_echo_only = bool(body.echo) and body.max_tokens == 0
     sampling = sampling_proto(body, 1 if is_echo_only else body.max_tokens, body.logprobs)
-    if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from the engine
-        sampling.prompt_logprobs = max(body.logprobs, body.prompt_logprobs or 0)
     renamed = dict(_COMPLETION_RENAMES, **add_guided(sampling, body))
+    if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from the engine
+        _set_scalar(sampling, "prompt_logprobs", max(body.logprobs, body.prompt_logprobs or 0))
+        if body.prompt_logprobs is None:
+            renamed["prompt_logprobs"] = "logprobs"
     prompts = split_prompts(body.prompt)
     messages = []
     for index, prompt in enumerate(prompts):
