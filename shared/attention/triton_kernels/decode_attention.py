@@ -5,7 +5,8 @@ reads its slice of the sequence's keys and values through the block table, once 
 query heads that share the KV head (grouped-query attention), and keeps an online softmax.
 It writes each query head's normalized partial output and its log-sum-exp. Pass 2
 (`_decode_reduce_kernel`) merges a sequence's splits, weighting each by exp(lse - max lse).
-Splitting the context keeps the GPU busy when the batch is small and the contexts are long.
+Splitting the context keeps the GPU busy when the batch is small and the contexts are long;
+with a single split, pass 1 writes the output itself and pass 2 is skipped.
 """
 
 import torch
@@ -23,10 +24,11 @@ TARGET_PROGRAMS = 512
 
 @triton.jit
 def _decode_split_kernel(query, key_cache, value_cache, block_tables, context_lens,
-                         partial_out, partial_lse, scale, num_splits, block_size,
+                         partial_out, partial_lse, output, scale, num_splits, block_size,
                          stride_q_seq, stride_q_head, stride_cache_block, stride_cache_offset,
-                         stride_cache_head, stride_table, queries_per_kv, head_dim,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                         stride_cache_head, stride_table, stride_out_seq, stride_out_head,
+                         queries_per_kv, head_dim, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = tl.arange(0, GROUP)
     dims = tl.arange(0, HEAD_DIM)
@@ -62,11 +64,15 @@ def _decode_split_kernel(query, key_cache, value_cache, block_tables, context_le
         row_max = new_max
     has_keys = row_sum > 0
     safe_sum = tl.where(has_keys, row_sum, 1.0)
-    lse = tl.where(has_keys, row_max + tl.log(safe_sum), float("-inf"))
-    out_rows = (seq * tl.num_programs(1) * queries_per_kv + heads) * num_splits + split
-    tl.store(partial_lse + out_rows, lse, mask=head_ok)
-    tl.store(partial_out + out_rows[:, None] * HEAD_DIM + dims[None, :], acc / safe_sum[:, None],
-             mask=head_ok[:, None])
+    if SINGLE_SPLIT:
+        tl.store(output + seq * stride_out_seq + heads[:, None] * stride_out_head + dims[None, :],
+                 (acc / safe_sum[:, None]).to(output.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+    else:
+        lse = tl.where(has_keys, row_max + tl.log(safe_sum), float("-inf"))
+        out_rows = (seq * tl.num_programs(1) * queries_per_kv + heads) * num_splits + split
+        tl.store(partial_lse + out_rows, lse, mask=head_ok)
+        tl.store(partial_out + out_rows[:, None] * HEAD_DIM + dims[None, :], acc / safe_sum[:, None],
+                 mask=head_ok[:, None])
 
 
 @triton.jit
@@ -107,14 +113,18 @@ def decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
         return output
     padded_dim = triton.next_power_of_2(head_dim)
     queries_per_kv = num_heads // num_kv_heads
-    partial_out = torch.empty((num_seqs, num_heads, num_splits, padded_dim), dtype=torch.float32,
-                              device=query.device)
-    partial_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=query.device)
+    single_split = num_splits == 1
+    partials = (num_seqs, num_heads, num_splits) if not single_split else (1, 1, 1)
+    partial_out = torch.empty((*partials, padded_dim), dtype=torch.float32, device=query.device)
+    partial_lse = torch.empty(partials, dtype=torch.float32, device=query.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, context_lens, partial_out, partial_lse, scale,
+        query, key_cache, value_cache, block_tables, context_lens, partial_out, partial_lse, output, scale,
         num_splits, block_size, query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
-        key_cache.stride(2), block_tables.stride(0), queries_per_kv, head_dim,
-        GROUP=triton.next_power_of_2(queries_per_kv), HEAD_DIM=padded_dim, BLOCK_N=DECODE_BLOCK_N)
+        key_cache.stride(2), block_tables.stride(0), output.stride(0), output.stride(1), queries_per_kv,
+        head_dim, GROUP=triton.next_power_of_2(queries_per_kv), HEAD_DIM=padded_dim, BLOCK_N=DECODE_BLOCK_N,
+        SINGLE_SPLIT=single_split)
+    if single_split:
+        return output
     _decode_reduce_kernel[(num_seqs, num_heads)](
         partial_out, partial_lse, output, num_splits, output.stride(0), output.stride(1), head_dim,
         SPLITS=triton.next_power_of_2(num_splits), HEAD_DIM=padded_dim)
