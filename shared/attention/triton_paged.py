@@ -32,6 +32,8 @@ class TritonPagedStep:
 
 
 class TritonPagedAttention(AttentionBackend):
+    fused_layer_ops = True
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device | str = "cuda",
                  num_splits: int | None = None):
         super().__init__(num_heads, num_kv_heads, head_dim)

@@ -2,31 +2,36 @@
 
 Rounding follows transformers' LlamaRMSNorm in 16-bit dtypes: the residual sum is rounded to
 the activations' dtype, normalized in float32, rounded again, then scaled by the weight.
-One program normalizes one row.
+One program normalizes a few rows (as many as fit ROW_ELEMENTS).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+# Elements one program holds at once: rows per program = this // the padded hidden size.
+ROW_ELEMENTS = 4096
+MAX_ROWS_PER_PROGRAM = 16
+
 
 @triton.jit
-def _rms_norm_kernel(x, residual, weight, output, stride_x, stride_residual, stride_out, hidden_size, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_kernel(x, residual, weight, output, num_rows, stride_x, stride_residual, stride_out, hidden_size,
+                     eps, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     columns = tl.arange(0, BLOCK)
-    inside = columns < hidden_size
-    values = tl.load(x + row * stride_x + columns, mask=inside, other=0.0)
+    inside = (rows < num_rows)[:, None] & (columns < hidden_size)[None, :]
+    values = tl.load(x + rows[:, None] * stride_x + columns[None, :], mask=inside, other=0.0)
     if HAS_RESIDUAL:
-        summed = values.to(tl.float32) + tl.load(residual + row * stride_residual + columns, mask=inside,
-                                                 other=0.0).to(tl.float32)
+        residual_rows = residual + rows[:, None] * stride_residual + columns[None, :]
+        summed = values.to(tl.float32) + tl.load(residual_rows, mask=inside, other=0.0).to(tl.float32)
         values = summed.to(x.dtype.element_ty)
-        tl.store(residual + row * stride_residual + columns, values, mask=inside)
+        tl.store(residual_rows, values, mask=inside)
     values = values.to(tl.float32)
-    inverse_rms = 1.0 / tl.sqrt(tl.sum(values * values, axis=0) / hidden_size + eps)
-    normed = (values * inverse_rms).to(x.dtype.element_ty).to(tl.float32)
-    scale = tl.load(weight + columns, mask=inside, other=0.0).to(tl.float32)
-    tl.store(output + row * stride_out + columns, (normed * scale).to(output.dtype.element_ty), mask=inside)
+    inverse_rms = 1.0 / tl.sqrt(tl.sum(values * values, axis=1) / hidden_size + eps)
+    normed = (values * inverse_rms[:, None]).to(x.dtype.element_ty).to(tl.float32)
+    scale = tl.load(weight + columns, mask=columns < hidden_size, other=0.0).to(tl.float32)
+    tl.store(output + rows[:, None] * stride_out + columns[None, :],
+             (normed * scale[None, :]).to(output.dtype.element_ty), mask=inside)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -39,9 +44,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     output = torch.empty_like(x)
     if num_rows == 0:
         return output
+    block = triton.next_power_of_2(hidden_size)
+    rows_per_program = max(1, min(MAX_ROWS_PER_PROGRAM, ROW_ELEMENTS // block))
     has_residual = residual is not None
-    _rms_norm_kernel[(num_rows,)](
-        x, residual if has_residual else x, weight, output, x.stride(0),
+    _rms_norm_kernel[(triton.cdiv(num_rows, rows_per_program),)](
+        x, residual if has_residual else x, weight, output, num_rows, x.stride(0),
         residual.stride(0) if has_residual else 0, output.stride(0), hidden_size, eps,
-        HAS_RESIDUAL=has_residual, BLOCK=triton.next_power_of_2(hidden_size))
+        HAS_RESIDUAL=has_residual, ROWS=rows_per_program, BLOCK=block)
     return output
