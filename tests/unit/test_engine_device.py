@@ -58,3 +58,25 @@ def test_up_passes_device_flags_to_every_instance():
     from shared.cli.up_command import config_from_args
     args = build_parser().parse_args(["up", "--device", "cuda", "--gpu-memory-utilization", "0.4"])
     assert config_from_args(args).extra_args["instance"] == ["--device=cuda", "--gpu-memory-utilization=0.4"]
+
+
+def test_gpu_budget_is_this_engines_share_less_its_weights_and_never_more_than_free(monkeypatch):
+    gib = 1 << 30
+    config = EngineConfig()
+    config.cache.gpu_memory_utilization = 0.4
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * gib)  # this process: weights
+    # Another engine already holds 40 of 100 GiB: this one still gets its own 40% share.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (58 * gib, 100 * gib))
+    assert kv_cache_memory_bytes(config, torch.device("cuda", 0)) == 40 * gib - 2 * gib - gib
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 100 * gib))
+    assert kv_cache_memory_bytes(config, torch.device("cuda", 0)) == 10 * gib - gib
+    config.cache.gpu_memory_utilization = 1.5
+    with pytest.raises(InvalidRequestError, match="gpu_memory_utilization"):
+        kv_cache_memory_bytes(config, torch.device("cuda", 0))
+
+
+def test_offline_command_has_the_device_flags():
+    from shared.cli.main import build_parser
+    from shared.cli.offline_command import device_kwargs
+    args = build_parser().parse_args(["offline", "hi", "--device", "cpu", "--attention-backend", "torch"])
+    assert device_kwargs(args) == {"device": "cpu", "gpu_memory_utilization": 0.9, "attention_backend": "torch"}
