@@ -71,6 +71,9 @@ def make_attention_backend(name: str, device: torch.device, config: ModelConfig)
             raise InvalidRequestError("attention_backend", "the torch backend runs on the CPU only")
         from shared.attention.torch_paged import TorchPagedAttention
         return TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim)
+    from shared.attention.triton_kernels import triton_available
+    if not triton_available():
+        raise InvalidRequestError("attention_backend", f"the triton package is needed on {device}")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InvalidRequestError("attention_backend", "triton on the CPU needs TRITON_INTERPRET=1 in the "
                                                        "environment before start-up (tests only)")

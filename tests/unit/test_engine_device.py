@@ -13,6 +13,12 @@ from services.common.settings import InstanceSettings
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
 
+def tiny_model_config() -> ModelConfig:
+    return ModelConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                       num_kv_heads=1, head_dim=8, max_position_embeddings=16, rms_norm_eps=1e-5,
+                       rope_theta=1e4, tie_word_embeddings=True, bos_token_id=None, eos_token_ids=())
+
+
 def test_auto_is_the_cpu_without_a_gpu(monkeypatch):
     monkeypatch.delenv("PDSERVE_DEVICE", raising=False)
     assert resolve_device("auto") == torch.device("cpu")
@@ -39,9 +45,7 @@ def test_the_cpu_keeps_its_configured_kv_budget():
 
 
 def test_auto_backend_on_the_cpu_is_torch_and_bad_names_are_refused():
-    config = ModelConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                         num_kv_heads=1, head_dim=8, max_position_embeddings=16, rms_norm_eps=1e-5,
-                         rope_theta=1e4, tie_word_embeddings=True, bos_token_id=None, eos_token_ids=())
+    config = tiny_model_config()
     assert isinstance(make_attention_backend("auto", torch.device("cpu"), config), TorchPagedAttention)
     with pytest.raises(InvalidRequestError, match="attention_backend"):
         make_attention_backend("flash", torch.device("cpu"), config)
@@ -80,3 +84,10 @@ def test_offline_command_has_the_device_flags():
     from shared.cli.offline_command import device_kwargs
     args = build_parser().parse_args(["offline", "hi", "--device", "cpu", "--attention-backend", "torch"])
     assert device_kwargs(args) == {"device": "cpu", "gpu_memory_utilization": 0.9, "attention_backend": "torch"}
+
+
+def test_the_triton_backend_on_the_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    config = tiny_model_config()
+    with pytest.raises(InvalidRequestError, match="TRITON_INTERPRET"):
+        make_attention_backend("triton", torch.device("cpu"), config)
