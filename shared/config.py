@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.guided.limits import GuidedLimits
 from shared.spec_decode.config import SpeculativeConfig
 
 DEFAULT_BLOCK_SIZE = 16
@@ -45,3 +46,5 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Guided decoding: constraint size limits, compile time limit, grammar cache size.
+    guided: GuidedLimits = field(default_factory=GuidedLimits)

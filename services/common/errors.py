@@ -4,6 +4,7 @@
     CapacityError       -> RESOURCE_EXHAUSTED (the gateway tries another instance)
     ServiceError        -> its own code: NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE, ABORTED
     EngineDeadError     -> UNAVAILABLE
+    RequestFailedError  -> INTERNAL (this request failed in the engine; the engine serves on)
     anything else       -> INTERNAL (logged with the request id)
 """
 
@@ -12,7 +13,7 @@ import logging
 
 import grpc
 
-from shared.engine.async_engine import EngineDeadError
+from shared.engine.async_engine import EngineDeadError, RequestFailedError
 from shared.engine.llm_engine import CapacityError
 from shared.errors import InvalidRequestError
 
@@ -37,6 +38,8 @@ def _status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
         return error.code, error.message
     if isinstance(error, EngineDeadError):
         return grpc.StatusCode.UNAVAILABLE, f"engine failed: {error}"
+    if isinstance(error, RequestFailedError):
+        return grpc.StatusCode.INTERNAL, f"request failed in the engine: {error}"
     return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
 
 

@@ -51,6 +51,7 @@ class ReservationBook:
         if request_id in self._pending:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
         engine = self.engine.engine
+        await self.engine.prepare(params)
         made: list[Reservation] = []
 
         def reserve() -> Reservation:

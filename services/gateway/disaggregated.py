@@ -25,6 +25,10 @@ from services.gateway.router import Candidate, rank
 
 logger = logging.getLogger(__name__)
 
+# A Reserve that failed this way may have been granted without the answer reaching us.
+UNANSWERED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                              grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN})
+
 
 @dataclass
 class Reservation:
@@ -48,12 +52,23 @@ async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
             reply = await ctx.channels.stub(decode.grpc_address).Reserve(
                 message, timeout=deadline.remaining(CONTROL_CALL_TIMEOUT_S))
             return Reservation(decode, reply)
+        except asyncio.CancelledError:
+            _release_unanswered(ctx, decode, sub.request_id)
+            raise
         except grpc.aio.AioRpcError as error:
+            if error.code() in UNANSWERED_CODES:
+                _release_unanswered(ctx, decode, sub.request_id)
             num_refused += _note_reserve_failure(ctx, sub, decode, error)
     if num_refused:
         raise no_capacity(num_refused)
     raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                        f"none of the {len(choice.ranked)} decode instances could be reached")
+
+
+def _release_unanswered(ctx: RelayContext, decode: Candidate, request_id: str) -> None:
+    """A Reserve whose answer never came may still have been granted: release it now, in the
+    background (NOT_FOUND is fine), rather than leave it to its lease."""
+    ctx.spawn(release_at(ctx, decode, request_id, quiet=True), f"release-{request_id}")
 
 
 def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
@@ -114,13 +129,20 @@ def _prefill_message(ctx: RelayContext, sub: SubRequest,
 
 async def release(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
     """Give a reservation back (best effort; its lease frees it anyway)."""
+    await release_at(ctx, reservation.decode, request_id)
+
+
+async def release_at(ctx: RelayContext, decode: Candidate, request_id: str, quiet: bool = False) -> None:
+    """Release `request_id` on `decode`; `quiet`: it may not exist (a Reserve left unanswered)."""
     ctx.stats.num_releases += 1
     try:
-        await ctx.channels.stub(reservation.decode.grpc_address).Release(
+        await ctx.channels.stub(decode.grpc_address).Release(
             instance_pb2.ReleaseRequest(request_id=request_id), timeout=CONTROL_CALL_TIMEOUT_S)
     except grpc.aio.AioRpcError as error:
+        if quiet and error.code() == grpc.StatusCode.NOT_FOUND:
+            return
         logger.warning("request %s: Release on %s failed (%s); its lease will free it", request_id,
-                       reservation.decode.instance_id, error.code().name)
+                       decode.instance_id, error.code().name)
 
 
 async def renew_until_cancelled(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:

@@ -101,6 +101,7 @@ class PrefillHandler(RoleHandler):
                           params: SamplingParams) -> RequestOutput:
         engine = self.async_engine.engine
         salt = request.cache_salt if request.HasField("cache_salt") else None
+        await self.async_engine.prepare(params)
 
         def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
             engine.add_request(list(request.prompt_token_ids), params, engine_request_id, salt,
