@@ -6,6 +6,11 @@ then continues partially computed prompts, then admits waiting requests, all wit
 step's token budget. Long prompts are chunked across steps; when the cache runs out the
 newest request is preempted and later recomputed.
 
+Fair prefill: when several prompts compete for what the decodes left of the budget (prompts
+part-way through, plus the waiting requests that have a sequence slot), each prompt takes at
+most an equal share of it (never under one block), in arrival order. A short prompt arriving
+behind a max-length one is then computed in the next step instead of after the long one.
+
 Speculative decoding (`num_spec_tokens` > 0): a running decode that may speculate
 (`shared.spec_decode.support`) gets slots for its last token plus up to k proposed tokens,
 never more than its remaining max_tokens / model length allow nor than the step's budget;
@@ -127,22 +132,26 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = set()
-        budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(output, budget)
+        budget, share = self._schedule_running(output, self.config.max_num_batched_tokens)
         if not output.preempted_request_ids:
-            self._schedule_waiting(output, budget)
+            self._schedule_waiting(output, budget, share)
         output.scheduled.sort(key=lambda item: not item.is_decode)
         return output
 
-    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, output: SchedulerOutput, budget: int) -> tuple[int, int]:
+        """Schedule the running requests, decodes first; returns the budget left and the
+        per-prompt share of it (for the waiting requests too)."""
         scheduled: set[str] = set()
         decodes_first = sorted(self.running, key=lambda r: r.num_tokens_to_compute > 1)
+        share = None
         for request in decodes_first:
             if budget <= 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = self._chunk_size(request, budget)
+            if share is None and request.num_tokens_to_compute > 1:
+                share = self._prompt_share(budget)
+            num_new = self._chunk_size(request, budget if request.num_tokens_to_compute == 1 else min(budget, share))
             num_spec = self._num_spec_tokens(request, budget)
             num_waiting_decodes = len(self.running) - len(scheduled) - 1
             if num_spec and not self._allocate_with_proposals(request, num_new + num_spec, num_waiting_decodes):
@@ -152,7 +161,19 @@ class Scheduler:
             output.scheduled.append(self._make_scheduled(request, num_new, num_spec))
             scheduled.add(request.request_id)
             budget -= num_new + num_spec
-        return budget
+        return budget, share if share is not None else self._prompt_share(budget)
+
+    def _prompt_share(self, budget: int) -> int:
+        """The most prompt tokens one request may compute this step, `budget` being what the
+        decodes left: an equal share among the prompts that compete for it (chunked prefill)."""
+        if not self.config.enable_chunked_prefill:
+            return budget
+        num_partial = sum(1 for r in self.running if r.num_tokens_to_compute > 1)
+        num_admissible = min(len(self.waiting), max(0, self.config.max_num_seqs - len(self.running)))
+        num_prompts = num_partial + num_admissible
+        if num_prompts <= 1:
+            return budget
+        return max(self.kv.block_size, -(-budget // num_prompts))
 
     def _allocate_with_proposals(self, request: Request, num_tokens: int, num_waiting_decodes: int) -> bool:
         """Allocate slots for the last token and the proposals, unless that would leave fewer
@@ -197,14 +218,14 @@ class Scheduler:
         self.waiting.appendleft(request)
         logger.debug("preempted %s", request.request_id)
 
-    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int, share: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             if self._waits_for_parent(request):
                 break
             prefix_blocks = self._reusable_prefix(request)
             num_reused = len(prefix_blocks) * self.kv.block_size
-            num_new = self._chunk_size(request, budget, num_reused)
+            num_new = self._chunk_size(request, min(budget, share), num_reused)
             if num_new < request.num_tokens_to_compute - num_reused and not self.config.enable_chunked_prefill:
                 break
             if not self.kv.allocate(request, num_new, prefix_blocks):
