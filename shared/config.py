@@ -31,6 +31,9 @@ class SchedulerConfig:
     # Cap on one prompt's chunk per step (0 = the whole budget), so that several
     # prompts can share a step's budget.
     long_prefill_token_threshold: int = 0
+    # Prompts competing in a step share its budget equally (see shared.core.scheduler);
+    # False: first come takes all (benchmarks compare the two).
+    fair_prefill: bool = True
 
 
 @dataclass

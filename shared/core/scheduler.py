@@ -166,7 +166,7 @@ class Scheduler:
     def _prompt_share(self, budget: int) -> int:
         """The most prompt tokens one request may compute this step, `budget` being what the
         decodes left: an equal share among the prompts that compete for it (chunked prefill)."""
-        if not self.config.enable_chunked_prefill:
+        if not (self.config.enable_chunked_prefill and self.config.fair_prefill):
             return budget
         num_partial = sum(1 for r in self.running if r.num_tokens_to_compute > 1)
         num_admissible = min(len(self.waiting), max(0, self.config.max_num_seqs - len(self.running)))

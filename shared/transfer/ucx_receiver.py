@@ -37,6 +37,7 @@ from shared.transfer.chunks import (
 )
 from shared.transfer.errors import KVTransferError
 from shared.transfer.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
+from shared.transfer.inflight import keep_until_done
 from shared.transfer.staging import StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
@@ -234,13 +235,14 @@ class KVReceiver:
             scatter_chunk(message, self._kv_cache, self._layout, dst_block_ids, chunk)
 
     def _settle_staging(self, staging: torch.Tensor, receives: list[asyncio.Future]) -> None:
-        """Reuse the staging buffer only if UCX is done with it; cancel receives still pending."""
+        """Reuse the staging buffer only if UCX is done with it. Receives still pending are never
+        cancelled (that would free the memory UCX writes into): they are kept, with the staging
+        memory their views hold, until the endpoint's abort ends them (shared.transfer.inflight)."""
         if all(receive.done() for receive in receives):
             self._staging.release(staging)
             return
-        for receive in receives:
-            receive.cancel()
-        self._staging.discard(staging)  # UCX may still write into it
+        keep_until_done(receives)
+        self._staging.discard(staging)  # never reused; freed once the last receive lets go
 
     async def _reject(self, endpoint, header: pb.KVTransferHeader, error: KVTransferError) -> None:
         """Tell the waiter (if any) and the sender why; the connection ends after this transfer."""

@@ -32,6 +32,7 @@ from shared.transfer.chunks import (
 )
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
+from shared.transfer.inflight import keep_until_done
 from shared.transfer.staging import StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
@@ -181,9 +182,7 @@ class KVSender:
             await asyncio.gather(*pending[1:])
         except BaseException:
             endpoint.abort()
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            keep_until_done(pending)  # never cancelled: UCX may still use their buffers (see inflight)
             raise
 
     @staticmethod
