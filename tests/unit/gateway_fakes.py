@@ -19,6 +19,7 @@ DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
 @dataclass
 class Behaviour:
     reserve_error: grpc.StatusCode | None = None
+    reserve_blocks: bool = False  # Reserve waits until cancelled (a busy decode instance)
     prefill_error: grpc.StatusCode | None = None
     prefill_blocks: bool = False  # Prefill waits until cancelled
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
@@ -58,6 +59,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.calls.append(("Reserve", request))
         if self.behaviour.reserve_error is not None:
             await context.abort(self.behaviour.reserve_error, f"{self.instance_id} says no")
+        if self.behaviour.reserve_blocks:
+            await self._wait_for_cancel()
         return inst.ReserveResponse(ucx_address=f"ucx-{self.instance_id}", block_ids=self.behaviour.block_ids,
                                     num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens)
 

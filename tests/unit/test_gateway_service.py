@@ -302,3 +302,34 @@ def test_health_is_not_serving_until_ready(redis_server, model):
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         await server.stop(grace_s=0.5)
     run(scenario)
+
+
+# ---- a Reserve left unanswered may still have been granted: it is released at once --------
+
+def test_a_deadline_during_reserve_releases_the_reservation_at_once(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(reserve_blocks=True))
+            await gate.add(p0, d0)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(gate.stub.Generate(generate_request(), timeout=0.5))
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
+            [release] = d0.requests_of("Release")
+            assert release.request_id == d0.requests_of("Reserve")[0].request_id
+            assert p0.methods() == []
+    run(scenario)
+
+
+def test_a_client_cancel_during_reserve_releases_the_reservation_at_once(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(reserve_blocks=True))
+            await gate.add(p0, d0)
+            call = gate.stub.Generate(generate_request())
+            await wait_until(lambda: d0.methods() == ["Reserve"])
+            call.cancel()
+            await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
+    run(scenario)
