@@ -3,7 +3,8 @@
   * a request whose own computation fails gets INTERNAL and every other request is served;
   * the engine failing as a whole makes the instance NOT_SERVING and leaves the Redis registry
     at once (and the entry exits non-zero), instead of staying registered answering 503;
-  * a reservation whose caller is gone by the time it is made is freed at once.
+  * a reservation whose caller is gone by the time it is made is freed at once, and a prefill
+    cancelled during its KV transfer frees its held blocks at once.
 """
 
 import asyncio
@@ -24,8 +25,8 @@ from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
 from tests.helpers.redis_server import connect_async
 from tests.unit.test_instance_services import (
-    DEPLOYMENT, NUM_BLOCKS, TIMEOUT_S, expect_status, fresh_ucx, greedy, make_settings, prompt_ids, running,
-    wait_until)
+    DEPLOYMENT, NUM_BLOCKS, TIMEOUT_S, expect_status, fresh_ucx, greedy, make_settings, prefill_and_decode,
+    prefill_request, prompt_ids, reserve, running, wait_until)
 
 __all__ = ["fresh_ucx"]  # the autouse fixture, re-exported for this module's tests
 POISON_SEED = 777
@@ -124,3 +125,31 @@ def test_a_reservation_whose_caller_is_gone_is_freed_at_once(redis_server, tiny_
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
             assert len(handler.book) == 0
     asyncio.run(scenario())
+
+
+def test_cancelling_a_prefill_during_its_kv_transfer_frees_both_sides_at_once(redis_server, tiny_llama_folder):
+    prompt = prompt_ids(40, 6)
+
+    async def scenario():
+        async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
+            sending = asyncio.Event()
+
+            async def stuck_send(*args, **kwargs):
+                sending.set()
+                await asyncio.sleep(3600)
+            prefill.runtime.handlers.prefill.sender.send = stuck_send
+            reserved = await reserve(decode, "mid-transfer", prompt, greedy(4))
+            call = prefill.stub.Prefill(prefill_request(reserved, "mid-transfer", prompt, sampling=greedy(4)),
+                                        timeout=TIMEOUT_S)
+            await asyncio.wait_for(sending.wait(), TIMEOUT_S)
+            assert (await prefill.status()).num_held == 1
+            call.cancel()
+            await wait_until(lambda: _status_if(prefill, lambda s: s.num_held == 0 and s.num_free_blocks == NUM_BLOCKS))
+            assert (await decode.stub.Release(pb.ReleaseRequest(request_id="mid-transfer"))).released
+            await wait_until(lambda: _status_if(decode, lambda s: s.num_reserved == 0 and s.num_free_blocks == NUM_BLOCKS))
+    asyncio.run(scenario())
+
+
+async def _status_if(instance, predicate):
+    status = await instance.status()
+    return status if predicate(status) else None
