@@ -59,7 +59,10 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--num-threads", type=int, default=0)
     args = parser.parse_args()
-    results = [measure(args, fair_prefill) for fair_prefill in (False, True)]
+    results = []
+    for fair_prefill in (False, True):
+        results.append(measure(args, fair_prefill))
+        print(f"measured: {results[-1]}", flush=True)
     print(f"long prompt {args.prompt_tokens} tokens, budget {args.max_num_batched_tokens} tokens per step")
     print(f"{'mode':<24}{'short TTFT (s)':>16}{'steps waited':>14}{'long TTFT (s)':>15}")
     for result in results:
