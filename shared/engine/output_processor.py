@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from shared.core.request import Request, RequestStatus
 from shared.engine.outputs import CompletionOutput, RequestOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
-from shared.executor.isolation import describe_error
+from shared.isolation import describe_error
 from shared.tokenization.detokenizer import IncrementalDetokenizer
 from shared.tokenization.stop_strings import StopStringMatcher
 

@@ -17,7 +17,7 @@ import torch
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
 from shared.executor.input_batch import ModelInputs, build_model_inputs
-from shared.executor.isolation import run_isolated
+from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
 from shared.sampling.logprobs import token_logprobs, top_logprobs
 from shared.sampling.random_draw import skip_draws

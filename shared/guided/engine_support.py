@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_output import ScheduledRequest
 from shared.errors import InvalidRequestError
-from shared.executor.isolation import describe_error, run_isolated
 from shared.guided.bitmask import allows_no_token, fill_bitmask
 from shared.guided.limits import GuidedLimits, check_guided_limits
 from shared.guided.params import GuidedDecodingParams
+from shared.isolation import describe_error, run_isolated
 
 logger = logging.getLogger(__name__)
 
