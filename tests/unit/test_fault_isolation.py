@@ -102,3 +102,25 @@ def test_a_forward_pass_failure_fails_the_step(tiny_llama_folder, monkeypatch):
     with pytest.raises(RuntimeError, match="worker died"):
         llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))
     assert_pool_is_whole(llm)
+
+
+@pytest.mark.parametrize("stage", ["propose", "verify"])
+def test_a_speculation_failure_finishes_only_its_request(tiny_llama_folder, clean_tokens, stage):
+    expected = clean_tokens(0.0)
+    llm = make_llm(tiny_llama_folder, speculative_method="draft", draft_num_layers=2, num_speculative_tokens=2)
+    speculator = llm.engine.executor.runner.speculator
+    real = getattr(speculator, stage)
+
+    def failing(items, *args):
+        if any(item.request_id == "poisoned" for item in items):
+            raise RuntimeError(f"{stage} broke (injected)")
+        return real(items, *args)
+    setattr(speculator, stage, failing)
+    params = [params_for(i, 0.0) for i in range(len(PROMPTS))]
+    request_ids = [llm.engine.add_request(prompt, p, request_id="poisoned" if i == 0 else None)
+                   for i, (prompt, p) in enumerate(zip(PROMPTS, params))]
+    outputs = llm._run(request_ids)
+    assert outputs[0].outputs[0].finish_reason == "error" and "injected" in outputs[0].outputs[0].error
+    assert [outputs[i].token_ids for i in (1, 2, 3)] == [expected[i] for i in (1, 2, 3)]
+    assert llm.engine.spec_stats.num_draft_tokens > 0
+    assert_pool_is_whole(llm)
