@@ -52,6 +52,8 @@ class GuidedDecoding:
         self._grammars = None
         self._grammars_lock = threading.Lock()  # the engine thread and the event loop both build it
         self._compile_pool: ThreadPoolExecutor | None = None
+        # Compilations in progress by (kind, text), shared by the requests waiting for them.
+        self._compiling: dict[tuple[str, str], asyncio.Future] = {}
 
     @property
     def grammars(self):
@@ -73,15 +75,31 @@ class GuidedDecoding:
         if guided is None:
             return
         check_guided_limits(guided, self.limits)
-        if self._compile_pool is None:
-            self._compile_pool = ThreadPoolExecutor(self.limits.num_compile_threads, thread_name_prefix="grammar")
-        grammars = self.grammars
-        future = asyncio.get_running_loop().run_in_executor(self._compile_pool, grammars.compile, guided)
+        compiling = self._compilation_of(guided)
         try:
-            await asyncio.wait_for(future, self.limits.compile_timeout_s)
+            # shield: a request that gives up leaves the shared compilation running for the cache.
+            await asyncio.wait_for(asyncio.shield(compiling), self.limits.compile_timeout_s)
         except TimeoutError:
             raise InvalidRequestError(guided.field_name, f"took longer than {self.limits.compile_timeout_s:g} s "
                                                          "to compile; simplify it") from None
+
+    def _compilation_of(self, guided: GuidedDecodingParams) -> asyncio.Future:
+        """The compilation of `guided` on the worker threads; requests asking for a constraint
+        already being compiled share it instead of compiling it again."""
+        key = (guided.kind, guided.text)
+        compiling = self._compiling.get(key)
+        if compiling is None:
+            if self._compile_pool is None:
+                self._compile_pool = ThreadPoolExecutor(self.limits.num_compile_threads, thread_name_prefix="grammar")
+            compiling = asyncio.get_running_loop().run_in_executor(self._compile_pool, self.grammars.compile, guided)
+            self._compiling[key] = compiling
+            compiling.add_done_callback(lambda done: self._forget_compilation(key, done))
+        return compiling
+
+    def _forget_compilation(self, key: tuple[str, str], done: asyncio.Future) -> None:
+        self._compiling.pop(key, None)
+        if not done.cancelled():
+            done.exception()  # seen here; each waiting request gets it through its own await
 
     def shutdown(self) -> None:
         if self._compile_pool is not None:

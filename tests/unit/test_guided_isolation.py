@@ -225,3 +225,28 @@ def _break_matcher(engine, request_id):
             raise RuntimeError("injected")
     for request in engine.requests_of(request_id):
         request.guided_matcher = Exploding()
+
+
+def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_llama_folder, monkeypatch):
+    llm = make_llm(tiny_llama_folder)
+    grammars = llm.engine.guided.grammars
+    blocked = BlockedCompiles(grammars, monkeypatch)
+    async_engine = AsyncEngine(llm.engine)
+    async_engine.start()
+    params = SamplingParams(temperature=0, max_tokens=8, guided=DIGITS)
+
+    async def scenario():
+        tasks = [asyncio.create_task(collect(async_engine, f"r{i}", PROMPTS[i], params)) for i in range(3)]
+        await asyncio.to_thread(blocked.started.wait, 60)
+        await asyncio.sleep(0)
+        blocked.release.set()
+        return await asyncio.gather(*tasks)
+
+    try:
+        outputs = asyncio.run(scenario())
+    finally:
+        blocked.release.set()
+        async_engine.stop()
+    assert all(re.fullmatch("[0-9]{4}", decode(output.token_ids)) for output in outputs)
+    assert grammars.num_misses == 1
+    assert_pool_is_whole(llm)
