@@ -4,7 +4,8 @@
     CapacityError       -> RESOURCE_EXHAUSTED (the gateway tries another instance)
     ServiceError        -> its own code: NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE, ABORTED
     EngineDeadError     -> UNAVAILABLE
-    RequestFailedError  -> INTERNAL (this request failed in the engine; the engine serves on)
+    RequestFailedError  -> INTERNAL (this request failed in the engine; the engine serves on),
+                           marked by REQUEST_FAILED_METADATA_KEY so the gateway does not fail over
     anything else       -> INTERNAL (logged with the request id)
 """
 
@@ -15,7 +16,7 @@ import grpc
 
 from shared.engine.async_engine import EngineDeadError, RequestFailedError
 from shared.engine.llm_engine import CapacityError
-from shared.errors import InvalidRequestError
+from shared.errors import REQUEST_FAILED_METADATA_KEY, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -57,4 +58,5 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id:
             logger.exception("%s %s failed", method, request_id, extra=fields)
         else:
             logger.info("%s %s: %s %s", method, request_id, code.name, message, extra=fields)
-        await context.abort(code, message)
+        trailing = ((REQUEST_FAILED_METADATA_KEY, "1"),) if isinstance(error, RequestFailedError) else ()
+        await context.abort(code, message, trailing_metadata=trailing)

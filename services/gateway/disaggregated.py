@@ -19,7 +19,7 @@ from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
-from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, FAILOVER_CODES, RelayContext
+from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, rank
 
@@ -79,7 +79,7 @@ def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
         logger.info("request %s: decode %s refused: %s", sub.request_id, decode.instance_id,
                     error.details())
         return 1
-    if error.code() in FAILOVER_CODES:
+    if is_failover(error):
         ctx.stats.num_decode_failovers += 1
         ctx.view.mark_failed(decode.instance_id)
         logger.warning("request %s: Reserve on %s failed (%s); trying another", sub.request_id,
@@ -104,7 +104,7 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
             return await ctx.channels.stub(target.grpc_address).Prefill(
                 message, timeout=deadline.remaining())
         except grpc.aio.AioRpcError as error:
-            if error.code() not in FAILOVER_CODES:
+            if not is_failover(error):
                 raise from_rpc_error(error, f"prefill instance {target.instance_id}") from error
             failed[target.instance_id] = f"{error.code().name}: {error.details()}"
             ctx.view.mark_failed(target.instance_id)

@@ -333,3 +333,20 @@ def test_a_client_cancel_during_reserve_releases_the_reservation_at_once(redis_s
             call.cancel()
             await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
     run(scenario)
+
+
+def test_a_request_that_fails_in_the_engine_is_not_retried_nor_blamed_on_the_instance(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill", Behaviour(prefill_request_failed=True))
+            p1 = FakeInstance("p1", "prefill", Behaviour(prefill_request_failed=True))
+            d0 = FakeInstance("d0", "decode")
+            await gate.add(p0, p1, d0)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(gate.stub.Generate(generate_request()))
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+            assert "request failed in the engine" in caught.value.details()
+            assert len(p0.methods() + p1.methods()) == 1  # tried once, not on the other instance
+            assert gate.stats.num_prefill_retries == 0
+            await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
+    run(scenario)

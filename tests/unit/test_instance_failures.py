@@ -20,6 +20,7 @@ import shared.sampling.sampler as sampler_module
 from services.common.errors import ServiceError
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
+from shared.errors import REQUEST_FAILED_METADATA_KEY
 from shared.pb.pdserve.v1 import generation_pb2 as gen_pb
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
@@ -59,6 +60,7 @@ def test_a_failing_request_gets_internal_and_the_others_are_served(redis_server,
             assert isinstance(results[0], grpc.aio.AioRpcError)
             assert results[0].code() == grpc.StatusCode.INTERNAL
             assert results[0].details().startswith("request failed in the engine: sampling failed: IndexError")
+            assert dict(results[0].trailing_metadata())[REQUEST_FAILED_METADATA_KEY] == "1"
             assert [len(tokens) for tokens in results[1:]] == [8, 8, 8]
             after = await tokens_of(generate(colocated, "after", prompt_ids(20, 9), greedy(4)))
             assert len(after) == 4
