@@ -8,8 +8,9 @@ newest request is preempted and later recomputed.
 
 Fair prefill: when several prompts compete for what the decodes left of the budget (prompts
 part-way through, plus the waiting requests that have a sequence slot), each prompt takes at
-most an equal share of it (never under one block), in arrival order. A short prompt arriving
-behind a max-length one is then computed in the next step instead of after the long one.
+most an equal share of it (never under one block); part-way prompts go least computed first
+and leave a share for each waiting request. A short prompt arriving behind a max-length one,
+or behind dozens of part-way prompts, is then computed in the next step.
 
 Speculative decoding (`num_spec_tokens` > 0): a running decode that may speculate
 (`shared.spec_decode.support`) gets slots for its last token plus up to k proposed tokens,
@@ -140,18 +141,23 @@ class Scheduler:
 
     def _schedule_running(self, output: SchedulerOutput, budget: int) -> tuple[int, int]:
         """Schedule the running requests, decodes first; returns the budget left and the
-        per-prompt share of it (for the waiting requests too)."""
+        per-prompt share of it. Under fair prefill, part-way prompts leave one share for each
+        waiting request that has a slot, so new arrivals start even behind many long prompts."""
         scheduled: set[str] = set()
-        decodes_first = sorted(self.running, key=lambda r: r.num_tokens_to_compute > 1)
-        share = None
-        for request in decodes_first:
+        share, held_back = None, 0
+        for request in sorted(self.running, key=_running_order):
             if budget <= 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if share is None and request.num_tokens_to_compute > 1:
+            is_prompt = request.num_tokens_to_compute > 1
+            if share is None and is_prompt:
                 share = self._prompt_share(budget)
-            num_new = self._chunk_size(request, budget if request.num_tokens_to_compute == 1 else min(budget, share))
+                held_back = min(budget, share * self._num_admissible()) if share < budget else 0
+            limit = min(budget - held_back, share) if is_prompt else budget
+            if limit <= 0:
+                continue
+            num_new = self._chunk_size(request, limit)
             num_spec = self._num_spec_tokens(request, budget)
             num_waiting_decodes = len(self.running) - len(scheduled) - 1
             if num_spec and not self._allocate_with_proposals(request, num_new + num_spec, num_waiting_decodes):
@@ -169,11 +175,14 @@ class Scheduler:
         if not (self.config.enable_chunked_prefill and self.config.fair_prefill):
             return budget
         num_partial = sum(1 for r in self.running if r.num_tokens_to_compute > 1)
-        num_admissible = min(len(self.waiting), max(0, self.config.max_num_seqs - len(self.running)))
-        num_prompts = num_partial + num_admissible
+        num_prompts = num_partial + self._num_admissible()
         if num_prompts <= 1:
             return budget
         return max(self.kv.block_size, -(-budget // num_prompts))
+
+    def _num_admissible(self) -> int:
+        """Waiting requests that have a sequence slot this step."""
+        return min(len(self.waiting), max(0, self.config.max_num_seqs - len(self.running)))
 
     def _allocate_with_proposals(self, request: Request, num_tokens: int, num_waiting_decodes: int) -> bool:
         """Allocate slots for the last token and the proposals, unless that would leave fewer
@@ -329,3 +338,10 @@ class Scheduler:
         self.kv.cache_computed_blocks(request)
         if status is not None:
             self.finish(request, status)
+
+
+def _running_order(request: Request) -> tuple[bool, int]:
+    """Decodes first (in running order), then part-way prompts, least computed first: a prompt
+    left out of one step's budget goes first in the next."""
+    is_prompt = request.num_tokens_to_compute > 1
+    return is_prompt, request.num_computed_tokens if is_prompt else 0

@@ -287,3 +287,18 @@ def test_a_prompt_alone_takes_the_whole_budget_and_waiting_without_a_slot_does_n
     scheduler.add_request(make_request("no_slot", [1, 2]))
     assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [("long", 16)]
     assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [("long", 16)]
+
+
+def test_a_new_arrival_gets_a_share_even_behind_many_part_way_prompts():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16)
+    for name in "abcd":
+        scheduler.add_request(make_request(name, range(1, 41)))
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
+        ("a", 4), ("b", 4), ("c", 4), ("d", 4)]
+    scheduler.add_request(make_request("short", [5, 6, 7]))
+    # 5 prompts, share 4: one share is held back for "short", so "d" waits a step...
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
+        ("a", 4), ("b", 4), ("c", 4), ("short", 3)]
+    # ...and, being the least computed, goes first in the next.
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
+        ("short", 1), ("d", 4), ("a", 4), ("b", 4), ("c", 3)]
