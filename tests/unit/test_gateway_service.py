@@ -192,7 +192,8 @@ def test_client_cancel_during_decode_cancels_the_decode_call_without_release(red
             assert first.text == "Hello"
             call.cancel()
             await asyncio.wait_for(d0.cancelled.wait(), 5)
-            await asyncio.sleep(0.1)
+            await wait_until(lambda: gate.stats.num_cancelled == 1)  # the relay's cleanup has run
+            await gate.server.state.relay.drain_background()
             assert d0.methods() == ["Reserve", "Decode"]
     run(scenario)
 
