@@ -53,6 +53,10 @@ class InstanceSettings:
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
     seed: int = _setting(0, "global sampling seed for unseeded requests")
+    max_grammar_bytes: int = _setting(64 * 1024, "longest guided schema, regex or grammar (bytes)")
+    max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
+    grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")
+    grammar_cache_size: int = _setting(256, "compiled guided constraints kept (least recently used dropped)")
     speculative_method: str = _setting("none", "speculative decoding: none, ngram (prompt lookup) or draft "
                                                "(a draft model); decode and colocated roles only")
     num_speculative_tokens: int = _setting(3, "tokens proposed per request and step (k)")
