@@ -117,8 +117,6 @@ def test_prefix_index_deltas_net_out_and_a_snapshot_consumes_them():
 
 
 def test_guided_limits_are_instance_flags():
-    from services.common.engine_setup import engine_config
-    from services.common.flags import parse_settings
     settings = parse_settings("pdserve serve decode", ["decode"], [
         "--max-grammar-bytes", "100", "--max-grammar-nesting-depth", "5", "--grammar-compile-timeout-s", "2.5",
         "--grammar-cache-size", "7"])
