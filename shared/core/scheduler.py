@@ -59,8 +59,8 @@ class Scheduler:
         self.waiting.append(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """End a request (stop, length or abort) and free its blocks at once (a prefill-role
-        request that finished normally keeps them until `release_held`)."""
+        """End a request (stop, length, abort or error) and free its blocks at once (a
+        prefill-role request that finished normally keeps them until `release_held`)."""
         if request.is_finished:
             return
         if request.status == RequestStatus.RUNNING:
@@ -70,7 +70,7 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        if request.hold_blocks_on_finish and status != RequestStatus.FINISHED_ABORTED:
+        if request.hold_blocks_on_finish and status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
             self.held[request.request_id] = request
         else:
             self.kv.free(request)
