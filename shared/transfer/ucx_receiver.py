@@ -264,14 +264,21 @@ class KVReceiver:
         num_chunks = len(range(0, num_sender_rows, header.rows_per_chunk))
         chunk_bytes = header.payload_bytes // num_sender_rows * header.rows_per_chunk
         scratch = self._staging.acquire(chunk_bytes + CRC32_TRAILER_BYTES)  # every chunk message fits
+        deadline = time.monotonic() + _DISCARD_TIMEOUT_S
+        receives: list[asyncio.Future] = []
         try:
-            async with asyncio.timeout(_DISCARD_TIMEOUT_S):
-                for _ in range(num_chunks):
-                    await endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG)
-        except (ucxx.exceptions.UCXError, TimeoutError) as drain_error:
+            for _ in range(num_chunks):
+                receives.append(asyncio.ensure_future(endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG)))
+                await asyncio.wait(receives[-1:], timeout=max(0.0, deadline - time.monotonic()))
+                if not receives[-1].done():
+                    logger.debug("KV transfer %r: payload not drained in time", header.request_id)
+                    return
+                receives[-1].result()
+        except ucxx.exceptions.UCXError as drain_error:
             logger.debug("KV transfer %r: payload not drained: %s", header.request_id, drain_error)
         finally:
-            self._staging.discard(scratch)
+            keep_until_done(receives)  # never cancelled: UCX may still write into scratch
+            self._staging.discard(scratch)  # never reused; a pending receive keeps it alive
 
     def _admit(self, header: pb.KVTransferHeader) -> _ExpectedTransfer:
         """Check `header` against the layout and the expected transfers; marks it in flight."""
