@@ -62,7 +62,7 @@ class GatewayServer:
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any
         self.health = GatewayHealth()
         self.access = access_control(settings)
-        interceptors = [MalformedRequestInterceptor(), AccessInterceptor(self.access)]
+        interceptors = [MalformedRequestInterceptor(settings.request_read_timeout_s), AccessInterceptor(self.access)]
         self.server = grpc.aio.server(options=public_server_options(settings.limits), interceptors=interceptors)
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
         self.health.add_to_server(self.server)

@@ -47,6 +47,8 @@ class GatewaySettings:
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line
     limits: RequestLimits = field(default_factory=RequestLimits)  # services.gateway.limits
+    # A gRPC call's request message must arrive whole within this (services.common.malformed_requests).
+    request_read_timeout_s: float = 10.0
     # Access (services.gateway.access): API keys and per-key limits (0: off).
     api_key: tuple[str, ...] = field(default=(), repr=False)
     api_keys_file: str | None = None
@@ -74,6 +76,7 @@ class GatewaySettings:
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
             _check(self.max_model_len, "max_model_len", lambda v: v >= 2, "must be >= 2")
+        _check(self.request_read_timeout_s, "request_read_timeout_s", lambda v: v > 0, "must be > 0")
         _check(self.rate_limit_rps, "rate_limit_rps", lambda v: v >= 0, "must be >= 0")
         _check(self.rate_limit_burst, "rate_limit_burst", lambda v: v >= 0, "must be >= 0")
         _check(self.max_concurrent_per_key, "max_concurrent_per_key", lambda v: v >= 0, "must be >= 0")
@@ -133,6 +136,8 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
                             "(default: -1, none; the HTTP API serves /metrics anyway)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
     ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
+    ("--request-read-timeout-s", float, "a gRPC request message must arrive whole within this "
+                                        "(default: 10)"),
     ("--api-key", _key_list, "require 'Authorization: Bearer <key>' (repeatable; the variable is "
                              "comma separated) (default: none, open)"),
     ("--api-keys-file", str, "more API keys, one a line (# comments)"),
