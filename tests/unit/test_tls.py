@@ -6,13 +6,17 @@ relays a request through instances that require it."""
 import asyncio
 import ssl
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.grpc_server import GrpcServer
 from services.common.tls import channel_credentials, server_credentials
+from services.launcher.probe import probe_credentials
+from services.launcher.readiness import is_serving
 from shared.cli.main import main
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc, instance_pb2_grpc
@@ -20,6 +24,7 @@ from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixt
 from tests.unit.gateway_fakes import FakeInstance
 from tests.unit.test_openai_http import Harness, http_gateway, model, run  # noqa: F401
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CERT_FILES = ["ca-key.pem", "ca.pem", "gateway-key.pem", "gateway.pem", "instance-key.pem", "instance.pem"]
 
 
@@ -124,3 +129,31 @@ def test_a_request_goes_through_instances_that_require_mutual_tls(redis_server, 
             reply = await gate.client.completions.create(model=model.name, prompt=[1, 2, 3], max_tokens=3)
             assert reply.choices[0].text == "Hello world!"
     run(scenario)
+
+
+def test_the_container_probe_speaks_mutual_tls_with_the_containers_own_certificate(certs):
+    environ = {"PDSERVE_TLS_CERT_FILE": pem(certs, "instance.pem"), "PDSERVE_TLS_KEY_FILE": pem(certs, "instance-key.pem"),
+               "PDSERVE_TLS_CA_FILE": pem(certs, "ca.pem")}
+
+    async def scenario():
+        credentials = server_credentials(pem(certs, "instance.pem"), pem(certs, "instance-key.pem"),
+                                         pem(certs, "ca.pem"))
+        server = GrpcServer(FakeInstance("d0", "decode"), "127.0.0.1", 0, credentials)
+        await server.start()
+        await server.set_serving(True)
+        try:
+            address = f"127.0.0.1:{server.port}"
+            assert await asyncio.to_thread(is_serving, address, "", 5.0, probe_credentials(environ))
+            assert not await asyncio.to_thread(is_serving, address, "", 5.0, None)
+        finally:
+            await server.stop(0)
+    asyncio.run(scenario())
+
+
+def test_the_compose_tls_override_configures_every_service():
+    override = yaml.safe_load((REPO_ROOT / "deploy" / "compose" / "tls.yml").read_text())
+    services = override["services"]
+    assert services["gateway"]["environment"]["PDSERVE_INSTANCE_TLS_CA_FILE"] == "/certs/ca.pem"
+    for role in ("prefill", "decode"):
+        assert services[role]["environment"]["PDSERVE_TLS_CA_FILE"] == "/certs/ca.pem"
+        assert services[role]["volumes"] == ["./certs:/certs:ro"]
