@@ -19,7 +19,8 @@ from services.gateway.settings import add_arguments, settings_from_args
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
-from tests.unit.test_gateway_bad_input import apost, assert_openai_error
+from tests.helpers.raw_http import assert_openai_error
+from tests.unit.test_gateway_bad_input import apost
 from tests.unit.test_openai_http import http_gateway, model, run, with_pair  # noqa: F401
 
 KEY = "sk-test-0123456789"

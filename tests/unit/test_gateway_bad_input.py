@@ -4,8 +4,6 @@ downstream), lone surrogates, every HTTP error in OpenAI's shape, and cache_salt
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
@@ -15,39 +13,15 @@ from services.gateway.limits import RequestLimits
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
+from tests.helpers.raw_http import assert_openai_error, post
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.test_openai_http import MODEL_NAME, http_gateway, model, run, with_pair  # noqa: F401
 
-MAX_ERROR_BODY_BYTES = 2048
 SURROGATE = "a\ud800b"
-
-
-def post(address: str, path: str, body, method: str = "POST",
-         headers: dict[str, str] | None = None) -> tuple[int, dict, dict]:
-    """(status, JSON body, headers) of one raw HTTP request; `body` bytes or JSON-able."""
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://{address}{path}", data=data, method=method,
-                                     headers={"content-type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            raw, status, reply_headers = reply.read(), reply.status, dict(reply.headers)
-    except urllib.error.HTTPError as error:
-        raw, status, reply_headers = error.read(), error.code, dict(error.headers)
-    assert len(raw) < MAX_ERROR_BODY_BYTES or status == 200, f"{len(raw)}-byte answer"
-    return status, json.loads(raw), reply_headers
 
 
 async def apost(address: str, path: str, body, **kwargs) -> tuple[int, dict, dict]:
     return await asyncio.to_thread(post, address, path, body, **kwargs)
-
-
-def assert_openai_error(status: int, body: dict, expected_status: int, param: str | None = None) -> None:
-    assert status == expected_status, body
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    assert len(body["error"]["message"]) <= 1024
-    if param is not None:
-        assert body["error"]["param"] == param, body
-        assert body["error"]["message"].startswith(param), body
 
 
 OVERSIZED_BODIES = {
