@@ -130,7 +130,7 @@ def test_unparsable_http_bodies_are_4xx(stack, raw):
 
 def _broken_grpc_requests():
     def with_sampling(**fields):
-        return gw.GenerateRequest(text="Hello", sampling=gen.SamplingParams(max_tokens=2, **fields))
+        return gw.GenerateRequest(text="Hello", sampling=gen.SamplingParams(**{"max_tokens": 2, **fields}))
 
     return st.one_of(
         st.builds(lambda t: with_sampling(temperature=t), st.floats(max_value=-0.01, allow_nan=False)),
