@@ -2,14 +2,18 @@
 INVALID_ARGUMENT naming the field, never echoing the oversized value, nothing sent
 downstream), lone surrogates, every HTTP error in OpenAI's shape, and cache_salt over HTTP."""
 
+import argparse
 import asyncio
 import json
 
 import grpc
 import pytest
 
+from services.common.grpc_limits import MAX_INTERNAL_MESSAGE_BYTES
 from services.gateway.http import app as app_module
-from services.gateway.limits import RequestLimits
+from services.gateway.limits import RequestLimits, check_fits_internal_hops, largest_internal_message_bytes
+from services.gateway.settings import add_arguments, settings_from_args
+from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
@@ -150,3 +154,17 @@ def test_cache_salt_over_http_reaches_both_instances_and_changes_the_block_hashe
             assert salts == ["a1", "a1", "b2", "b2"]
             assert [r.cache_salt for r in p0.requests_of("Prefill")] == salts
     run(scenario)
+
+
+def test_limits_are_flags_and_variables_and_must_fit_the_internal_hops():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = settings_from_args(parser.parse_args(["--max-prompts", "3"]), environ={"PDSERVE_MAX_N": "4"})
+    assert (settings.limits.max_prompts, settings.limits.max_n) == (3, 4)
+    assert settings.limits.max_guided_bytes == RequestLimits().max_guided_bytes
+    assert largest_internal_message_bytes(RequestLimits(), 8192) < MAX_INTERNAL_MESSAGE_BYTES // 4
+    check_fits_internal_hops(RequestLimits(), 8192)
+    with pytest.raises(InvalidRequestError):
+        check_fits_internal_hops(RequestLimits(max_guided_bytes=MAX_INTERNAL_MESSAGE_BYTES), 8192)
+    with pytest.raises(InvalidRequestError, match="max_n"):
+        RequestLimits(max_n=0)
