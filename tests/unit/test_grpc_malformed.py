@@ -1,13 +1,22 @@
 """Malformed gRPC input, sent as raw HTTP/2 frames to the gateway and to an instance's
 server: undecodable or invalid-UTF-8 protobuf is INVALID_ARGUMENT, a call with no message is
 INVALID_ARGUMENT at once, a message that never arrives whole is DEADLINE_EXCEEDED after the
-server's read timeout (not the client's deadline), and none of it logs an error."""
+server's read timeout (not the client's deadline), and none of it logs an error. An
+instance's error message is bounded, so an engine error embedding a huge schema keeps its
+status instead of overflowing the trailers."""
 
 import asyncio
 import logging
 
+import grpc
+import pytest
+
+from services.common.errors import rpc_errors
 from services.common.grpc_server import GrpcServer
+from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
+from shared.pb.pdserve.v1 import instance_pb2 as pb
+from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
 from tests.helpers.raw_h2 import grpc_frame, raw_grpc_call
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.gateway_fakes import FakeInstance
@@ -55,6 +64,30 @@ def test_an_instance_refuses_undecodable_requests_with_invalid_argument():
             assert reply.status == INVALID_ARGUMENT, reply
             reply = await call(address, "/pdserve.v1.Instance/Decode", None)
             assert reply.status == INVALID_ARGUMENT, reply
+        finally:
+            await server.stop(0)
+    asyncio.run(scenario())
+
+
+class VerboseInstance(FakeInstance):
+    """Fails Reserve with an error whose message embeds a 5 MB schema (as XGrammar's do)."""
+
+    async def Reserve(self, request, context):
+        async with rpc_errors(context, "Reserve", request.request_id):
+            raise InvalidRequestError("guided.json_schema", "cannot compile " + "{" * 5_000_000)
+
+
+def test_an_instance_error_message_is_bounded_and_keeps_its_code():
+    async def scenario():
+        server = GrpcServer(VerboseInstance("d0", "decode"), "127.0.0.1", 0)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await InstanceStub(channel).Reserve(pb.ReserveRequest(request_id="r"), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith("guided.json_schema: cannot compile {{{")
+            assert len(refused.value.details().encode()) <= 1024
         finally:
             await server.stop(0)
     asyncio.run(scenario())
