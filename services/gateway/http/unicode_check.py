@@ -21,21 +21,21 @@ def check_encodable(body: BaseModel) -> None:
 
 
 def _first_unencodable(value: Any, path: str) -> str | None:
-    """The path of the first string (value or dict key) under `value` that UTF-8 cannot encode."""
-    if isinstance(value, str):
-        return None if _is_encodable(value) else path
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and not _is_encodable(key):
-                return f"{path} (a key)"
-            found = _first_unencodable(item, f"{path}.{key}")
-            if found is not None:
-                return found
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = _first_unencodable(item, f"{path}[{index}]")
-            if found is not None:
-                return found
+    """The path of the first string (value or dict key) under `value` that UTF-8 cannot encode.
+    Iterative, so that a deeply nested body (a JSON schema) cannot exhaust the stack."""
+    pending = [(value, path)]
+    while pending:
+        item, item_path = pending.pop()
+        if isinstance(item, str):
+            if not _is_encodable(item):
+                return item_path
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if isinstance(key, str) and not _is_encodable(key):
+                    return f"{item_path} (a key)"
+                pending.append((child, f"{item_path}.{key}"))
+        elif isinstance(item, (list, tuple)):
+            pending.extend((child, f"{item_path}[{index}]") for index, child in reversed(list(enumerate(item))))
     return None
 
 
