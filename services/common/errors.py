@@ -18,6 +18,8 @@ from shared.engine.async_engine import EngineDeadError, RequestFailedError
 from shared.engine.llm_engine import CapacityError
 from shared.errors import REQUEST_FAILED_METADATA_KEY, InvalidRequestError
 
+from services.common.bounded_text import bounded
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,6 +55,7 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id:
         raise
     except Exception as error:  # noqa: BLE001 - every failure becomes a status
         code, message = _status_of(error)
+        message = bounded(message)
         fields = {"request_id": request_id or None, "status": code.name}
         if code == grpc.StatusCode.INTERNAL:
             logger.exception("%s %s failed", method, request_id, extra=fields)

@@ -33,6 +33,7 @@ from services.common.role import RoleHandlers
 from services.common.servicer import InstanceServicer
 from services.common.settings import InstanceSettings
 from services.common.status import engine_status
+from services.common.tls import instance_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class InstanceRuntime:
         return self.handlers.ucx_address if self.handlers is not None else ""
 
     async def start(self) -> None:
-        self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port)
+        self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port,
+                                 instance_credentials(self.settings))
         port = await self.server.start()
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)

@@ -71,6 +71,9 @@ class InstanceSettings:
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
+    tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")
+    tls_key_file: str = _setting("", "the PEM private key of --tls-cert-file")
+    tls_ca_file: str = _setting("", "accept only clients with a certificate this CA signed (mutual TLS)")
 
     def __post_init__(self) -> None:
         validate_settings(self)
@@ -109,6 +112,10 @@ def validate_settings(settings: InstanceSettings) -> None:
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
     _check_non_negative(settings, ("draft_num_layers",))
     speculative_config(settings)
+    if bool(settings.tls_cert_file) != bool(settings.tls_key_file):
+        raise InvalidRequestError("tls_cert_file", "tls_cert_file and tls_key_file go together")
+    if settings.tls_ca_file and not settings.tls_cert_file:
+        raise InvalidRequestError("tls_ca_file", "needs tls_cert_file and tls_key_file")
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                      f"({settings.heartbeat_interval_s}), "

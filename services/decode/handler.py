@@ -74,7 +74,8 @@ class DecodeHandler(RoleHandler):
         logger.info("reserved %s: %d blocks (%d prompt tokens cached), lease %.1f s", request.request_id,
                     len(reservation.block_ids), reservation.num_cached_tokens, lease_s)
         return pb.ReserveResponse(ucx_address=self.ucx_address, block_ids=reservation.block_ids,
-                                  num_cached_prompt_tokens=reservation.num_cached_tokens)
+                                  num_cached_prompt_tokens=reservation.num_cached_tokens,
+                                  transfer_token=self.book.transfer_token(request.request_id))
 
     async def decode(self, request: pb.DecodeRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
         engine = self.async_engine.engine

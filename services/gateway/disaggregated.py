@@ -122,6 +122,8 @@ def _prefill_message(ctx: RelayContext, sub: SubRequest,
         sampling=sub.sampling_proto(), decode_ucx_address=reply.ucx_address,
         dst_block_ids=reply.block_ids,
         num_skip_blocks=reply.num_cached_prompt_tokens // ctx.block_size)
+    if reply.HasField("transfer_token"):
+        message.transfer_token = reply.transfer_token
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
     return message

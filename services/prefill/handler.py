@@ -122,7 +122,7 @@ class PrefillHandler(RoleHandler):
         try:
             return await self.sender.send(request.decode_ucx_address, request.request_id, executor.kv_cache,
                                           executor.kv_cache_layout, block_ids[skip:],
-                                          list(request.dst_block_ids)[skip:])
+                                          list(request.dst_block_ids)[skip:], request.transfer_token)
         except KVTransferError as error:
             raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
                                                         f"{request.decode_ucx_address} failed: {error}") from error

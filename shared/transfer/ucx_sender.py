@@ -116,9 +116,10 @@ class KVSender:
 
     async def send(
         self, address: str, request_id: str, kv_cache: torch.Tensor, layout: KVCacheLayout,
-        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
+        src_block_ids: Sequence[int], dst_block_ids: Sequence[int], transfer_token: bytes = b"",
     ) -> TransferResult:
-        """Copy `kv_cache` blocks `src_block_ids[i]` into the receiver's `dst_block_ids[i]`.
+        """Copy `kv_cache` blocks `src_block_ids[i]` into the receiver's `dst_block_ids[i]`,
+        presenting the reservation's `transfer_token`.
 
         Returns once the receiver has written them. Raises InvalidRequestError for bad
         arguments, KVTransferRejected when the receiver refuses (field named), and
@@ -127,7 +128,7 @@ class KVSender:
         _check_send_arguments(request_id, kv_cache, layout, src_block_ids, dst_block_ids)
         started = time.perf_counter()
         rows_per_chunk = choose_rows_per_chunk(layout, len(src_block_ids), self._chunk_bytes)
-        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum)
+        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum, transfer_token)
         chunks = plan_chunks(layout, len(src_block_ids), rows_per_chunk, self._use_checksum)
         payload = _OutgoingPayload(
             kv_cache, layout, np.asarray(src_block_ids, dtype=np.int64), chunks, self._use_checksum,

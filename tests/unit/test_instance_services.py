@@ -145,7 +145,8 @@ async def reserve(decode: Instance, request_id: str, prompt: list[int], sampling
 def prefill_request(reserved: pb.ReserveResponse, request_id: str, prompt: list[int], **changes) -> pb.PrefillRequest:
     fields = dict(request_id=request_id, prompt_token_ids=prompt, sampling=greedy(3),
                   decode_ucx_address=reserved.ucx_address, dst_block_ids=list(reserved.block_ids),
-                  num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE)
+                  num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE,
+                  transfer_token=reserved.transfer_token)
     return pb.PrefillRequest(**{**fields, **changes})
 
 
