@@ -65,6 +65,8 @@ class SamplingFields(BaseModel):
     use_speculation: bool | None = None
     # vLLM's: logprobs of every prompt token after the first, with this many alternatives.
     prompt_logprobs: int | None = None
+    # vLLM's tenant isolation: requests with different salts never share prefix-cache blocks.
+    cache_salt: str | None = None
     # Guided decoding (`guided_fields`): OpenAI's response_format, or vLLM's extras.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
