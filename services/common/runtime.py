@@ -5,8 +5,10 @@ start():  gRPC server up (health NOT_SERVING) -> engine loaded -> metrics wired 
           receiver listens) -> health SERVING -> registered in Redis with heartbeats and
           the prefix-index publisher -> ready file written.
 stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
-          index dropped -> gRPC server stopped with grace (in-flight RPCs finish or are
-          cancelled, which frees what they held) -> role handlers stopped (reservations
+          index dropped (gateways stop routing here) -> accepted work finishes, up to
+          --drain-timeout-s: running prefills, Decode calls for granted reservations (their RPCs
+          are still accepted), running decodes -> gRPC server stopped with grace (what is still
+          in flight is cancelled, which frees what it held) -> role handlers stopped (reservations
           released, UCX closed) -> Redis client closed -> engine thread stopped -> /metrics
           listener closed. Safe after a partial start.
 """
@@ -34,6 +36,7 @@ from services.common.status import engine_status
 logger = logging.getLogger(__name__)
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+DRAIN_POLL_S = 0.05
 
 
 def new_instance_id(role: str) -> str:
@@ -117,6 +120,23 @@ class InstanceRuntime:
         if self.server is not None:
             await self.server.set_serving(False)
 
+    def has_accepted_work(self) -> bool:
+        """Requests waiting, running or reserved in the engine (a granted reservation counts)."""
+        if self.async_engine is None:
+            return False
+        load = self.async_engine.load()
+        return load.num_waiting + load.num_running + load.num_reserved > 0
+
+    async def _finish_accepted_work(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.has_accepted_work() and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self.has_accepted_work():
+            logger.warning("drain timeout (%.1f s) reached with work left; cancelling it", timeout_s)
+        else:
+            logger.info("drained: no accepted work left")
+
     async def stop(self) -> None:
         """Idempotent; see the module docstring for the order."""
         if self._is_stopped:
@@ -126,6 +146,7 @@ class InstanceRuntime:
         await self.begin_draining()
         if self.presence is not None:
             await self.presence.withdraw()
+        await self._finish_accepted_work(self.settings.drain_timeout_s)
         if self.server is not None:
             await self.server.stop(self.settings.shutdown_grace_s)
         for handler in reversed(self._started_handlers):

@@ -37,6 +37,7 @@ class DecodeHandler(RoleHandler):
         self.receiver = KVReceiver(engine.executor.kv_cache, engine.executor.kv_cache_layout,
                                    host=settings.ucx_host, port=settings.ucx_port)
         leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
+        runtime.presence.resync_hooks.append(leases.republish)
         self.book = ReservationBook(runtime.async_engine, self.receiver, leases)
         self._expiry_task: asyncio.Task | None = None
 
@@ -63,7 +64,8 @@ class DecodeHandler(RoleHandler):
         params = sampling_from_proto(request.sampling)
         salt = request.cache_salt if request.HasField("cache_salt") else None
         lease_s = (request.lease_ms or self.default_lease_ms) / 1000
-        reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt, lease_s)
+        reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt,
+                                              lease_s, request.num_resumed_output_tokens)
         logger.info("reserved %s: %d blocks (%d prompt tokens cached), lease %.1f s", request.request_id,
                     len(reservation.block_ids), reservation.num_cached_tokens, lease_s)
         return pb.ReserveResponse(ucx_address=self.ucx_address, block_ids=reservation.block_ids,

@@ -42,6 +42,7 @@ class GatewaySettings:
     # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
     # serves /metrics too, whatever this says.
     metrics_port: int = -1
+    drain_timeout_s: float = 20.0  # on SIGTERM: how long open calls and streams get to finish
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line
 
@@ -54,6 +55,7 @@ class GatewaySettings:
         _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
         _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
+        _check(self.drain_timeout_s, "drain_timeout_s", lambda v: v >= 0, "must be >= 0")
         _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
@@ -100,6 +102,8 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--no-http", _env_bool, "serve no HTTP API (default: off)"),
     ("--metrics-port", int, "Prometheus /metrics port of its own; 0 binds an ephemeral one "
                             "(default: -1, none; the HTTP API serves /metrics anyway)"),
+    ("--drain-timeout-s", float, "on SIGTERM, seconds open calls and streams get to finish "
+                                 "while new ones are refused (default: 20)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
     ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
 )

@@ -19,6 +19,9 @@ class GatewayStats:
     num_colocated_failovers: int = 0
     num_releases: int = 0  # reservations given back because Decode never started
     num_lease_renewals: int = 0  # Renew calls that extended a reservation while prefill ran
+    # Reason ("failure": the decode instance died; "drain": it was draining) -> streams moved
+    # mid-way to another decode instance.
+    migrations: Counter = field(default_factory=Counter)
 
     def record_route(self, role: str, reason: str) -> None:
         self.routing[f"{role}:{reason}"] += 1

@@ -7,11 +7,16 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# Linux sends the parent-death signal when the *thread* that forked a child exits, so every
+# child is forked by this one thread, which lives as long as the launcher: restarts and scale-
+# outs may then run on short-lived threads.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
 
 
 def _die_with_parent() -> None:
@@ -56,13 +61,16 @@ class ChildProcess:
         if self.ready_file is not None:
             self.ready_file.unlink(missing_ok=True)
         self.expected_exit = False
+        self.process = _SPAWNER.submit(self._spawn).result()
+        logger.info("started %s (pid %d): %s", self.name, self.process.pid, " ".join(self.argv))
+
+    def _spawn(self) -> subprocess.Popen:
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            return subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=self.env, start_new_session=True,
                 preexec_fn=_pin_and_die_with_parent(self.cpus) if self.cpus else _die_with_parent,
             )
-        logger.info("started %s (pid %d): %s", self.name, self.process.pid, " ".join(self.argv))
 
     def exit_code(self) -> int | None:
         """None while running (or never started); the exit status once it has exited."""

@@ -5,6 +5,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.prefix_index import PrefixIndex
@@ -21,8 +22,11 @@ class Behaviour:
     reserve_error: grpc.StatusCode | None = None
     prefill_error: grpc.StatusCode | None = None
     prefill_blocks: bool = False  # Prefill waits until cancelled
+    prefill_fails_toward: str = ""  # Prefill toward this UCX address fails (ABORTED): a dead decode
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
     decode_blocks_after_first: bool = False  # Decode sends one message, then waits
+    # Decode sends one message, turns NOT_SERVING and fails the call (a decode draining away).
+    decode_drains_after_first: bool = False
     num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
     block_ids: list[int] = field(default_factory=lambda: [7, 8, 9, 10])
 
@@ -47,12 +51,18 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
     async def start(self) -> None:
         self.server = grpc.aio.server()
         instance_pb2_grpc.add_InstanceServicer_to_server(self, self.server)
+        self.health = health.aio.HealthServicer()  # SERVING by default, like a live instance
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.address = f"127.0.0.1:{port}"
 
     async def stop(self) -> None:
         await self.server.stop(0)
+
+    async def set_serving(self, is_serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set("", status)
 
     async def Reserve(self, request, context):
         self.calls.append(("Reserve", request))
@@ -66,6 +76,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.started.set()
         if self.behaviour.prefill_error is not None:
             await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
+        if request.decode_ucx_address == self.behaviour.prefill_fails_toward:
+            await context.abort(grpc.StatusCode.ABORTED, f"KV transfer to {request.decode_ucx_address} failed")
         if self.behaviour.prefill_blocks:
             await self._wait_for_cancel()
         await asyncio.sleep(self.behaviour.prefill_delay_s)
@@ -83,6 +95,9 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
                 message.finish_reason = gen.FINISH_REASON_STOP
                 message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=3, cached_prompt_tokens=999))
             yield message
+            if self.behaviour.decode_drains_after_first:
+                await self.set_serving(False)
+                await context.abort(grpc.StatusCode.CANCELLED, f"{self.instance_id} drained away")
             if self.behaviour.decode_blocks_after_first:
                 await self._wait_for_cancel()
 

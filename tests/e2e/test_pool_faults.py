@@ -1,0 +1,119 @@
+"""Pools that fail and shrink without losing requests, with real processes and a real Redis:
+2 prefill + 2 decode instances and a gateway, supervised as under `pdserve up` (a child that
+exits unasked is restarted). Each test runs a few greedy streaming requests, injects one
+fault while they are in flight, and asserts 0 failed requests, the usage counts right, the
+victim back and registered, and every block back in every pool.
+"""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from services.launcher.supervisor import RestartPolicy
+from tests.helpers.fault_load import StreamingLoad, failures
+from tests.helpers.gateway_client import generate, generate_request, random_token_ids
+from tests.helpers.stack import make_stack_config, StackHarness
+
+DTYPE = "bfloat16"
+HEARTBEAT_TTL_S = 2.0
+NUM_REQUESTS = 6
+CONCURRENCY = 4
+
+
+@pytest.fixture(scope="module")
+def stack(smollm2_folder, tmp_path_factory):
+    from services.launcher import LocalStack
+
+    config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("faults"), extra_args={
+        "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
+                     "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S), "--drain-timeout-s", "60"],
+        "prefill": ["--max-num-batched-tokens", "64"]})
+    config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
+    local = LocalStack(config)
+    local.start()
+    stop_event = threading.Event()
+    supervisor = threading.Thread(target=local.supervise, args=(stop_event,), daemon=True)
+    supervisor.start()
+    try:
+        yield StackHarness(local, smollm2_folder)
+    finally:
+        stop_event.set()
+        supervisor.join(5)
+        local.stop()
+
+
+@pytest.fixture(autouse=True)
+def healthy_after(stack):
+    """Every child back, registered and SERVING, every block free, after each test."""
+    yield
+    names = {child.name for child in stack.stack.instances}
+    stack.wait_for(lambda: all(r.state == "running" for r in stack.stack.supervisor.records())
+                   and stack.registered_ids() == names, 120.0, "every instance back and registered")
+    stack.wait_all_blocks_free()
+
+
+def restarts(stack, name: str) -> int:
+    return next((r.num_restarts for r in stack.stack.supervisor.records() if r.name == name), 0)
+
+
+def signal_child(stack, name: str, signum: int) -> None:
+    child = next(child for child in stack.stack.children() if child.name == name)
+    os.kill(child.pid, signum)
+
+
+def run_with_fault(stack, fault, seed: int, **load_args) -> None:
+    """Start the load, wait until streams are running, inject `fault()`, expect 0 failures."""
+    with StreamingLoad(stack.gateway, NUM_REQUESTS, CONCURRENCY, seed=seed, **load_args) as load:
+        load.wait_in_flight(2)
+        fault()
+        results = load.results()
+    assert failures(results) == []
+
+
+def test_prefill_killed_under_pdserve_up_is_restarted_and_nothing_fails(stack):
+    before = restarts(stack, "prefill-0")
+    # Long prompts computed 64 tokens a step keep the prefill instances busy when the kill lands.
+    run_with_fault(stack, lambda: signal_child(stack, "prefill-0", signal.SIGKILL), seed=1,
+                   prompt_tokens=400)
+    stack.wait_for(lambda: restarts(stack, "prefill-0") == before + 1, 120.0, "prefill-0 restarted")
+
+
+def test_redis_killed_and_restarted_costs_nothing(stack):
+    def fault():
+        signal_child(stack, "redis", signal.SIGKILL)
+        stack.wait_for(lambda: restarts(stack, "redis") >= 1, 30.0, "redis restarted")
+
+    run_with_fault(stack, fault, seed=2)
+    names = {child.name for child in stack.stack.instances}
+    stack.wait_for(lambda: stack.registered_ids() == names, 5.0, "every instance re-registered")
+    # After the restart the prefix index is rebuilt: a prompt just served is found again.
+    prompt = random_token_ids(64, seed=99)
+    generate(stack.gateway, generate_request(token_ids=prompt, max_tokens=2))
+    stack.wait_for(lambda: max(stack.prefix_holders(prompt, names).values()) == 4, 10.0,
+                   "the prefix index to show the prompt's 4 blocks")
+
+
+@pytest.mark.parametrize("name", ["decode-0", "prefill-1"])
+def test_sigterm_drains_an_instance_and_nothing_fails(stack, name):
+    before = restarts(stack, name)
+    run_with_fault(stack, lambda: signal_child(stack, name, signal.SIGTERM), seed=3, max_tokens=32)
+    stack.wait_for(lambda: restarts(stack, name) == before + 1, 120.0, f"{name} back after its drain")
+    child = next(child for child in stack.stack.instances if child.name == name)
+    assert "drained: no accepted work left" in child.log_path.read_text()
+
+
+def test_decode_killed_while_holding_reservations_is_replaced_before_the_first_token(stack):
+    """The decode instance dies while the prompts it reserved for are still in prefill: the
+    gateway reserves on the other one and runs the prefill again toward it."""
+    def kill_the_decode_holding_reservations():
+        holder = stack.wait_for(lambda: next((name for name, status in stack.statuses("decode").items()
+                                              if status.num_reserved > 0), None), 60.0,
+                                "a decode instance to hold a reservation", 0.02)
+        signal_child(stack, holder, signal.SIGKILL)
+
+    with StreamingLoad(stack.gateway, 3, 3, seed=4, prompt_tokens=900) as load:
+        kill_the_decode_holding_reservations()
+        results = load.results()
+    assert failures(results) == []
