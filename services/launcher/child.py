@@ -3,6 +3,7 @@
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -35,6 +36,21 @@ def _pin_and_die_with_parent(cpus: tuple[int, ...]) -> Callable[[], None]:
     return prepare
 
 
+def _launch_wrappers(cpus: tuple[int, ...] | None) -> tuple[list[str], Callable[[], None] | None]:
+    """(argv prefix, preexec function) that set the parent-death signal and pin the child.
+
+    util-linux's `setpriv --pdeathsig` and `taskset` do it in the child without Python code
+    between fork and exec (which can abort or deadlock in the forked copy of a launcher that
+    runs threads); without them a preexec function does it."""
+    setpriv, taskset = shutil.which("setpriv"), shutil.which("taskset")
+    if setpriv is None or (cpus and taskset is None):
+        return [], _pin_and_die_with_parent(cpus) if cpus else _die_with_parent
+    prefix = [setpriv, "--pdeathsig", "TERM"]
+    if cpus:
+        prefix += [taskset, "-c", ",".join(str(cpu) for cpu in cpus)]
+    return prefix, None
+
+
 class ChildProcess:
     """A named child with its own session (so a terminal Ctrl-C reaches only the launcher,
     which then stops the children in order), stdout+stderr in `log_path`."""
@@ -65,11 +81,11 @@ class ChildProcess:
         logger.info("started %s (pid %d): %s", self.name, self.process.pid, " ".join(self.argv))
 
     def _spawn(self) -> subprocess.Popen:
+        prefix, preexec_fn = _launch_wrappers(self.cpus)
         with open(self.log_path, "ab") as log:
             return subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True,
-                preexec_fn=_pin_and_die_with_parent(self.cpus) if self.cpus else _die_with_parent,
+                prefix + self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True, preexec_fn=preexec_fn,
             )
 
     def exit_code(self) -> int | None:

@@ -2,12 +2,15 @@
 2 prefill + 2 decode instances and a gateway, supervised as under `pdserve up` (a child that
 exits unasked is restarted). Each test runs a few greedy streaming requests, injects one
 fault while they are in flight, and asserts 0 failed requests, the usage counts right, the
-victim back and registered, and every block back in every pool.
+victim back and registered, and every block back in every pool. A decode instance killed
+mid-stream hands its stream over (migration) and the greedy tokens equal the unmigrated run.
 """
 
 import os
 import signal
 import threading
+
+import urllib.request
 
 import pytest
 
@@ -16,7 +19,7 @@ from tests.helpers.fault_load import StreamingLoad, failures
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
 from tests.helpers.stack import make_stack_config, StackHarness
 
-DTYPE = "bfloat16"
+DTYPE = "float32"  # a migrated greedy stream must equal the unmigrated one token for token
 HEARTBEAT_TTL_S = 2.0
 NUM_REQUESTS = 6
 CONCURRENCY = 4
@@ -117,3 +120,21 @@ def test_decode_killed_while_holding_reservations_is_replaced_before_the_first_t
         kill_the_decode_holding_reservations()
         results = load.results()
     assert failures(results) == []
+
+
+def test_decode_killed_mid_stream_migrates_and_the_greedy_tokens_match(stack):
+    request = generate_request(token_ids=random_token_ids(100, seed=5), max_tokens=40, ignore_eos=True)
+    expected = generate(stack.gateway, request)
+    tokens, usage, victim = [], None, None
+    for message in stack.gateway.Generate(request, timeout=180):
+        tokens.extend(message.token_ids)
+        usage = message.usage if message.HasField("usage") else usage
+        if victim is None and len(tokens) >= 8:
+            victim = next(name for name, status in stack.statuses("decode").items() if status.num_running)
+            signal_child(stack, victim, signal.SIGKILL)
+    assert victim is not None
+    assert tokens == expected.token_ids
+    assert (usage.prompt_tokens, usage.completion_tokens) == (100, 40)
+    http_address = stack.stack.ready_info["gateway"]["http_address"]
+    metrics = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
+    assert 'pdserve:migrations_total{' in metrics and 'reason="failure"' in metrics
