@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from services.launcher.supervisor import RestartPolicy
-from tests.helpers.fault_load import StreamingLoad, failures
+from benchmarks.fault_load import StreamingLoad, failures
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
 from tests.helpers.stack import make_stack_config, StackHarness
 

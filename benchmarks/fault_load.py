@@ -1,8 +1,9 @@
-"""Streaming load for fault tests and `make bench-faults`: a fixed number of greedy gRPC
-Generate streams at a fixed concurrency, each recorded (ok or the error, tokens, time to first
-token, gaps between messages), so a test can inject a fault mid-load and assert that nothing
-failed."""
+"""Streaming load for `make bench-faults` and the fault e2e tests: a fixed number of greedy
+gRPC Generate streams (random-token prompts, EOS ignored) at a fixed concurrency, each recorded
+(ok or the error, tokens, usage, time to first token, when each token arrived), so a fault can
+be injected mid-load and nothing may fail."""
 
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +11,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from tests.helpers.gateway_client import FINISHED, generate_request, random_token_ids
+from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
+
+FINISHED = (generation_pb2.FINISH_REASON_STOP, generation_pb2.FINISH_REASON_LENGTH)
+
+
+def random_prompt(num_tokens: int, seed: int) -> list[int]:
+    """Ordinary (non-special) SmolLM2 token ids, reproducible per seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 40000) for _ in range(num_tokens)]
+
+
+def greedy_request(token_ids: list[int], max_tokens: int) -> gateway_pb2.GenerateRequest:
+    sampling = generation_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return gateway_pb2.GenerateRequest(token_ids=gateway_pb2.TokenIds(ids=token_ids), sampling=sampling)
 
 
 @dataclass
@@ -21,8 +35,10 @@ class StreamResult:
     finish_reason: int = 0
     completion_tokens: int = 0
     started_at: float = 0.0
+    ended_at: float = 0.0
     ttft_s: float | None = None
-    gaps_s: list[float] = field(default_factory=list)  # between messages after the first
+    # (arrival time, gap since the previous message) of every token-carrying message after the first.
+    gaps: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def is_ok(self) -> bool:
@@ -34,10 +50,11 @@ class StreamingLoad:
     """`with StreamingLoad(stub, ...) as load: load.wait_in_flight(2); <fault>; ...` then
     `load.results()` once every stream has ended."""
 
-    def __init__(self, stub, num_requests: int, concurrency: int, prompt_tokens: int = 120,
+    def __init__(self, stub, num_requests: int, concurrency: int, prompt_tokens: int | tuple[int, int] = 120,
                  max_tokens: int = 24, seed: int = 0, timeout_s: float = 180.0):
         self.stub = stub
         self.num_requests = num_requests
+        # One length, or (low, high): each request's length drawn from that range.
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.seed = seed
@@ -56,7 +73,11 @@ class StreamingLoad:
         self._pool.shutdown(wait=True)
 
     def prompt_of(self, index: int) -> list[int]:
-        return random_token_ids(self.prompt_tokens, seed=self.seed * 1000 + index)
+        seed = self.seed * 1000 + index
+        length = self.prompt_tokens
+        if isinstance(length, tuple):
+            length = random.Random(-seed).randint(*length)
+        return random_prompt(length, seed)
 
     def in_flight(self) -> int:
         with self._lock:
@@ -80,8 +101,7 @@ class StreamingLoad:
         return self._results
 
     def _run(self, result: StreamResult) -> None:
-        request = generate_request(token_ids=self.prompt_of(result.index), max_tokens=self.max_tokens,
-                                   ignore_eos=True)
+        request = greedy_request(self.prompt_of(result.index), self.max_tokens)
         with self._lock:
             self._in_flight += 1
         result.started_at = last = time.monotonic()
@@ -91,7 +111,7 @@ class StreamingLoad:
                 if result.ttft_s is None:
                     result.ttft_s = now - result.started_at
                 elif message.token_ids:
-                    result.gaps_s.append(now - last)
+                    result.gaps.append((now, now - last))
                 last = now
                 result.token_ids.extend(message.token_ids)
                 result.finish_reason = message.finish_reason or result.finish_reason
@@ -100,6 +120,7 @@ class StreamingLoad:
         except grpc.RpcError as error:
             result.error = f"{error.code().name}: {error.details()}"
         finally:
+            result.ended_at = time.monotonic()
             with self._lock:
                 self._in_flight -= 1
 
