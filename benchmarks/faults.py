@@ -38,8 +38,9 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
 
 logger = logging.getLogger("benchmarks.faults")
 
-# (scenario, victim, signal)
+# (scenario, victim, signal); the first row is the same load without a fault.
 SCENARIOS = (
+    ("none (baseline)", None, None),
     ("redis kill -9", "redis", signal.SIGKILL),
     ("prefill kill -9", "prefill-0", signal.SIGKILL),
     ("decode kill -9 (migration)", "decode-0", signal.SIGKILL),
@@ -128,15 +129,17 @@ def window_latencies(results: list[StreamResult], start: float, end: float) -> t
 def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namespace, seed: int) -> Row:
     name, victim, signum = scenario
     restarts_before, migrated_before = num_restarts(stack, victim), migrations(stack)
-    child = next(child for child in stack.children() if child.name == victim)
     with StreamingLoad(stub, args.num_requests, args.concurrency, prompt_tokens=(100, 300),
                        max_tokens=args.output_len, seed=seed, timeout_s=600) as load:
         load.wait_in_flight(min(4, args.concurrency), timeout_s=300)
         fault_at = time.monotonic()
-        os.kill(child.pid, signum)
-        recovery_s = wait_recovered(stack, victim, restarts_before)
+        recovery_s = 0.0
+        if victim is not None:
+            os.kill(next(child for child in stack.children() if child.name == victim).pid, signum)
+            recovery_s = wait_recovered(stack, victim, restarts_before)
         results = load.results()
-    ttft, itl = window_latencies(results, fault_at, fault_at + recovery_s)
+    window_end = fault_at + recovery_s if victim is not None else max(r.ended_at for r in results)
+    ttft, itl = window_latencies(results, fault_at, window_end)
     num_ok = sum(result.is_ok for result in results)
     return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s, ttft, itl)
 
