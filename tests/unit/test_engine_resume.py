@@ -60,3 +60,27 @@ def test_resumed_tokens_count_toward_max_tokens(tiny_llama_folder):
     with pytest.raises(InvalidRequestError, match="num_resumed_output_tokens"):
         llm.engine.add_request(PROMPT, SamplingParams(max_tokens=3), num_resumed_output_tokens=len(PROMPT))
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_resumed_guided_request_continues_its_grammar(tiny_llama_folder, temperature):
+    """The matcher is advanced over the resumed tokens: the continuation completes the same
+    constrained output (a date) as the local run."""
+    from tests.unit.test_guided_engine import DATE, make_llm as make_guided_llm
+    from shared.guided import GuidedDecodingParams
+
+    params = SamplingParams(temperature=temperature, seed=3, max_tokens=40,
+                            guided=GuidedDecodingParams(regex=DATE))
+    prompt = [5, 17, 92, 3, 44, 101, 7, 8]
+    local = make_guided_llm(tiny_llama_folder).generate([prompt], params)[0].outputs[0]
+    llm = make_guided_llm(tiny_llama_folder)
+    engine = llm.engine
+    engine.add_request(prompt + local.token_ids[:4], params, request_id="r", num_resumed_output_tokens=4)
+    continued = None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            continued = output.outputs[0]
+    assert local.token_ids[:4] + continued.token_ids == local.token_ids
+    assert continued.finish_reason == local.finish_reason
+    pool = engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
