@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 DRAIN_POLL_S = 0.05
+# After handing work back, how long its calls get to end before the server stops.
+HAND_BACK_WAIT_S = 2.0
 
 
 def new_instance_id(role: str) -> str:
@@ -132,10 +134,15 @@ class InstanceRuntime:
         deadline = loop.time() + timeout_s
         while self.has_accepted_work() and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
-        if self.has_accepted_work():
-            logger.warning("drain timeout (%.1f s) reached with work left; cancelling it", timeout_s)
-        else:
+        if not self.has_accepted_work():
             logger.info("drained: no accepted work left")
+            return
+        logger.warning("drain timeout (%.1f s) reached with work left; handing it back", timeout_s)
+        for handler in self.handlers.all() if self.handlers is not None else ():
+            await handler.hand_back()
+        deadline = loop.time() + HAND_BACK_WAIT_S
+        while self.has_accepted_work() and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
 
     async def stop(self) -> None:
         """Idempotent; see the module docstring for the order."""

@@ -4,7 +4,9 @@ Release, on the KV blocks that the prefill instance pushes into this instance's 
 Reserve refuses at once with RESOURCE_EXHAUSTED when the engine has no room, so the gateway
 can try another instance. Decode needs the transfer to have completed (FAILED_PRECONDITION
 before that, NOT_FOUND for an unknown or expired reservation). A Decode stream that is
-cancelled or runs past its deadline aborts the request, which frees its blocks.
+cancelled or runs past its deadline aborts the request, which frees its blocks. When a drain
+runs out of time, `hand_back` aborts the streams still decoding and their Decode calls fail
+UNAVAILABLE (health is NOT_SERVING by then): the gateway migrates them to another instance.
 """
 
 import asyncio
@@ -40,6 +42,8 @@ class DecodeHandler(RoleHandler):
         runtime.presence.resync_hooks.append(leases.republish)
         self.book = ReservationBook(runtime.async_engine, self.receiver, leases)
         self._expiry_task: asyncio.Task | None = None
+        self._decoding: set[str] = set()  # request ids whose Decode stream is open
+        self._is_handing_back = False
 
     async def start(self) -> None:
         self.ucx_address = await self.receiver.start()
@@ -82,10 +86,25 @@ class DecodeHandler(RoleHandler):
         def activate():
             return engine.activate_request(request.request_id, request.first_token_id, first_logprobs)
 
-        async with contextlib.aclosing(self.async_engine.generate(request.request_id, activate)) as outputs:
-            async for output in outputs:
-                for message in request_output_to_protos(output, with_prompt_logprobs=False):
-                    yield message
+        self._decoding.add(request.request_id)
+        try:
+            async with contextlib.aclosing(self.async_engine.generate(request.request_id, activate)) as outputs:
+                async for output in outputs:
+                    self._raise_if_handed_back(request.request_id, output)
+                    for message in request_output_to_protos(output, with_prompt_logprobs=False):
+                        yield message
+        finally:
+            self._decoding.discard(request.request_id)
+
+    async def hand_back(self) -> None:
+        self._is_handing_back = True
+        for request_id in list(self._decoding):
+            await self.async_engine.abort(request_id)
+
+    def _raise_if_handed_back(self, request_id: str, output) -> None:
+        if self._is_handing_back and output.finished and output.outputs[0].finish_reason == "abort":
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"{request_id!r} handed back: this instance is "
+                                                            "draining (move it to another instance)")
 
     async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         if not await self.book.release(request.request_id):

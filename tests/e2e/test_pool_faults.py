@@ -32,7 +32,9 @@ def stack(smollm2_folder, tmp_path_factory):
     config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("faults"), extra_args={
         "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
                      "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S), "--drain-timeout-s", "60"],
-        "prefill": ["--max-num-batched-tokens", "64"]})
+        "prefill": ["--max-num-batched-tokens", "64"],
+        # A draining decode instance hands what still runs after 3 s back for migration.
+        "decode": ["--drain-timeout-s", "3"]})
     config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
     local = LocalStack(config)
     local.start()
@@ -64,6 +66,11 @@ def restarts(stack, name: str) -> int:
 def signal_child(stack, name: str, signum: int) -> None:
     child = next(child for child in stack.stack.children() if child.name == name)
     os.kill(child.pid, signum)
+
+
+def gateway_metrics(stack) -> str:
+    http_address = stack.stack.ready_info["gateway"]["http_address"]
+    return urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
 
 
 def run_with_fault(stack, fault, seed: int, **load_args) -> None:
@@ -98,13 +105,22 @@ def test_redis_killed_and_restarted_costs_nothing(stack):
                    "the prefix index to show the prompt's 4 blocks")
 
 
-@pytest.mark.parametrize("name", ["decode-0", "prefill-1"])
-def test_sigterm_drains_an_instance_and_nothing_fails(stack, name):
-    before = restarts(stack, name)
-    run_with_fault(stack, lambda: signal_child(stack, name, signal.SIGTERM), seed=3, max_tokens=32)
-    stack.wait_for(lambda: restarts(stack, name) == before + 1, 120.0, f"{name} back after its drain")
-    child = next(child for child in stack.stack.instances if child.name == name)
+def test_sigterm_drains_a_prefill_and_nothing_fails(stack):
+    before = restarts(stack, "prefill-1")
+    run_with_fault(stack, lambda: signal_child(stack, "prefill-1", signal.SIGTERM), seed=3, max_tokens=32)
+    stack.wait_for(lambda: restarts(stack, "prefill-1") == before + 1, 120.0, "prefill-1 back after its drain")
+    child = next(child for child in stack.stack.instances if child.name == "prefill-1")
     assert "drained: no accepted work left" in child.log_path.read_text()
+
+
+def test_sigterm_drains_a_decode_hands_back_what_outlasts_the_drain_and_nothing_fails(stack):
+    """Streams of 64 tokens outlast decode-0's 3 s drain: the rest of each moves elsewhere."""
+    before = restarts(stack, "decode-0")
+    run_with_fault(stack, lambda: signal_child(stack, "decode-0", signal.SIGTERM), seed=6, max_tokens=64)
+    stack.wait_for(lambda: restarts(stack, "decode-0") == before + 1, 120.0, "decode-0 back after its drain")
+    log = next(child for child in stack.stack.instances if child.name == "decode-0").log_path.read_text()
+    assert "handing it back" in log
+    assert 'reason="drain"' in gateway_metrics(stack)
 
 
 def test_decode_killed_while_holding_reservations_is_replaced_before_the_first_token(stack):
@@ -135,6 +151,5 @@ def test_decode_killed_mid_stream_migrates_and_the_greedy_tokens_match(stack):
     assert victim is not None
     assert tokens == expected.token_ids
     assert (usage.prompt_tokens, usage.completion_tokens) == (100, 40)
-    http_address = stack.stack.ready_info["gateway"]["http_address"]
-    metrics = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
+    metrics = gateway_metrics(stack)
     assert 'pdserve:migrations_total{' in metrics and 'reason="failure"' in metrics
