@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "up", help="run a local stack: redis, prefill, decode and a gateway",
         description="Starts redis-server, the engine instances and a gateway as separate "
                     "processes, waits until all are healthy, prints where to send requests, "
-                    "and stops everything on Ctrl-C or SIGTERM.")
+                    "restarts any that dies (with backoff, up to a crash-loop limit), and stops "
+                    "everything on Ctrl-C or SIGTERM, draining each service first.")
     add_stack_arguments(parser)
     parser.set_defaults(run=run)
 
