@@ -9,11 +9,15 @@ mid-stream hands its stream over (migration) and the greedy tokens equal the unm
 import os
 import signal
 import threading
+import time
 
 import urllib.request
 
 import pytest
 
+from services.launcher.child import ChildProcess, stop_children
+from services.launcher.commands import child_env, gateway_argv
+from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_serving
 from services.launcher.supervisor import RestartPolicy
 from benchmarks.fault_load import StreamingLoad, failures
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
@@ -33,6 +37,8 @@ def stack(smollm2_folder, tmp_path_factory):
         "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
                      "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S), "--drain-timeout-s", "60"],
         "prefill": ["--max-num-batched-tokens", "64"],
+        # A dead gateway's reservations come back after 3 s (renewed while prefill runs).
+        "gateway": ["--lease-s", "3"],
         # A draining decode instance hands what still runs after 3 s back for migration.
         "decode": ["--drain-timeout-s", "3"]})
     config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
@@ -153,3 +159,40 @@ def test_decode_killed_mid_stream_migrates_and_the_greedy_tokens_match(stack):
     assert (usage.prompt_tokens, usage.completion_tokens) == (100, 40)
     metrics = gateway_metrics(stack)
     assert 'pdserve:migrations_total{' in metrics and 'reason="failure"' in metrics
+
+
+def start_second_gateway(stack) -> tuple[ChildProcess, str]:
+    """Another gateway on the same Redis (ephemeral ports), as a second replica would run."""
+    local = stack.stack
+    ready_file = local.run_dir / "ready" / "gateway-b.json"
+    child = ChildProcess("gateway-b", "gateway", gateway_argv(local.config, local.redis_url, ready_file),
+                         local.run_dir / "logs" / "gateway-b.log", ready_file, child_env(local.config))
+    child.start()
+    deadline = time.monotonic() + 120
+    address = grpc_address_of(wait_until_ready(child, deadline, lambda: False))
+    wait_until_serving(child, address, deadline, lambda: False)
+    return child, address
+
+
+def test_two_gateways_side_by_side_and_a_dead_ones_reservations_come_back(stack):
+    """Gateway A dies (kill -9) with requests in flight; gateway B's requests all succeed and
+    A's reservations and streams are freed (leases, cancelled calls); A is restarted."""
+    import grpc as grpc_module
+
+    from shared.pb.pdserve.v1 import gateway_pb2_grpc
+
+    second, address = start_second_gateway(stack)
+    before = restarts(stack, "gateway")
+    try:
+        with grpc_module.insecure_channel(address) as channel:
+            other = gateway_pb2_grpc.GatewayStub(channel)
+            with StreamingLoad(other, 4, 2, seed=7) as load_b, \
+                    StreamingLoad(stack.gateway, 2, 2, seed=8, prompt_tokens=600) as load_a:
+                stack.wait_for(lambda: any(s.num_reserved for s in stack.statuses("decode").values()), 60.0,
+                               "a reservation", 0.02)
+                signal_child(stack, "gateway", signal.SIGKILL)
+                load_a.results()  # the dead gateway's clients see errors: nothing to assert
+                assert failures(load_b.results()) == []
+    finally:
+        stop_children([second], 10.0)
+    stack.wait_for(lambda: restarts(stack, "gateway") == before + 1, 60.0, "gateway restarted")
