@@ -201,6 +201,7 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
             return
         except DecodeLost as loss:
             _note_loss(ctx, sub, loss, lost, len(streamed))
+            candidates = await ctx.view.candidates(sub.parent.block_hashes)  # restarts, new ones
         if is_complete(sub, streamed):
             yield final_message(sub, streamed)
             return
