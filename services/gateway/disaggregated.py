@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
+from shared.wire.handback import is_handed_back
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
@@ -252,6 +253,8 @@ async def _decode_stream(ctx: RelayContext, sub: SubRequest, reservation: Reserv
             fix_usage(sub, message)
             yield message
     except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.UNAVAILABLE and is_handed_back(error.details()):
+            raise DecodeLost(reservation.decode, error.details(), "drain") from error
         if error.code() in FAILOVER_CODES:
             await _check_decode_alive(ctx, reservation, f"Decode failed ({error.code().name})")
         raise from_rpc_error(error, f"decode instance {reservation.decode.instance_id}") from error

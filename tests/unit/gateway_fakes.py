@@ -12,6 +12,7 @@ from shared.cluster.prefix_index import PrefixIndex
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.pb.pdserve.v1 import instance_pb2 as inst
 from shared.pb.pdserve.v1 import instance_pb2_grpc
+from shared.wire.handback import handed_back_message
 
 FIRST_TOKEN_ID = 42
 DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
@@ -97,7 +98,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             yield message
             if self.behaviour.decode_drains_after_first:
                 await self.set_serving(False)
-                await context.abort(grpc.StatusCode.CANCELLED, f"{self.instance_id} drained away")
+                await context.abort(grpc.StatusCode.UNAVAILABLE, handed_back_message(request.request_id))
             if self.behaviour.decode_blocks_after_first:
                 await self._wait_for_cancel()
 
