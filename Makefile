@@ -25,7 +25,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -80,6 +80,9 @@ bench-spec: setup
 
 bench-faults: setup
 	$(PYTHON) -m benchmarks.faults $(BENCH_ARGS)
+
+bench-hol: setup
+	$(PYTHON) -m benchmarks.head_of_line $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

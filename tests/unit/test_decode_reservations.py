@@ -16,7 +16,7 @@ class FakeReceiver:
         self.expected: dict[str, asyncio.Future] = {}
         self.num_expects = 0
 
-    def expect(self, request_id, dst_block_ids):
+    def expect(self, request_id, dst_block_ids, transfer_token=b""):
         assert request_id not in self.expected, "already expected"
         self.expected[request_id] = asyncio.get_running_loop().create_future()
         self.num_expects += 1
