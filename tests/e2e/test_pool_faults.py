@@ -120,9 +120,9 @@ def test_sigterm_drains_a_prefill_and_nothing_fails(stack):
 
 
 def test_sigterm_drains_a_decode_hands_back_what_outlasts_the_drain_and_nothing_fails(stack):
-    """Streams of 64 tokens outlast decode-0's 3 s drain: the rest of each moves elsewhere."""
+    """Streams of 40 tokens outlast decode-0's 3 s drain: the rest of each moves elsewhere."""
     before = restarts(stack, "decode-0")
-    run_with_fault(stack, lambda: signal_child(stack, "decode-0", signal.SIGTERM), seed=6, max_tokens=64)
+    run_with_fault(stack, lambda: signal_child(stack, "decode-0", signal.SIGTERM), seed=6, max_tokens=40)
     stack.wait_for(lambda: restarts(stack, "decode-0") == before + 1, 120.0, "decode-0 back after its drain")
     log = next(child for child in stack.stack.instances if child.name == "decode-0").log_path.read_text()
     assert "handing it back" in log
@@ -138,7 +138,7 @@ def test_decode_killed_while_holding_reservations_is_replaced_before_the_first_t
                                 "a decode instance to hold a reservation", 0.02)
         signal_child(stack, holder, signal.SIGKILL)
 
-    with StreamingLoad(stack.gateway, 3, 3, seed=4, prompt_tokens=900) as load:
+    with StreamingLoad(stack.gateway, 3, 3, seed=4, prompt_tokens=600) as load:
         kill_the_decode_holding_reservations()
         results = load.results()
     assert failures(results) == []
