@@ -50,6 +50,7 @@ class GatewaySettings:
     # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
     # serves /metrics too, whatever this says.
     metrics_port: int = -1
+    drain_timeout_s: float = 20.0  # on SIGTERM: how long open calls and streams get to finish
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line
     limits: RequestLimits = field(default_factory=RequestLimits)  # services.gateway.limits
@@ -83,6 +84,7 @@ class GatewaySettings:
                "must be hermes (the only parser)")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise InvalidRequestError("tool_call_parser", "is required with enable_auto_tool_choice")
+        _check(self.drain_timeout_s, "drain_timeout_s", lambda v: v >= 0, "must be >= 0")
         _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
@@ -150,6 +152,8 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--enable-auto-tool-choice", _env_bool, "let chat requests use tool_choice \"auto\" (needs "
                                              "--tool-call-parser; default: off)"),
     ("--tool-call-parser", str, "how tool calls are found in \"auto\" output: hermes (<tool_call> tags)"),
+    ("--drain-timeout-s", float, "on SIGTERM, seconds open calls and streams get to finish "
+                                 "while new ones are refused (default: 20)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
     ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
     ("--request-read-timeout-s", float, "a gRPC request message must arrive whole within this "

@@ -23,6 +23,9 @@ class GatewayStats:
     num_lease_renewals: int = 0  # Renew calls that extended a reservation while prefill ran
     # HTTP request fields this server does not know, by endpoint and name.
     unknown_fields: UnknownFields = field(default_factory=UnknownFields)
+    # Reason ("failure": the decode instance died; "drain": it was draining) -> streams moved
+    # mid-way to another decode instance.
+    migrations: Counter = field(default_factory=Counter)
 
     def record_route(self, role: str, reason: str) -> None:
         self.routing[f"{role}:{reason}"] += 1

@@ -31,11 +31,14 @@ logger = logging.getLogger(__name__)
 ENGINE_ID_SUFFIX = ":prefill"
 
 
-def prefill_params(params: SamplingParams) -> SamplingParams:
-    """The user's parameters for the first token only."""
+def prefill_params(params: SamplingParams, num_resumed: int = 0) -> SamplingParams:
+    """The user's parameters for the first token only (the first after `num_resumed` outputs
+    generated elsewhere, for a migrated request)."""
     if params.n != 1:
         raise InvalidRequestError("n", "disaggregated requests generate one completion each")
-    return dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=[])
+    num_outputs = num_resumed + 1
+    return dataclasses.replace(params, max_tokens=num_outputs, min_tokens=min(params.min_tokens, num_outputs),
+                               stop=[])
 
 
 def check_transfer_request(request: pb.PrefillRequest, block_size: int) -> None:
@@ -95,10 +98,11 @@ class PrefillHandler(RoleHandler):
     async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
         engine = self.async_engine.engine
         check_transfer_request(request, engine.kv_manager.block_size)
-        params = prefill_params(sampling_from_proto(request.sampling))
+        num_resumed = request.num_resumed_output_tokens
+        params = prefill_params(sampling_from_proto(request.sampling), num_resumed)
         engine_request_id = f"{request.request_id}{ENGINE_ID_SUFFIX}"
         try:
-            output = await self._run_prompt(request, engine_request_id, params)
+            output = await self._run_prompt(request, engine_request_id, params, num_resumed)
             sent = (TransferResult(request.request_id, 0, 0.0) if is_prompt_only(request)
                     else await self._push_blocks(request, engine_request_id))
         finally:
@@ -109,14 +113,14 @@ class PrefillHandler(RoleHandler):
         return prefill_response(request, output, sent)
 
     async def _run_prompt(self, request: pb.PrefillRequest, engine_request_id: str,
-                          params: SamplingParams) -> RequestOutput:
+                          params: SamplingParams, num_resumed: int) -> RequestOutput:
         engine = self.async_engine.engine
         salt = request.cache_salt if request.HasField("cache_salt") else None
         await self.async_engine.prepare(params)
 
         def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
             engine.add_request(list(request.prompt_token_ids), params, engine_request_id, salt,
-                               hold_blocks_on_finish=True)
+                               hold_blocks_on_finish=True, num_resumed_output_tokens=num_resumed)
 
         output = None
         async for output in self.async_engine.generate(engine_request_id, add):
