@@ -132,8 +132,9 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
         except grpc.aio.AioRpcError as error:
             if not is_failover(error):
                 raise from_rpc_error(error, f"prefill instance {target.instance_id}") from error
-            await _check_decode_alive(ctx, reservation, f"Prefill on {target.instance_id} failed "
-                                                        f"({error.code().name})")
+            if reservation is not None:
+                await _check_decode_alive(ctx, reservation, f"Prefill on {target.instance_id} failed "
+                                                            f"({error.code().name})")
             failed[target.instance_id] = f"{error.code().name}: {error.details()}"
             ctx.view.mark_failed(target.instance_id)
             logger.warning("request %s: Prefill on %s failed (%s); retrying elsewhere",

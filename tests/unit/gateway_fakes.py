@@ -82,7 +82,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.started.set()
         if self.behaviour.prefill_error is not None:
             await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
-        if request.decode_ucx_address == self.behaviour.prefill_fails_toward:
+        if self.behaviour.prefill_fails_toward and request.decode_ucx_address == self.behaviour.prefill_fails_toward:
             await context.abort(grpc.StatusCode.ABORTED, f"KV transfer to {request.decode_ucx_address} failed")
         if self.behaviour.prefill_request_failed:
             await context.abort(grpc.StatusCode.INTERNAL, "request failed in the engine: sampling failed",
