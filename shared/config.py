@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
 DEFAULT_BLOCK_SIZE = 16
@@ -45,3 +46,5 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Tensor/pipeline parallelism: more than one rank runs the model in worker processes.
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)

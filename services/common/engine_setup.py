@@ -8,7 +8,7 @@ import torch
 from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
-from services.common.settings import InstanceSettings, speculative_config
+from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,8 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
     return EngineConfig(model=settings.model or None, dtype=settings.dtype,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
-                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings))
+                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings),
+                        parallel=parallel_config(settings))
 
 
 async def start_engine(settings: InstanceSettings) -> AsyncEngine:

@@ -69,6 +69,10 @@ class LLMEngine:
         from shared.engine.loading import build_engine_parts
         return cls(config, *build_engine_parts(config))
 
+    def shutdown(self) -> None:
+        """Release the executor (stops worker processes, if any)."""
+        self.executor.shutdown()
+
     # ---- requests ------------------------------------------------------------------------
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:

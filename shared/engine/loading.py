@@ -28,11 +28,13 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def build_engine_parts(config: EngineConfig):
     """(model_config, executor, tokenizer, model_key) for LLMEngine."""
+    dtype = parse_dtype(config.dtype)
+    folder = resolve_model(config.model)
+    if config.parallel.is_parallel:
+        return build_parallel_engine_parts(config, folder, dtype)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
-    dtype = parse_dtype(config.dtype)
-    folder = resolve_model(config.model)
     started = time.perf_counter()
     model, model_config = load_model(folder, dtype)
     tokenizer = load_tokenizer_if_present(folder)
@@ -44,6 +46,23 @@ def build_engine_parts(config: EngineConfig):
     logger.info("loaded %s (%s) in %.2fs; KV cache %d blocks of %d tokens", folder, config.dtype,
                 time.perf_counter() - started, layout.num_blocks, layout.block_size)
     return model_config, InProcessExecutor(model, layout, speculator), tokenizer, str(folder.name)
+
+
+def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch.dtype):
+    """Like build_engine_parts, with the model in one worker process per rank."""
+    from shared.executor.multiproc import MultiProcExecutor
+    if config.speculative.is_enabled:
+        raise InvalidRequestError("speculative_method", "is not supported with tensor or pipeline parallelism")
+    model_config = ModelConfig.from_folder(folder)
+    config.parallel.check_model(model_config.num_heads, model_config.num_kv_heads, model_config.num_layers)
+    layout = kv_cache_layout(config, model_config, dtype)
+    started = time.perf_counter()
+    executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed)
+    logger.info("started %d workers (tensor parallel %d x pipeline parallel %d) for %s in %.2fs; "
+                "KV cache %d blocks of %d tokens", config.parallel.world_size,
+                config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size, folder,
+                time.perf_counter() - started, layout.num_blocks, layout.block_size)
+    return model_config, executor, load_tokenizer_if_present(folder), str(folder.name)
 
 
 def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
