@@ -61,8 +61,8 @@ class InstanceSettings:
                                     "truncated to --draft-num-layers)")
     draft_num_layers: int = _setting(0, "keep the draft's first N layers (0 = all of --draft-model)")
     tensor_parallel_size: int = _setting(1, "ranks sharing each layer (worker processes; must divide the "
-                                             "attention and KV heads); colocated role only for now")
-    pipeline_parallel_size: int = _setting(1, "pipeline stages (worker processes); colocated role only for now")
+                                             "attention and KV heads)")
+    pipeline_parallel_size: int = _setting(1, "pipeline stages (worker processes)")
     heartbeat_interval_s: float = _setting(1.0, "seconds between registry heartbeats")
     heartbeat_ttl_s: float = _setting(5.0, "registry entry TTL; a silent instance drops out after it")
     lease_ms: int = _setting(10_000, "default reservation lease when Reserve asks for 0")
@@ -109,19 +109,11 @@ def validate_settings(settings: InstanceSettings) -> None:
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
     _check_non_negative(settings, ("draft_num_layers",))
     speculative_config(settings)
-    _check_parallel(settings)
+    parallel_config(settings)
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                      f"({settings.heartbeat_interval_s}), "
                                                      f"got {settings.heartbeat_ttl_s}")
-
-
-def _check_parallel(settings: InstanceSettings) -> None:
-    parallel = parallel_config(settings)
-    if parallel.is_parallel and settings.role != "colocated":
-        raise InvalidRequestError("tensor_parallel_size", "tensor/pipeline parallelism is not supported by the "
-                                  f"{settings.role} role yet (its KV transfer reads one process's cache); "
-                                  "use the colocated role")
 
 
 def parallel_config(settings: InstanceSettings) -> ParallelConfig:

@@ -6,10 +6,14 @@ pipeline parallel workers) implements the same three calls.
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.core.scheduler_output import SchedulerOutput
 from shared.kv_cache.layout import KVCacheLayout
 from shared.spec_decode.outputs import VerifiedTokens
+
+if TYPE_CHECKING:
+    import torch
 
 TopLogprobs = list[tuple[int, float]]
 
@@ -45,3 +49,13 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Release workers and memory."""
+
+    # ---- KV transfer (disaggregation); executors expose a full-layout `kv_cache` tensor ----
+
+    def blocks_for_send(self, block_ids: list[int]) -> "tuple[torch.Tensor, KVCacheLayout, list[int]]":
+        """(cache tensor, its layout, the blocks' ids in it) for a KV sender to read `block_ids`."""
+        return self.kv_cache, self.kv_cache_layout, list(block_ids)
+
+    def commit_received_blocks(self, block_ids: list[int]) -> None:
+        """A KV receiver finished writing these blocks into `kv_cache` (a sharded executor copies
+        them to its ranks here)."""

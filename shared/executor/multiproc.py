@@ -12,6 +12,7 @@ import atexit
 import logging
 import multiprocessing
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from shared.core.scheduler_output import SchedulerOutput
 from shared.executor.base import Executor, ModelRunnerOutput
+from shared.executor.kv_shards import SharedKVShards
 from shared.executor.shm_ring import ShmRing
 from shared.executor.step_message import StepEncoder, StepMessage, encode_step
 from shared.executor.worker import WorkerArgs, run_worker
@@ -49,6 +51,8 @@ class MultiProcExecutor(Executor):
         self.num_steps = 0
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(minutes=5))
+        self._kv_shards = SharedKVShards(layout, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+        self._receive_buffer: torch.Tensor | None = None
         self._steps = ShmRing.create(num_readers=parallel.world_size)
         self._replies = ShmRing.create(num_readers=1)
         self._workers = self._spawn(model_folder, num_threads or 1, seed)
@@ -65,7 +69,8 @@ class MultiProcExecutor(Executor):
         for rank in range(self.parallel.world_size):
             args = WorkerArgs(rank, self.parallel.tensor_parallel_size, self.parallel.pipeline_parallel_size,
                               self._store.port, model_folder, self._layout.dtype, self._layout.num_blocks,
-                              self._layout.block_size, num_threads, seed, self._steps.spec, self._replies.spec)
+                              self._layout.block_size, num_threads, seed, self._steps.spec, self._replies.spec,
+                              self._kv_shards.shards[rank])
             process = context.Process(target=run_worker, args=(args,), name=f"pdserve-rank{rank}", daemon=True)
             process.start()
             workers.append(process)
@@ -78,6 +83,21 @@ class MultiProcExecutor(Executor):
     @property
     def worker_pids(self) -> list[int]:
         return [worker.pid for worker in self._workers]
+
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """A full-layout buffer a KV receiver writes into (made on first use: decode role);
+        `commit_received_blocks` then copies the blocks to the ranks' shards."""
+        if self._receive_buffer is None:
+            self._receive_buffer = self._layout.allocate()
+        return self._receive_buffer
+
+    def blocks_for_send(self, block_ids: list[int]) -> tuple[torch.Tensor, KVCacheLayout, list[int]]:
+        gathered = self._kv_shards.gather(block_ids)
+        return gathered, replace(self._layout, num_blocks=len(block_ids)), list(range(len(block_ids)))
+
+    def commit_received_blocks(self, block_ids: list[int]) -> None:
+        self._kv_shards.scatter(self.kv_cache, block_ids)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         if self._failure is not None:
@@ -130,6 +150,7 @@ class MultiProcExecutor(Executor):
         self._stop_workers(graceful=self._failure is None)
         self._steps.close(unlink=True)
         self._replies.close(unlink=True)
+        self._kv_shards.close()
 
     def _stop_workers(self, graceful: bool) -> None:
         for worker in self._workers:

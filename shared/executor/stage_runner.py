@@ -22,8 +22,11 @@ from shared.parallel.stage_forward import forward_stage
 
 
 class StageRunner(ModelRunner):
-    def __init__(self, model: LlamaForCausalLM, layout: KVCacheLayout, groups: ParallelGroups):
+    def __init__(self, model: LlamaForCausalLM, layout: KVCacheLayout, groups: ParallelGroups,
+                 kv_cache: torch.Tensor):
         super().__init__(model, layout)
+        # The shard lives in shared memory (kv_shards.py) so the engine can move KV in and out.
+        self.kv_cache = kv_cache
         self.groups = groups
         self.hidden_size = model.config.hidden_size
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shared.executor.kv_shards import KVShard, map_shard
 from shared.executor.shm_ring import RingClosedError, ShmRing
 from shared.executor.stage_runner import StageRunner
 from shared.executor.step_message import WorkerRequests, decode_step
@@ -43,6 +44,7 @@ class WorkerArgs:
     seed: int
     step_ring: RingSpec
     reply_ring: RingSpec
+    kv_shard: KVShard
 
 
 def run_worker(args: WorkerArgs) -> None:
@@ -74,7 +76,9 @@ def _serve(args: WorkerArgs) -> None:
     model, config = load_model_shard(args.model_folder, args.dtype, groups)
     layout = KVCacheLayout(config.num_layers, args.num_blocks, args.block_size, config.num_kv_heads,
                            config.head_dim, args.dtype)
-    runner = StageRunner(model, layout, groups)
+    if layout != args.kv_shard.layout:
+        raise RuntimeError(f"rank {args.rank}: model shard needs KV layout {layout}, engine made {args.kv_shard.layout}")
+    runner = StageRunner(model, layout, groups, map_shard(args.kv_shard))
     steps = ShmRing.attach(*args.step_ring)
     replies = ShmRing.attach(*args.reply_ring) if groups.is_output_rank else None
     check = _engine_alive_check(os.getppid())

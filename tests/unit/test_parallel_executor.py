@@ -36,19 +36,38 @@ def parallel_llama_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference_tokens(parallel_llama_folder):
+def reference(parallel_llama_folder):
+    """(greedy tokens, the whole KV cache afterwards) of the single-process engine."""
     llm = LLM(model=parallel_llama_folder, **ENGINE)
-    return [output.token_ids for output in llm.generate(PROMPTS, GREEDY)]
+    tokens = [output.token_ids for output in llm.generate(PROMPTS, GREEDY)]
+    return tokens, llm.engine.executor.kv_cache.clone()
 
 
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
-def test_parallel_greedy_output_equals_single_process(parallel_llama_folder, reference_tokens, tp, pp):
+def test_parallel_greedy_output_and_kv_equal_single_process(parallel_llama_folder, reference, tp, pp):
+    reference_tokens, reference_kv = reference
     with LLM(model=parallel_llama_folder, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
         outputs = llm.generate(PROMPTS, GREEDY)
         assert [output.token_ids for output in outputs] == reference_tokens
         pool = llm.engine.block_pool
         assert pool.num_free_blocks == pool.num_blocks
-        assert llm.engine.executor.num_steps > 0
+        executor = llm.engine.executor
+        assert executor.num_steps > 0
+        # Every rank's KV shard, put back together, is the single-process cache (same block
+        # tables); this is what a prefill instance sends.
+        gathered, layout, _ = executor.blocks_for_send(list(range(pool.num_blocks)))
+        assert layout.shape == reference_kv.shape
+        torch.testing.assert_close(gathered, reference_kv, rtol=1e-5, atol=1e-5)
+
+
+def test_received_blocks_reach_every_rank(parallel_llama_folder):
+    with LLM(model=parallel_llama_folder, tensor_parallel_size=2, pipeline_parallel_size=2, **ENGINE) as llm:
+        executor = llm.engine.executor
+        executor.kv_cache[:, :, 5] = torch.randn(executor.kv_cache[:, :, 5].shape)
+        executor.commit_received_blocks([5])
+        gathered, _, _ = executor.blocks_for_send([4, 5])
+        assert torch.equal(gathered[:, :, 1], executor.kv_cache[:, :, 5])
+        assert not gathered[:, :, 0].any()
 
 
 def test_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(parallel_llama_folder):
