@@ -140,6 +140,6 @@ class ReservationBook:
                                str(error))
                 self.receiver.expect(pending.request_id, pending.dst_block_ids)
                 continue
-            self.async_engine.engine.executor.commit_received_blocks(list(pending.dst_block_ids))
+            self.engine.engine.executor.commit_received_blocks(list(pending.dst_block_ids))
             pending.arrived.set()
             return
