@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-LAYOUTS = ((1, 1), (2, 1), (1, 2))
+LAYOUTS = ((1, 1), (3, 1), (1, 2))  # SmolLM2 has 9 heads and 3 KV heads: TP is 1 or 3
 
 
 def parse_layouts(text: str) -> tuple[tuple[int, int], ...]:

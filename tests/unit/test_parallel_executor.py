@@ -58,16 +58,10 @@ def test_parallel_greedy_output_and_kv_equal_single_process(parallel_llama_folde
         gathered, layout, _ = executor.blocks_for_send(list(range(pool.num_blocks)))
         assert layout.shape == reference_kv.shape
         torch.testing.assert_close(gathered, reference_kv, rtol=1e-5, atol=1e-5)
-
-
-def test_received_blocks_reach_every_rank(parallel_llama_folder):
-    with LLM(model=parallel_llama_folder, tensor_parallel_size=2, pipeline_parallel_size=2, **ENGINE) as llm:
-        executor = llm.engine.executor
+        # What a decode instance received reaches every rank's shard.
         executor.kv_cache[:, :, 5] = torch.randn(executor.kv_cache[:, :, 5].shape)
         executor.commit_received_blocks([5])
-        gathered, _, _ = executor.blocks_for_send([4, 5])
-        assert torch.equal(gathered[:, :, 1], executor.kv_cache[:, :, 5])
-        assert not gathered[:, :, 0].any()
+        assert torch.equal(executor.blocks_for_send([5])[0][:, :, 0], executor.kv_cache[:, :, 5])
 
 
 def test_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(parallel_llama_folder):
