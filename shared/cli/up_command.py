@@ -70,12 +70,10 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                              "env PDSERVE_UP_GATEWAY_CPUS)")
     parser.add_argument("--tensor-parallel-size", type=int,
                         default=_env("PDSERVE_TENSOR_PARALLEL_SIZE", 1, int),
-                        help="ranks sharing each layer, per instance (colocated only for now; "
-                             "env PDSERVE_TENSOR_PARALLEL_SIZE)")
+                        help="ranks sharing each layer, per instance (env PDSERVE_TENSOR_PARALLEL_SIZE)")
     parser.add_argument("--pipeline-parallel-size", type=int,
                         default=_env("PDSERVE_PIPELINE_PARALLEL_SIZE", 1, int),
-                        help="pipeline stages per instance (colocated only for now; "
-                             "env PDSERVE_PIPELINE_PARALLEL_SIZE)")
+                        help="pipeline stages per instance (env PDSERVE_PIPELINE_PARALLEL_SIZE)")
     for kind in ("gateway", "instance", "prefill", "decode"):
         parser.add_argument(f"--{kind}-arg", dest=f"{kind}_args", action="append", default=[],
                             metavar="ARG", help=f"extra argument for every {kind} process (repeatable; "
