@@ -44,6 +44,9 @@ class Scheduler:
         self.reserved: dict[str, Request] = {}
         # Prefill role: finished requests whose blocks wait to be shipped, then released.
         self.held: dict[str, Request] = {}
+        # Requests in a batch still being computed (pipeline parallelism keeps two batches in
+        # flight): not scheduled again nor preempted until their results are applied.
+        self.in_flight: set[str] = set()
         self.num_preemptions = 0
 
     # ---- requests in and out -------------------------------------------------------------
@@ -140,8 +143,8 @@ class Scheduler:
         for request in decodes_first:
             if budget <= 0:
                 break
-            if request.status != RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if request.status != RequestStatus.RUNNING or request.request_id in self.in_flight:
+                continue  # preempted earlier in this loop, or still computing
             num_new = self._chunk_size(request, budget)
             num_spec = self._num_spec_tokens(request, budget)
             num_waiting_decodes = len(self.running) - len(scheduled) - 1
@@ -178,7 +181,9 @@ class Scheduler:
         """Allocate, preempting the newest not-yet-scheduled request until it fits.
         False when `request` itself was the newest and got preempted."""
         while not self.kv.allocate(request, num_new):
-            candidates = [r for r in self.running if r.request_id not in scheduled]
+            candidates = [r for r in self.running if r.request_id not in scheduled | self.in_flight]
+            if not candidates:
+                return False  # only requests still computing hold blocks: wait for them
             victim = max(candidates, key=lambda r: r.arrival_time)
             self._preempt(victim)
             output.preempted_request_ids.append(victim.request_id)

@@ -50,6 +50,21 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Release workers and memory."""
 
+    # ---- several batches in flight (pipeline parallelism) ---------------------------------
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """How many batches the engine may submit before collecting the oldest; above 1 the
+        engine uses submit_batch/collect_batch instead of execute_model."""
+        return 1
+
+    def submit_batch(self, scheduler_output: SchedulerOutput) -> None:
+        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
+
+    def collect_batch(self) -> ModelRunnerOutput:
+        """The result of the oldest submitted batch (batches complete in submission order)."""
+        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
+
     # ---- KV transfer (disaggregation); executors expose a full-layout `kv_cache` tensor ----
 
     def blocks_for_send(self, block_ids: list[int]) -> "tuple[torch.Tensor, KVCacheLayout, list[int]]":

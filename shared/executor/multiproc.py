@@ -99,7 +99,17 @@ class MultiProcExecutor(Executor):
     def commit_received_blocks(self, block_ids: list[int]) -> None:
         self._kv_shards.scatter(self.kv_cache, block_ids)
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Two batches in flight with pipeline stages: stage 0 starts the next batch while the
+        later stages finish the previous one."""
+        return 2 if self.parallel.pipeline_parallel_size > 1 else 1
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.submit_batch(scheduler_output)
+        return self.collect_batch()
+
+    def submit_batch(self, scheduler_output: SchedulerOutput) -> None:
         if self._failure is not None:
             raise WorkerFailedError(self._failure)
         deadline = time.monotonic() + self.parallel.worker_step_timeout_s
@@ -109,6 +119,10 @@ class MultiProcExecutor(Executor):
         except WorkerFailedError:
             self._fail()
             raise
+
+    def collect_batch(self) -> ModelRunnerOutput:
+        if self._failure is not None:
+            raise WorkerFailedError(self._failure)
         reply = self._await_reply(self.parallel.worker_step_timeout_s, "step")
         self.comm_seconds_total += reply.comm_seconds
         self.num_steps += 1
