@@ -77,7 +77,8 @@ def _serve(args: WorkerArgs) -> None:
     layout = KVCacheLayout(config.num_layers, args.num_blocks, args.block_size, config.num_kv_heads,
                            config.head_dim, args.dtype)
     if layout != args.kv_shard.layout:
-        raise RuntimeError(f"rank {args.rank}: model shard needs KV layout {layout}, engine made {args.kv_shard.layout}")
+        raise RuntimeError(f"rank {args.rank}: the model shard needs KV layout {layout}, "
+                           f"the engine made {args.kv_shard.layout}")
     runner = StageRunner(model, layout, groups, map_shard(args.kv_shard))
     steps = ShmRing.attach(*args.step_ring)
     replies = ShmRing.attach(*args.reply_ring) if groups.is_output_rank else None

@@ -70,10 +70,6 @@ class ParallelGroups:
         return torch.cat(parts, dim=-1)
 
 
-def single_rank() -> ParallelGroups:
-    return ParallelGroups(rank=0, tensor_parallel_size=1, pipeline_parallel_size=1)
-
-
 def create_groups(rank: int, tensor_parallel_size: int, pipeline_parallel_size: int) -> ParallelGroups:
     """After init_process_group: make every stage's tensor group (all ranks must call this)."""
     groups = ParallelGroups(rank, tensor_parallel_size, pipeline_parallel_size)
