@@ -68,9 +68,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--parallel", nargs="?", const="1x1,3x1,1x2", default=None, metavar="LAYOUTS",
-                        help="instead: rows per tensor x pipeline layout, one thread per rank "
-                             "(default layouts 1x1,3x1,1x2)")
+    parser.add_argument("--parallel", nargs="?", const="1x1,1x1:2,3x1,1x2", default=None, metavar="LAYOUTS",
+                        help="instead: rows per tensor x pipeline layout, "
+                             "TxP[:threads per rank] (default 1x1,1x1:2,3x1,1x2)")
     return parser.parse_args()
 
 
