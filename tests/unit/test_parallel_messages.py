@@ -90,3 +90,21 @@ def test_tensor_parallel_size_must_divide_the_heads():
         ParallelConfig(pipeline_parallel_size=3).check_model(num_heads=8, num_kv_heads=4, num_layers=2)
     with pytest.raises(InvalidRequestError, match="tensor_parallel_size"):
         ParallelConfig(tensor_parallel_size=0)
+
+
+def test_kv_shards_split_layers_by_stage_and_heads_by_rank():
+    import torch
+    from shared.executor.kv_shards import SharedKVShards
+    from shared.kv_cache.layout import KVCacheLayout
+    layout = KVCacheLayout(num_layers=3, num_blocks=4, block_size=2, num_kv_heads=2, head_dim=3, dtype=torch.float32)
+    shards = SharedKVShards(layout, tensor_parallel_size=2, pipeline_parallel_size=2)
+    try:
+        source = torch.randn(layout.shape)
+        shards.scatter(source, [1, 3])
+        assert torch.equal(shards.gather([3, 1]), source[:, :, [3, 1]])
+        assert not shards.gather([0, 2]).any()
+        # Rank 3 = stage 1 (layer 2), tensor rank 1 (KV head 1).
+        assert shards.tensors[3].shape == (2, 1, 4, 2, 1, 3)
+        assert torch.equal(shards.tensors[3][:, 0, 1, :, 0], source[:, 2, 1, :, 1])
+    finally:
+        shards.close()
