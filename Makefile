@@ -25,7 +25,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-hol convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -76,6 +76,9 @@ bench-guided: setup
 
 bench-spec: setup
 	$(PYTHON) -m benchmarks.spec_decode $(BENCH_ARGS)
+
+bench-hol: setup
+	$(PYTHON) -m benchmarks.head_of_line $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

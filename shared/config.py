@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.guided.limits import GuidedLimits
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
@@ -31,6 +32,9 @@ class SchedulerConfig:
     # Cap on one prompt's chunk per step (0 = the whole budget), so that several
     # prompts can share a step's budget.
     long_prefill_token_threshold: int = 0
+    # Prompts competing in a step share its budget equally (see shared.core.scheduler);
+    # False: first come takes all (benchmarks compare the two).
+    fair_prefill: bool = True
 
 
 @dataclass
@@ -48,3 +52,5 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # Tensor/pipeline parallelism: more than one rank runs the model in worker processes.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # Guided decoding: constraint size limits, compile time limit, grammar cache size.
+    guided: GuidedLimits = field(default_factory=GuidedLimits)

@@ -58,7 +58,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
                                    config.speculative.num_tokens_per_step)
         self.output_processor = OutputProcessor(tokenizer)
-        self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids)
+        self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids, config.guided)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
         # Speculative decoding: drafts proposed and tokens accepted (stays zero when off).
@@ -66,7 +66,7 @@ class LLMEngine:
         self._children: dict[str, list[Request]] = {}
         self._request_counter = itertools.count()
         # Submitted batches whose results are not applied yet, oldest first (see step).
-        self._in_flight: deque[SchedulerOutput] = deque()
+        self._in_flight: deque[tuple[SchedulerOutput, dict[str, str]]] = deque()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -186,16 +186,20 @@ class LLMEngine:
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One engine step. A request whose own computation fails (guided mask, sampling,
+        logprobs, speculation, output processing) finishes alone with finish reason "error";
+        only a failure of the step as a whole (the forward pass) raises."""
         if self.executor.max_concurrent_batches > 1:
             return self._step_with_batches_in_flight()
-        scheduler_output = self._schedule()
-        return self._apply(scheduler_output, self.executor.execute_model(scheduler_output))
+        scheduler_output, failed = self._schedule()
+        return self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
 
-    def _schedule(self) -> SchedulerOutput:
+    def _schedule(self) -> tuple[SchedulerOutput, dict[str, str]]:
+        """The next batch, and the requests whose guided masks failed (by id, with the error)."""
         scheduler_output = self.scheduler.schedule()
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
-        self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
-        return scheduler_output
+        failed = self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
+        return scheduler_output, failed
 
     def _step_with_batches_in_flight(self) -> list[RequestOutput]:
         """Pipeline parallelism: submit a new batch (of requests not already computing) while
@@ -203,28 +207,43 @@ class LLMEngine:
         oldest batch once the executor's limit is reached or nothing new could be scheduled."""
         limit = self.executor.max_concurrent_batches
         if len(self._in_flight) < limit:
-            scheduler_output = self._schedule()
+            scheduler_output, failed = self._schedule()
             if (scheduler_output.scheduled or scheduler_output.finished_request_ids
-                    or scheduler_output.preempted_request_ids):
+                    or scheduler_output.preempted_request_ids or failed):
                 self.executor.submit_batch(scheduler_output)
-                self._in_flight.append(scheduler_output)
+                self._in_flight.append((scheduler_output, failed))
                 self.scheduler.in_flight.update(item.request_id for item in scheduler_output.scheduled)
                 if scheduler_output.scheduled and len(self._in_flight) < limit:
                     return []
         if not self._in_flight:
             return []
-        scheduler_output = self._in_flight.popleft()
+        scheduler_output, failed = self._in_flight.popleft()
         runner_output = self.executor.collect_batch()
         self.scheduler.in_flight.difference_update(item.request_id for item in scheduler_output.scheduled)
-        return self._apply(scheduler_output, runner_output)
+        return self._apply(scheduler_output, failed, runner_output)
 
-    def _apply(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+    def _apply(self, scheduler_output: SchedulerOutput, failed: dict[str, str],
+               runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+        failed_requests = self._fail_requests({**failed, **runner_output.failed})
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids,
                                                     runner_output.verified)
         for verified in runner_output.verified.values():
             self.spec_stats.record(verified.num_draft_tokens, verified.num_accepted)
         self._finish_guided(updated)
-        return self._process_outputs(updated, runner_output)
+        return self._process_outputs(failed_requests + updated, runner_output)
+
+    def _fail_requests(self, errors: dict[str, str]) -> list[Request]:
+        """Finish each still-live request in `errors` (request id -> message) with an error."""
+        failed = []
+        for request_id, message in errors.items():
+            request = self.scheduler.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            logger.warning("request %s failed: %s", request_id, message)
+            request.error = message
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+            failed.append(request)
+        return failed
 
     def _finish_guided(self, updated: list[Request]) -> None:
         """Advance guided requests' matchers with their new tokens; end those that are done."""
@@ -232,9 +251,11 @@ class LLMEngine:
             self.scheduler.finish(request, status)
 
     def _process_outputs(self, updated: list[Request], runner_output: ModelRunnerOutput) -> list[RequestOutput]:
-        outputs, stopped = self.output_processor.process(updated, runner_output)
+        outputs, stopped, failed = self.output_processor.process(updated, runner_output)
         for request in stopped:
             self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        for request in failed:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
         self.stats.record_tokens(sum(len(completion.delta_token_ids)
                                      for output in outputs for completion in output.outputs))
         for output in outputs:

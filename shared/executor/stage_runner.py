@@ -15,6 +15,7 @@ from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput
 from shared.executor.input_batch import ModelInputs, build_model_inputs
 from shared.executor.model_runner import ModelRunner, _prompt_logprobs
+from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.llama import LlamaForCausalLM
 from shared.parallel.groups import ParallelGroups
@@ -43,12 +44,22 @@ class StageRunner(ModelRunner):
             if not self.groups.is_last_stage:
                 sends.append(self._send(index, result))
             elif self.groups.is_output_rank:
-                _merge(output, self._sample(batch, result, inputs))
-                output.prompt_logprobs.update(_prompt_logprobs(batch, result, inputs))
+                self._sample_micro_batch(output, batch, result, inputs)
         with self.groups.timed():
             for work, _ in sends:
                 work.wait()
         return output
+
+    def _sample_micro_batch(self, output: ModelRunnerOutput, batch: list[ScheduledRequest],
+                            logits: torch.Tensor, inputs: ModelInputs) -> None:
+        """Sample and score one micro-batch into `output`; a request whose own sampling fails
+        lands in `output.failed` alone (as in ModelRunner)."""
+        sampled = self._sample(batch, logits, inputs, output.failed)
+        output.sampled_token_ids.update(sampled.sampled_token_ids)
+        output.logprobs.update(sampled.logprobs)
+        output.prompt_logprobs.update(run_isolated(
+            [item for item in batch if item.request_id in inputs.prompt_logit_rows],
+            lambda items: _prompt_logprobs(items, logits, inputs), output.failed, "prompt logprobs"))
 
     def _forward(self, index: int, inputs: ModelInputs) -> torch.Tensor:
         hidden = None if self.groups.is_first_stage else self._receive(index, len(inputs.input_ids))
@@ -85,7 +96,3 @@ def split_micro_batches(scheduled: list[ScheduledRequest], num_batches: int) -> 
         batches.append(current)
     return batches
 
-
-def _merge(into: ModelRunnerOutput, part: ModelRunnerOutput) -> None:
-    into.sampled_token_ids.update(part.sampled_token_ids)
-    into.logprobs.update(part.logprobs)
