@@ -70,6 +70,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="both engines' device: cpu, cuda or auto (default cpu)")
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--parallel", nargs="?", const="1x1,1x1:2,3x1,1x2", default=None, metavar="LAYOUTS",
+                        help="instead: rows per tensor x pipeline layout, "
+                             "TxP[:threads per rank] (default 1x1,1x1:2,3x1,1x2)")
     return parser.parse_args()
 
 
@@ -229,6 +232,12 @@ def main() -> None:
     prompt_ids = build_prompt_ids(AutoTokenizer.from_pretrained(model_dir), args.num_prompts, args.seed)
     print(f"{args.num_prompts} prompts, {sum(map(len, prompt_ids))} prompt tokens, "
           f"{args.output_len} output tokens each, dtype {args.dtype}, {torch.get_num_threads()} threads")
+    if args.parallel is not None:
+        from benchmarks.parallel_rows import parse_layouts, run_parallel_rows
+        rows = run_parallel_rows(model_dir, prompt_ids, args.dtype, args.output_len, parse_layouts(args.parallel))
+        if args.json is not None:
+            args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "parallel": rows}, indent=2))
+        return
     ours, our_ids, llm = run_pdserve(model_dir, prompt_ids, args)
     results = [ours]
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from shared.guided.limits import GuidedLimits
+from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
 DEFAULT_BLOCK_SIZE = 16
@@ -57,5 +58,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Tensor/pipeline parallelism: more than one rank runs the model in worker processes.
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # Guided decoding: constraint size limits, compile time limit, grammar cache size.
     guided: GuidedLimits = field(default_factory=GuidedLimits)

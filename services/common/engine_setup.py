@@ -9,7 +9,7 @@ from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.guided.limits import GuidedLimits
-from services.common.settings import InstanceSettings, speculative_config
+from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         attention_backend=settings.attention_backend,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
-                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided)
+                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
+                        parallel=parallel_config(settings))
 
 
 async def start_engine(settings: InstanceSettings) -> AsyncEngine:

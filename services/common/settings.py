@@ -16,6 +16,7 @@ from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
 from shared.engine.loading import DTYPES
 from shared.errors import InvalidRequestError
+from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 from shared.logging_setup import LOG_FORMATS
 
@@ -68,6 +69,9 @@ class InstanceSettings:
     draft_model: str = _setting("", "draft model HF folder sharing the tokenizer ('' = the target "
                                     "truncated to --draft-num-layers)")
     draft_num_layers: int = _setting(0, "keep the draft's first N layers (0 = all of --draft-model)")
+    tensor_parallel_size: int = _setting(1, "ranks sharing each layer (worker processes; must divide the "
+                                             "attention and KV heads)")
+    pipeline_parallel_size: int = _setting(1, "pipeline stages (worker processes)")
     heartbeat_interval_s: float = _setting(1.0, "seconds between registry heartbeats")
     heartbeat_ttl_s: float = _setting(5.0, "registry entry TTL; a silent instance drops out after it")
     lease_ms: int = _setting(10_000, "default reservation lease when Reserve asks for 0")
@@ -123,6 +127,7 @@ def validate_settings(settings: InstanceSettings) -> None:
                                    "drain_timeout_s"))
     _check_non_negative(settings, ("draft_num_layers",))
     speculative_config(settings)
+    parallel_config(settings)
     if bool(settings.tls_cert_file) != bool(settings.tls_key_file):
         raise InvalidRequestError("tls_cert_file", "tls_cert_file and tls_key_file go together")
     if settings.tls_ca_file and not settings.tls_cert_file:
@@ -131,6 +136,11 @@ def validate_settings(settings: InstanceSettings) -> None:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                      f"({settings.heartbeat_interval_s}), "
                                                      f"got {settings.heartbeat_ttl_s}")
+
+
+def parallel_config(settings: InstanceSettings) -> ParallelConfig:
+    return ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size,
+                          pipeline_parallel_size=settings.pipeline_parallel_size)
 
 
 def _check_positive(settings: InstanceSettings, names: tuple[str, ...]) -> None:

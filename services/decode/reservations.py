@@ -156,5 +156,6 @@ class ReservationBook:
                                str(error))
                 self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)
                 continue
+            self.engine.engine.executor.commit_received_blocks(list(pending.dst_block_ids))
             pending.arrived.set()
             self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)

@@ -135,9 +135,10 @@ class PrefillHandler(RoleHandler):
         skip = request.num_skip_blocks
         executor = engine.executor
         try:
-            return await self.sender.send(request.decode_ucx_address, request.request_id, executor.kv_cache,
-                                          executor.kv_cache_layout, block_ids[skip:],
-                                          list(request.dst_block_ids)[skip:], request.transfer_token)
+            source, layout, src_block_ids = executor.blocks_for_send(block_ids[skip:])
+            return await self.sender.send(request.decode_ucx_address, request.request_id, source, layout,
+                                          src_block_ids, list(request.dst_block_ids)[skip:],
+                                          request.transfer_token)
         except KVTransferError as error:
             raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
                                                         f"{request.decode_ucx_address} failed: {error}") from error

@@ -29,6 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=3, help="tokens proposed per step")
     parser.add_argument("--draft-model", default=None, help="draft HF folder (default: the target truncated)")
     parser.add_argument("--draft-num-layers", type=int, default=None, help="keep the draft's first N layers")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks sharing each layer")
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1, help="pipeline stages")
     parser.set_defaults(run=run)
 
 
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     params = SamplingParams(**sampling_kwargs(args))
     llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype, **device_kwargs(args),
-              **speculative_kwargs(args))
+              **speculative_kwargs(args), tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
     started = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     print_outputs(args.prompts, outputs)
     num_tokens = sum(len(completion_of(output).token_ids) for output in outputs)
     print(f"[{num_tokens} tokens in {elapsed_s:.2f} s, {num_tokens / elapsed_s:.1f} tok/s]", file=sys.stderr)
+    llm.shutdown()
     return 0
 
 

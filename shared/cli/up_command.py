@@ -75,6 +75,12 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pin the gateway and the stack's redis-server to these CPU ids, e.g. the "
                              "prefill's to keep decode cores for decoding (default: not pinned; "
                              "env PDSERVE_UP_GATEWAY_CPUS)")
+    parser.add_argument("--tensor-parallel-size", type=int,
+                        default=_env("PDSERVE_TENSOR_PARALLEL_SIZE", 1, int),
+                        help="ranks sharing each layer, per instance (env PDSERVE_TENSOR_PARALLEL_SIZE)")
+    parser.add_argument("--pipeline-parallel-size", type=int,
+                        default=_env("PDSERVE_PIPELINE_PARALLEL_SIZE", 1, int),
+                        help="pipeline stages per instance (env PDSERVE_PIPELINE_PARALLEL_SIZE)")
     for kind in ("gateway", "instance", "prefill", "decode"):
         parser.add_argument(f"--{kind}-arg", dest=f"{kind}_args", action="append", default=[],
                             metavar="ARG", help=f"extra argument for every {kind} process (repeatable; "
@@ -104,7 +110,8 @@ def config_from_args(args: argparse.Namespace):
     """The StackConfig the parsed flags describe."""
     from services.launcher.config import StackConfig
 
-    extra_args = {"gateway": args.gateway_args, "instance": args.instance_args + _device_args(args),
+    extra_args = {"gateway": args.gateway_args,
+                  "instance": _parallel_args(args) + args.instance_args + _device_args(args),
                   "prefill": args.prefill_args, "decode": args.decode_args,
                   "colocated": args.decode_args}
     return StackConfig(
@@ -114,6 +121,16 @@ def config_from_args(args: argparse.Namespace):
         ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, extra_args=extra_args,
         prefill_cpus=args.prefill_cpus, decode_cpus=args.decode_cpus, gateway_cpus=args.gateway_cpus,
     )
+
+
+def _parallel_args(args: argparse.Namespace) -> list[str]:
+    """Instance flags for tensor/pipeline parallelism (none at the default of 1)."""
+    flags = []
+    if args.tensor_parallel_size != 1:
+        flags += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.pipeline_parallel_size != 1:
+        flags += ["--pipeline-parallel-size", str(args.pipeline_parallel_size)]
+    return flags
 
 
 def run(args: argparse.Namespace) -> int:

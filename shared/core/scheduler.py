@@ -50,6 +50,9 @@ class Scheduler:
         self.reserved: dict[str, Request] = {}
         # Prefill role: finished requests whose blocks wait to be shipped, then released.
         self.held: dict[str, Request] = {}
+        # Requests in a batch still being computed (pipeline parallelism keeps two batches in
+        # flight): not scheduled again nor preempted until their results are applied.
+        self.in_flight: set[str] = set()
         self.num_preemptions = 0
 
     # ---- requests in and out -------------------------------------------------------------
@@ -148,8 +151,8 @@ class Scheduler:
         for request in sorted(self.running, key=_running_order):
             if budget <= 0:
                 break
-            if request.status != RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if request.status != RequestStatus.RUNNING or request.request_id in self.in_flight:
+                continue  # preempted earlier in this loop, or still computing
             is_prompt = request.num_tokens_to_compute > 1
             if share is None and is_prompt:
                 share = self._prompt_share(budget)
@@ -208,7 +211,9 @@ class Scheduler:
         """Allocate, preempting the newest not-yet-scheduled request until it fits.
         False when `request` itself was the newest and got preempted."""
         while not self.kv.allocate(request, num_new):
-            candidates = [r for r in self.running if r.request_id not in scheduled]
+            candidates = [r for r in self.running if r.request_id not in scheduled | self.in_flight]
+            if not candidates:
+                return False  # only requests still computing hold blocks: wait for them
             victim = max(candidates, key=lambda r: r.arrival_time)
             self._preempt(victim)
             output.preempted_request_ids.append(victim.request_id)

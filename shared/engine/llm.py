@@ -9,6 +9,7 @@ from shared.engine.outputs import RequestOutput
 from shared.guided.limits import GuidedLimits
 from shared.engine.stats import KVUsage
 from shared.errors import InvalidRequestError
+from shared.parallel.config import ParallelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.config import SpeculativeConfig
 
@@ -18,7 +19,7 @@ Prompt = str | list[int]
 def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> EngineConfig:
     """Route flat keyword arguments (vLLM style) to the config section that owns them."""
     sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig(), "speculative": SpeculativeConfig(),
-                "guided": GuidedLimits()}
+                "guided": GuidedLimits(), "parallel": ParallelConfig()}
     config = EngineConfig(model=model, dtype=dtype, **sections)
     for name, value in kwargs.items():
         owner = next((section for section in (config, *sections.values())
@@ -27,6 +28,7 @@ def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> Engine
             raise InvalidRequestError(name, "is not an engine setting")
         setattr(owner, name, value)
     config.speculative.validate()
+    config.parallel.__post_init__()
     return config
 
 
@@ -53,6 +55,16 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [apply_chat_template(self.tokenizer, conversation) for conversation in conversations]
         return self.generate(prompts, sampling_params)
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor/pipeline parallelism); idempotent."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
 
     def kv_usage(self) -> KVUsage:
         return self.engine.stats.kv_usage()

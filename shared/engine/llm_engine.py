@@ -5,6 +5,7 @@ Services drive it from one thread; the offline `LLM` wraps it in a loop. No tran
 
 import itertools
 import logging
+from collections import deque
 from dataclasses import dataclass, replace
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from shared.config import EngineConfig
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
+from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
 from shared.engine.outputs import RequestOutput
 from shared.engine.output_processor import OutputProcessor
@@ -64,11 +66,17 @@ class LLMEngine:
         self.spec_stats = SpecDecodeStats()
         self._children: dict[str, list[Request]] = {}
         self._request_counter = itertools.count()
+        # Submitted batches whose results are not applied yet, oldest first (see step).
+        self._in_flight: deque[tuple[SchedulerOutput, dict[str, str]]] = deque()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
         from shared.engine.loading import build_engine_parts
         return cls(config, *build_engine_parts(config))
+
+    def shutdown(self) -> None:
+        """Release the executor (stops worker processes, if any)."""
+        self.executor.shutdown()
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -191,10 +199,41 @@ class LLMEngine:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation, output processing) finishes alone with finish reason "error";
         only a failure of the step as a whole (the forward pass) raises."""
+        if self.executor.max_concurrent_batches > 1:
+            return self._step_with_batches_in_flight()
+        scheduler_output, failed = self._schedule()
+        return self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
+
+    def _schedule(self) -> tuple[SchedulerOutput, dict[str, str]]:
+        """The next batch, and the requests whose guided masks failed (by id, with the error)."""
         scheduler_output = self.scheduler.schedule()
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
         failed = self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
-        runner_output = self.executor.execute_model(scheduler_output)
+        return scheduler_output, failed
+
+    def _step_with_batches_in_flight(self) -> list[RequestOutput]:
+        """Pipeline parallelism: submit a new batch (of requests not already computing) while
+        earlier ones are still in the pipeline, so its stages overlap across steps; collect the
+        oldest batch once the executor's limit is reached or nothing new could be scheduled."""
+        limit = self.executor.max_concurrent_batches
+        if len(self._in_flight) < limit:
+            scheduler_output, failed = self._schedule()
+            if (scheduler_output.scheduled or scheduler_output.finished_request_ids
+                    or scheduler_output.preempted_request_ids or failed):
+                self.executor.submit_batch(scheduler_output)
+                self._in_flight.append((scheduler_output, failed))
+                self.scheduler.in_flight.update(item.request_id for item in scheduler_output.scheduled)
+                if scheduler_output.scheduled and len(self._in_flight) < limit:
+                    return []
+        if not self._in_flight:
+            return []
+        scheduler_output, failed = self._in_flight.popleft()
+        runner_output = self.executor.collect_batch()
+        self.scheduler.in_flight.difference_update(item.request_id for item in scheduler_output.scheduled)
+        return self._apply(scheduler_output, failed, runner_output)
+
+    def _apply(self, scheduler_output: SchedulerOutput, failed: dict[str, str],
+               runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         failed_requests = self._fail_requests({**failed, **runner_output.failed})
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids,
                                                     runner_output.verified)

@@ -29,13 +29,15 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def build_engine_parts(config: EngineConfig):
     """(model_config, executor, tokenizer, model_key) for LLMEngine."""
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    torch.manual_seed(config.seed)
     dtype = parse_dtype(config.dtype)
     device = resolve_device(config.device)
     _check_device_features(config, device)
     folder = resolve_model(config.model)
+    if config.parallel.is_parallel:
+        return build_parallel_engine_parts(config, folder, dtype, device)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
     started = time.perf_counter()
     backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder))
     model, model_config = load_model(folder, dtype, device=device, attn_backend=backend)
@@ -55,6 +57,26 @@ def _check_device_features(config: EngineConfig, device: torch.device) -> None:
     if device.type != "cpu" and config.speculative.is_enabled:
         raise InvalidRequestError("speculative_method", f"speculative decoding runs on the CPU only so far, "
                                                         f"not on {device}")
+
+
+def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch.dtype, device: torch.device):
+    """Like build_engine_parts, with the model in one worker process per rank."""
+    from shared.executor.multiproc import MultiProcExecutor
+    if device.type != "cpu":
+        raise InvalidRequestError("tensor_parallel_size", f"parallel workers run on the CPU only so far, "
+                                                          f"not on {device}")
+    if config.speculative.is_enabled:
+        raise InvalidRequestError("speculative_method", "is not supported with tensor or pipeline parallelism")
+    model_config = ModelConfig.from_folder(folder)
+    config.parallel.check_model(model_config.num_heads, model_config.num_kv_heads, model_config.num_layers)
+    layout = kv_cache_layout(config, model_config, dtype)
+    started = time.perf_counter()
+    executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed)
+    logger.info("started %d workers (tensor parallel %d x pipeline parallel %d) for %s in %.2fs; "
+                "KV cache %d blocks of %d tokens", config.parallel.world_size,
+                config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size, folder,
+                time.perf_counter() - started, layout.num_blocks, layout.block_size)
+    return model_config, executor, load_tokenizer_if_present(folder), str(folder.name)
 
 
 def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,

@@ -6,10 +6,14 @@ pipeline parallel workers) implements the same three calls.
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.core.scheduler_output import SchedulerOutput
 from shared.kv_cache.layout import KVCacheLayout
 from shared.spec_decode.outputs import VerifiedTokens
+
+if TYPE_CHECKING:
+    import torch
 
 TopLogprobs = list[tuple[int, float]]
 
@@ -48,3 +52,28 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Release workers and memory."""
+
+    # ---- several batches in flight (pipeline parallelism) ---------------------------------
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """How many batches the engine may submit before collecting the oldest; above 1 the
+        engine uses submit_batch/collect_batch instead of execute_model."""
+        return 1
+
+    def submit_batch(self, scheduler_output: SchedulerOutput) -> None:
+        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
+
+    def collect_batch(self) -> ModelRunnerOutput:
+        """The result of the oldest submitted batch (batches complete in submission order)."""
+        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
+
+    # ---- KV transfer (disaggregation); executors expose a full-layout `kv_cache` tensor ----
+
+    def blocks_for_send(self, block_ids: list[int]) -> "tuple[torch.Tensor, KVCacheLayout, list[int]]":
+        """(cache tensor, its layout, the blocks' ids in it) for a KV sender to read `block_ids`."""
+        return self.kv_cache, self.kv_cache_layout, list(block_ids)
+
+    def commit_received_blocks(self, block_ids: list[int]) -> None:
+        """A KV receiver finished writing these blocks into `kv_cache` (a sharded executor copies
+        them to its ranks here)."""

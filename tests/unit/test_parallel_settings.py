@@ -1,0 +1,41 @@
+"""Tensor/pipeline parallel sizes through every front door: instance flags and PDSERVE_*
+variables, `pdserve up` (passed on to every instance), `pdserve offline`, and `LLM(...)`."""
+
+import pytest
+
+from services.common.engine_setup import engine_config
+from services.common.flags import parse_settings
+from shared.cli.main import build_parser
+from shared.cli.up_command import config_from_args
+from shared.engine.llm import engine_config_from_kwargs
+from shared.errors import InvalidRequestError
+
+
+def test_instance_flags_and_variables_reach_the_engine_config():
+    settings = parse_settings("x", ("decode",), ["--tensor-parallel-size", "3"],
+                              {"PDSERVE_PIPELINE_PARALLEL_SIZE": "2"})
+    parallel = engine_config(settings).parallel
+    assert (parallel.tensor_parallel_size, parallel.pipeline_parallel_size, parallel.world_size) == (3, 2, 6)
+
+
+def test_a_bad_parallel_size_exits_2_naming_the_setting(capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_settings("x", ("decode",), ["--tensor-parallel-size", "0"], {})
+    assert exited.value.code == 2
+    assert "tensor-parallel-size" in capsys.readouterr().err
+
+
+def test_up_passes_the_sizes_to_every_instance():
+    args = build_parser().parse_args(["up", "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"])
+    assert config_from_args(args).extra_args["instance"][:4] == [
+        "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"]
+    assert config_from_args(build_parser().parse_args(["up"])).extra_args["instance"] == []
+
+
+def test_offline_and_llm_keywords():
+    args = build_parser().parse_args(["offline", "hi", "--tensor-parallel-size", "3"])
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (3, 1)
+    config = engine_config_from_kwargs(None, "float32", tensor_parallel_size=3, pipeline_parallel_size=2)
+    assert (config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size) == (3, 2)
+    with pytest.raises(InvalidRequestError, match="pipeline_parallel_size"):
+        engine_config_from_kwargs(None, "float32", pipeline_parallel_size=-1)
