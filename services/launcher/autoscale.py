@@ -19,17 +19,17 @@ class LocalActuator:
     def __init__(self, stack: LocalStack):
         self.stack = stack
         self._lock = threading.Lock()
-        self._starting = {"prefill": 0, "decode": 0}
+        self._starting: dict[str, str] = {}  # name -> role of instances launched, not yet SERVING
         self._serial = itertools.count(len(stack.instances))
 
     def _active(self, role: str) -> list[ChildProcess]:
-        """Running instances of the pool that were not asked to stop, oldest first."""
-        return [child for child in self.stack.instances
-                if child.role == role and child.is_running() and not child.expected_exit]
+        """Running, SERVING instances of the pool that were not asked to stop, oldest first."""
+        return [child for child in self.stack.instances if child.role == role and child.is_running()
+                and not child.expected_exit and child.name not in self._starting]
 
     def replicas(self, role: str) -> int:
         with self._lock:
-            return len(self._active(role)) + self._starting[role]
+            return len(self._active(role)) + sum(1 for starting in self._starting.values() if starting == role)
 
     def scale(self, role: str, replicas: int) -> None:
         current = self.replicas(role)
@@ -42,7 +42,7 @@ class LocalActuator:
     def _launch(self, role: str) -> None:
         name = f"{role}-{next(self._serial)}"
         with self._lock:
-            self._starting[role] += 1
+            self._starting[name] = role
         threading.Thread(target=self._start_instance, args=(name, role), name=f"scale-out-{name}",
                          daemon=True).start()
 
@@ -55,7 +55,7 @@ class LocalActuator:
             logger.error("autoscale: starting %s failed: %s", name, error)
         finally:
             with self._lock:
-                self._starting[role] -= 1
+                del self._starting[name]
 
     @staticmethod
     def _drain(child: ChildProcess) -> None:

@@ -49,7 +49,7 @@ def test_scale_out_counts_starting_instances_and_names_them_uniquely():
     actuator.scale("decode", 3)  # returns at once; the two new instances are still starting
     assert actuator.replicas("decode") == 3 and actuator.replicas("prefill") == 1
     stack.release.set()
-    wait_for(lambda: actuator._starting["decode"] == 0)
+    wait_for(lambda: not actuator._starting)
     assert sorted(child.name for child in stack.instances) == ["decode-1", "decode-2", "decode-3", "prefill-0"]
     assert actuator.replicas("decode") == 3
 
