@@ -53,7 +53,7 @@ def test_too_few_prefill_instances_queue_prompts():
 
 
 def test_least_cost_ratio_meets_the_target():
-    requests = make_trace("poisson", 10.0, 120.0, FIXED_LENGTHS, seed=2)
+    requests = make_trace("poisson", 10.0, 60.0, FIXED_LENGTHS, seed=2)
     result = least_cost_ratio(PROFILE, CONFIG, requests, target=0.9, max_per_pool=16)
     assert result.summary.slo_attainment >= 0.9
     fewer = [simulate_fixed(PROFILE, CONFIG, requests, result.num_prefill - 1, result.num_decode),
@@ -69,3 +69,19 @@ def test_planner_follows_a_ramp_and_returns():
     prefill_sizes = [p for _, p, _, _ in timeline]
     assert max(prefill_sizes) >= 3 and prefill_sizes[-1] <= 2 and summary.scale_events >= 4
     assert summary.num_completed == summary.num_requests
+
+
+def test_simulate_command_writes_results(tmp_path, capsys):
+    from shared.cli.main import main
+
+    PROFILE.save(tmp_path / "profile.json")
+    common = ["simulate", "--profile", str(tmp_path / "profile.json"), "--rate", "4", "--duration", "60",
+              "--ttft-slo", "1", "--itl-slo", "0.1", "--max-per-pool", "8"]
+    assert main([*common, "--fixed", "2:1", "--json", str(tmp_path / "fixed.json")]) == 0
+    assert "fixed 2P:1D" in capsys.readouterr().out
+    assert main([*common, "--json", str(tmp_path / "compare.json")]) == 0
+    out = capsys.readouterr().out
+    assert "least-cost fixed" in out and "planner" in out
+    import json
+    results = json.loads((tmp_path / "compare.json").read_text())
+    assert results["least_cost_fixed"]["slo_attainment"] >= 0.9 and results["planner"]["num_completed"] > 0
