@@ -2,16 +2,24 @@
 routes each prompt to the prefill instance that finishes it first (its backlog plus the
 prompt's cost there, so a cached prefix counts), the KV moves to the decode instance with
 the most free KV, decode instances batch continuously, and a scaler resizes both pools every
-interval (new instances serve after `startup_s`; removed ones drain first)."""
+interval (new instances serve after `startup_s`; removed ones drain first). Live instance
+lists are rebuilt per KV arrival: fine for hundreds of instances."""
 
 import heapq
 import itertools
+import random
 from dataclasses import dataclass, field
 
 from services.planner.profile_data import PerfProfile
 from services.simulator.instances import DecodeSim, Lifetime, PrefillSim
+from services.simulator.prefill_router import PrefillRouter
 from services.simulator.recorder import Recorder
 from services.simulator.workload import SimRequest
+
+# Decode pools above this size pick the best of DECODE_CHOICES random instances (power of d
+# choices) instead of scanning all of them for every request.
+EXACT_DECODE_CHOICE = 32
+DECODE_CHOICES = 8
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,8 @@ class ClusterSim:
         self.prefill: list[PrefillSim] = []
         self.decode: list[DecodeSim] = []
         self.recorder = Recorder(config.ttft_slo_s, config.itl_slo_s)
+        self.router = PrefillRouter()
+        self._rng = random.Random(0)
         self._events: list[Event] = []
         self._order = itertools.count()
         self._names = itertools.count()
@@ -71,11 +81,13 @@ class ClusterSim:
     def _arrive(self, event: Event) -> None:
         request: SimRequest = event.subject
         self.recorder.on_arrival(request)
-        live = [p for p in self.prefill if not p.life.draining and p.life.stopped_s is None]
-        target = min(live, key=lambda p: max(p.busy_until, p.life.ready_s, self.now)
-                     + self.profile.prefill_s(request.prompt_tokens, p.cached_tokens(request)))
+        target = self.router.choose(request.prefix_id, lambda p: max(p.busy_until, p.life.ready_s, self.now)
+                                    + self.profile.prefill_s(request.prompt_tokens, p.cached_tokens(request)))
         target.busy_until = max(target.busy_until, target.life.ready_s)
+        is_new_prefix = request.prefix_id is not None and request.prefix_id not in target.cached_prefixes
         done_at, _ = target.enqueue(request, self.now, self.profile)
+        if is_new_prefix:
+            self.router.on_cached(target, request.prefix_id)
         self.schedule(done_at, "prefilled", request, target)
 
     def _prefilled(self, event: Event) -> None:
@@ -91,6 +103,8 @@ class ClusterSim:
     def _kv_arrived(self, event: Event) -> None:
         ready = [d for d in self.decode if d.life.is_routable(self.now)]
         candidates = ready or [d for d in self.decode if not d.life.draining and d.life.stopped_s is None]
+        if len(candidates) > EXACT_DECODE_CHOICE:  # large pools: the best of a few random ones
+            candidates = self._rng.sample(candidates, DECODE_CHOICES)
         target = max(candidates, key=lambda d: (d.free_kv() - 1_000_000 * len(d.waiting), -d.load()))
         target.waiting.append(event.subject)
         if not target.is_stepping:
@@ -136,8 +150,11 @@ class ClusterSim:
         for _ in range(replicas - current):
             life = Lifetime(self.now, self.now + startup_s)
             name = f"{role}-{next(self._names)}"
-            instance = (PrefillSim(name, life) if role == "prefill"
-                        else DecodeSim(name, life, self.profile, self.config.max_batch))
+            if role == "prefill":
+                instance = PrefillSim(name, life)
+                self.router.add(instance)
+            else:
+                instance = DecodeSim(name, life, self.profile, self.config.max_batch)
             self.pool(role).append(instance)
         if replicas < current:
             active = [i for i in self.pool(role) if not i.life.draining and i.life.stopped_s is None]
