@@ -1,10 +1,13 @@
 """LocalActuator: the planner's hands in `pdserve up --autoscale`. Scale-out launches new
-instance processes (on a worker thread, so the planner never waits for a model to load);
+instance processes from one long-lived launcher thread (the planner never waits for a model
+to load, and a child's parent-death signal is tied to the thread that forked it, so that
+thread must outlive the children);
 scale-in sends SIGTERM to the newest instances of the pool, which drain (withdraw from Redis,
 finish in-flight requests) and exit. Nothing here edits the stack beyond adding children."""
 
 import itertools
 import logging
+import queue
 import signal
 import threading
 import time
@@ -21,6 +24,8 @@ class LocalActuator:
         self._lock = threading.Lock()
         self._starting: dict[str, str] = {}  # name -> role of instances launched, not yet SERVING
         self._serial = itertools.count(len(stack.instances))
+        self._launches: queue.Queue = queue.Queue()
+        threading.Thread(target=self._launcher, name="autoscale-launcher", daemon=True).start()
 
     def _active(self, role: str) -> list[ChildProcess]:
         """Running, SERVING instances of the pool that were not asked to stop, oldest first."""
@@ -43,8 +48,12 @@ class LocalActuator:
         name = f"{role}-{next(self._serial)}"
         with self._lock:
             self._starting[name] = role
-        threading.Thread(target=self._start_instance, args=(name, role), name=f"scale-out-{name}",
-                         daemon=True).start()
+        self._launches.put((name, role))
+
+    def _launcher(self) -> None:
+        """Starts queued instances one after another, for the life of the process."""
+        while True:
+            self._start_instance(*self._launches.get())
 
     def _start_instance(self, name: str, role: str) -> None:
         deadline = time.monotonic() + self.stack.config.ready_timeout_s
