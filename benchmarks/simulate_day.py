@@ -2,7 +2,7 @@
 simulator, the planner against a fixed P:D sized for the peak (the least-cost one at the
 peak rate). Writes a JSON and a plot of the rate and both pools over the day.
 
-    python -m benchmarks.simulate_day --profile docs/autoscaling/profile-smollm2-cpu.json --peak 2
+    python -m benchmarks.simulate_day --profile docs/autoscaling/profile-smollm2-cpu.json --peak 1
 """
 
 import argparse
@@ -22,7 +22,8 @@ from services.simulator.workload import LengthModel, make_trace
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=Path, required=True)
-    parser.add_argument("--peak", type=float, default=2.0, help="req/s at the day's peak")
+    parser.add_argument("--peak", type=float, default=1.0, help="req/s at the day's peak")
+    parser.add_argument("--output-median", type=int, default=64, help="median output tokens")
     parser.add_argument("--ttft-slo", type=float, default=3.0)
     parser.add_argument("--itl-slo", type=float, default=0.3)
     parser.add_argument("--out", type=Path, default=Path("docs/autoscaling"))
@@ -59,9 +60,10 @@ def main() -> None:
     args = parse_args()
     profile = PerfProfile.load(args.profile)
     config = SimConfig(ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo)
-    peak = make_trace("poisson", args.peak, 600.0, LengthModel(), seed=1)
+    lengths = LengthModel(output_median=args.output_median)
+    peak = make_trace("poisson", args.peak, 600.0, lengths, seed=1)
     ratio = least_cost_ratio(profile, config, peak, max_per_pool=64)
-    day = make_trace("diurnal", args.peak, 86_400.0, LengthModel(), seed=2)
+    day = make_trace("diurnal", args.peak, 86_400.0, lengths, seed=2)
     fixed = simulate_fixed(profile, config, day, ratio.num_prefill, ratio.num_decode)
     planner_config = PlannerConfig(ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, prefill=PoolBounds(1, 64),
                                    decode=PoolBounds(1, 64))

@@ -38,3 +38,14 @@ def test_quick_profile_of_the_tiny_model(tiny_llama_folder, tmp_path, capsys):
     assert all(p.seconds > 0 for p in profile.prefill + profile.decode)
     assert profile.kv_capacity_tokens > 0 and profile.kv_capacity_tokens % profile.block_size == 0
     assert "KV capacity" in capsys.readouterr().out
+
+
+def test_profiling_returns_every_kv_block(tiny_llama_folder):
+    from services.planner.profiler import QUICK_PLAN, Profiler
+    from shared.engine.llm import engine_config_from_kwargs
+    from shared.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_config(engine_config_from_kwargs(str(tiny_llama_folder), "float32", num_blocks=64))
+    Profiler(engine, QUICK_PLAN).run("tiny", "float32", None)
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+    assert not engine.has_unfinished_requests()
