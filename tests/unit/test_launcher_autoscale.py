@@ -64,3 +64,22 @@ def test_scale_in_drains_the_newest_instances_with_sigterm():
     assert all(child.expected_exit and child.signals == [signal.SIGTERM]
                for child in stack.instances if child.signals)
     assert actuator.replicas("prefill") == 1 and actuator.replicas("decode") == 1
+
+
+def test_up_autoscale_needs_a_profile(capsys):
+    from shared.cli.main import main
+
+    assert main(["up", "--autoscale", "--gateway-port", "0"]) == 2
+    assert "--autoscale needs --profile" in capsys.readouterr().err
+
+
+def test_up_parses_the_planner_flags():
+    from services.planner.flags import config_from_args
+    from shared.cli.main import build_parser
+
+    args = build_parser().parse_args(["up", "--autoscale", "--profile", "p.json", "--min-prefill", "2",
+                                      "--max-prefill", "6", "--max-decode", "3", "--ttft-slo", "1.5",
+                                      "--itl-slo", "0.05"])
+    config = config_from_args(args)
+    assert (config.prefill.min_replicas, config.prefill.max_replicas, config.decode.max_replicas) == (2, 6, 3)
+    assert (config.ttft_slo_s, config.itl_slo_s) == (1.5, 0.05)
