@@ -80,6 +80,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
+    axes[2].set_yscale("log")
     axes[3].set_xlabel("seconds since the ramp started")
     figure.suptitle("make bench-autoscale: load ramp, --autoscale vs fixed 1P+1D")
     figure.tight_layout()
