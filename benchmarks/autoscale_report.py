@@ -59,6 +59,29 @@ def simulated_figures(result: dict, profile: PerfProfile, ttft_slo: float, itl_s
             "instance_seconds": summary.instance_hours * 3600, "scale_events": summary.scale_events}
 
 
+def phase_comparison(result: dict, profile: PerfProfile, ttft_slo: float, itl_slo: float) -> list[dict]:
+    """Measured vs simulated TTFT/TPOT p50 and p90 of fixed 1P+1D, by thirds of the ramp
+    (arrival rate rising, high, falling): the simulator's validation at small scale."""
+    from services.simulator.cluster import ClusterSim
+    from services.simulator.scalers import FixedScaler
+
+    config = SimConfig(ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, interval_s=5.0)
+    recorder = ClusterSim(profile, config, FixedScaler(1, 1), 1, 1).run(replay(result))
+    measured = {r["index"]: request_latencies(r) for r in result["records"]}
+    end = max(r["start_s"] for r in result["records"])
+    rows = []
+    for phase in range(3):
+        ids = [i for i, m in measured.items() if m is not None and phase * end / 3 <= m[0] < (phase + 1) * end / 3 + 1e-9]
+        row = {"phase": phase, "requests": len(ids), "rate": len(ids) / (end / 3)}
+        for name, real, sim in (("ttft", [measured[i][1] for i in ids], [recorder.ttft[i] for i in ids]),
+                                ("tpot", [measured[i][2] for i in ids], [recorder.tpot[i] for i in ids])):
+            for q in (0.5, 0.9):
+                row[f"{name}_p{int(q * 100)}_measured"] = float(np.quantile(real, q))
+                row[f"{name}_p{int(q * 100)}_simulated"] = float(np.quantile(sim, q))
+        rows.append(row)
+    return rows
+
+
 def plot(results: dict[str, dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -97,9 +120,16 @@ def write_report(out: Path, profile_path: Path, ttft_slo: float, itl_slo: float)
     for mode, result in results.items():
         table[mode] = {"measured": mode_figures(result, ttft_slo, itl_slo),
                        "simulated": simulated_figures(result, profile, ttft_slo, itl_slo)}
+    if "fixed" in results:
+        table["fixed"]["phases"] = phase_comparison(results["fixed"], profile, ttft_slo, itl_slo)
     (out / "report.json").write_text(json.dumps(table, indent=1) + "\n")
     plot(results, out / "autoscale.png")
     for mode, figures in table.items():
         for kind, values in figures.items():
+            if kind == "phases":
+                for row in values:
+                    print(f"{mode:<10} phase {row['phase']}  " + "  ".join(
+                        f"{k} {v:.3g}" for k, v in row.items() if k != "phase"))
+                continue
             print(f"{mode:<10} {kind:<10} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                                        for k, v in values.items()))
