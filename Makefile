@@ -25,7 +25,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-autoscale convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-hol bench-autoscale gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -38,6 +38,7 @@ help:
 	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
+	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
@@ -77,6 +78,13 @@ bench-guided: setup
 
 bench-spec: setup
 	$(PYTHON) -m benchmarks.spec_decode $(BENCH_ARGS)
+
+bench-hol: setup
+	$(PYTHON) -m benchmarks.head_of_line $(BENCH_ARGS)
+
+# On a machine with an NVIDIA GPU (no venv needed there): scripts/gpu_check.sh directly.
+gpu-check:
+	PYTHON=$(if $(wildcard $(PYTHON)),$(PYTHON),python3) scripts/gpu_check.sh $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

@@ -34,6 +34,11 @@ class InstanceSettings:
     served_model_name: str = _setting("", "model name in the Redis keys ('' = the model folder's name; "
                                           "must match the gateway's)")
     dtype: str = _setting("bfloat16", "weights and KV cache dtype: bfloat16 or float32")
+    device: str = _setting("auto", "where the engine runs: auto (CUDA when available), cpu, cuda or cuda:N")
+    gpu_memory_utilization: float = _setting(0.9, "on a GPU: share of its memory this instance may use "
+                                                  "(weights + KV pool; replaces --kv-cache-memory-gb)")
+    attention_backend: str = _setting("auto", "paged attention: auto (triton on CUDA, torch on CPU), "
+                                              "torch or triton")
     host: str = _setting("127.0.0.1", "address the gRPC server binds")
     advertise_host: str = _setting("", "host put in the registered gRPC address ('' = --host, "
                                        "or this machine's hostname when --host is a wildcard)")
@@ -53,6 +58,10 @@ class InstanceSettings:
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
     seed: int = _setting(0, "global sampling seed for unseeded requests")
+    max_grammar_bytes: int = _setting(64 * 1024, "longest guided schema, regex or grammar (bytes)")
+    max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
+    grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")
+    grammar_cache_size: int = _setting(256, "compiled guided constraints kept (least recently used dropped)")
     speculative_method: str = _setting("none", "speculative decoding: none, ngram (prompt lookup) or draft "
                                                "(a draft model); decode and colocated roles only")
     num_speculative_tokens: int = _setting(3, "tokens proposed per request and step (k)")
@@ -67,6 +76,9 @@ class InstanceSettings:
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
+    tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")
+    tls_key_file: str = _setting("", "the PEM private key of --tls-cert-file")
+    tls_ca_file: str = _setting("", "accept only clients with a certificate this CA signed (mutual TLS)")
 
     def __post_init__(self) -> None:
         validate_settings(self)
@@ -99,12 +111,19 @@ def validate_settings(settings: InstanceSettings) -> None:
         low = 0 if name == "ucx_port" else -1
         if not low <= getattr(settings, name) <= 65535:
             raise InvalidRequestError(name, f"must be in [{low}, 65535], got {getattr(settings, name)}")
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        raise InvalidRequestError("gpu_memory_utilization",
+                                  f"must be in (0, 1], got {settings.gpu_memory_utilization}")
     _check_positive(settings, ("kv_cache_memory_gb", "block_size", "max_num_seqs", "max_num_batched_tokens",
                                "heartbeat_interval_s", "heartbeat_ttl_s", "lease_ms",
                                "prefix_publish_interval_s"))
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
     _check_non_negative(settings, ("draft_num_layers",))
     speculative_config(settings)
+    if bool(settings.tls_cert_file) != bool(settings.tls_key_file):
+        raise InvalidRequestError("tls_cert_file", "tls_cert_file and tls_key_file go together")
+    if settings.tls_ca_file and not settings.tls_cert_file:
+        raise InvalidRequestError("tls_ca_file", "needs tls_cert_file and tls_key_file")
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                      f"({settings.heartbeat_interval_s}), "
