@@ -25,7 +25,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -41,6 +41,7 @@ help:
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-faults   kills and SIGTERMs under streaming load: ok/failed/migrated, recovery, p99 (BENCH_ARGS=...)"
+	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -99,3 +100,8 @@ proto: setup
 clean:
 	find . -path ./.venv -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	rm -rf .pytest_cache build *.egg-info bench-results
+
+# Load ramp on the local stack, --autoscale against fixed 1P+1D (plots in bench-results/autoscale/).
+bench-autoscale: setup
+	$(PYTHON) -m benchmarks.autoscale --mode autoscale $(BENCH_ARGS)
+	$(PYTHON) -m benchmarks.autoscale --mode fixed $(BENCH_ARGS)

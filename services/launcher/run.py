@@ -4,6 +4,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import TextIO
 
 from services.launcher.config import StackConfig
@@ -25,19 +26,28 @@ def _install_stop_handlers(stop_event: threading.Event) -> dict:
     return {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
 
 
-def run_stack(config: StackConfig, out: TextIO = sys.stdout) -> int:
+def _nothing() -> None:
+    pass
+
+
+def run_stack(config: StackConfig, out: TextIO = sys.stdout,
+              on_started: Callable[[LocalStack], Callable[[], None]] | None = None) -> int:
     """0 after a requested stop, 1 if a child failed to start, 130 if interrupted while
     starting. Children that die later are restarted (services.launcher.supervisor); only
     a stop request ends the stack, and then every child drains. Everything started is
-    stopped before returning."""
+    stopped before returning. `on_started(stack)` runs once the stack is SERVING (the
+    autoscaler) and returns what stops it."""
     logging.getLogger("services.launcher").setLevel(logging.INFO)
     stop_event = threading.Event()
     previous = _install_stop_handlers(stop_event)
     stack = LocalStack(config)
     logger.info("starting the stack; logs in %s", stack.run_dir / "logs")
+    stop_extras = _nothing
     try:
         stack.start(should_abort=stop_event.is_set)
         print(describe(stack), file=out, flush=True)
+        if on_started is not None:
+            stop_extras = on_started(stack)
         stack.supervise(stop_event)
     except StackAborted as error:
         logger.warning("%s", error)
@@ -46,6 +56,7 @@ def run_stack(config: StackConfig, out: TextIO = sys.stdout) -> int:
         logger.error("the stack failed: %s", error)
         return 1
     finally:
+        stop_extras()
         stack.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -16,7 +16,9 @@ from shared.cli import (
     convert_command,
     generate_command,
     offline_command,
+    profile_command,
     serve_command,
+    simulate_command,
     status_command,
     up_command,
 )
@@ -24,7 +26,8 @@ from shared.errors import InvalidRequestError
 from shared.logging_setup import LOG_FORMATS, configure_logging
 
 SUBCOMMAND_MODULES = (convert_command, offline_command, serve_command, up_command, generate_command,
-                      status_command, bench_command, certs_command)
+                      status_command, bench_command, certs_command, profile_command,
+                      simulate_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,13 +14,14 @@ SERVICES = {
     "prefill": ("services.prefill", []),
     "decode": ("services.decode", ["--role", "decode"]),
     "colocated": ("services.decode", ["--role", "colocated"]),
+    "planner": ("services.planner.main", []),
 }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Called by shared.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser(
-        "serve", help="run one service: gateway, prefill, decode or colocated",
+        "serve", help="run one service: gateway, prefill, decode, colocated or planner",
         description="Runs one pdserve service in the foreground; the arguments after the "
                     "role are the service's own flags (each also an environment variable).",
     )

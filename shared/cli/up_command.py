@@ -29,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "restarts any that dies (with backoff, up to a crash-loop limit), and stops "
                     "everything on Ctrl-C or SIGTERM, draining each service first.")
     add_stack_arguments(parser)
+    add_autoscale_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -87,6 +88,34 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                                                 f"use --{kind}-arg=--flag for dash-led values)")
 
 
+def add_autoscale_arguments(parser: argparse.ArgumentParser) -> None:
+    """--autoscale and the planner's policy flags (services.planner.flags)."""
+    from services.planner.flags import add_policy_arguments
+
+    parser.add_argument("--autoscale", action="store_true", default=_env_flag("PDSERVE_UP_AUTOSCALE"),
+                        help="run the planner: it sizes the prefill and decode pools separately within "
+                             "--min/--max-prefill/decode (env PDSERVE_UP_AUTOSCALE=1)")
+    parser.add_argument("--profile", type=Path, default=_env("PDSERVE_PLANNER_PROFILE", None, Path),
+                        help="the planner's profile JSON from `pdserve profile` (needed with --autoscale)")
+    parser.add_argument("--planner-metrics-port", type=int, default=0,
+                        help="the planner's /metrics port (default 0: a free one; -1: none)")
+    add_policy_arguments(parser)
+
+
+def _autoscaler(args: argparse.Namespace):
+    """on_started hook for run_stack: start the planner on the stack, return its stop."""
+    from services.launcher.autoscale_runner import AutoscaleRunner
+    from services.planner.flags import config_from_args as planner_config
+
+    config = planner_config(args)
+
+    def start(stack):
+        runner = AutoscaleRunner(stack, config, args.profile, args.planner_metrics_port)
+        runner.start()
+        return runner.stop
+    return start
+
+
 def _cpu_list(text: str) -> tuple[int, ...]:
     """`"0,1"` -> (0, 1); raises argparse's error for anything but comma-separated ids >= 0."""
     try:
@@ -141,4 +170,11 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as error:
         raise InvalidRequestError("up", str(error)) from error
-    return run_stack(config)
+    if not args.autoscale:
+        return run_stack(config)
+    if args.profile is None or args.colocated:
+        raise InvalidRequestError("autoscale", "--autoscale needs --profile (from `pdserve profile`) "
+                                               "and prefill/decode pools (not --colocated)")
+    # A drained instance gets this long to finish its requests after SIGTERM.
+    config.extra_args["instance"] = ["--shutdown-grace-s", "120", *config.extra_args["instance"]]
+    return run_stack(config, on_started=_autoscaler(args))

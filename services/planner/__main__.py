@@ -1,0 +1,7 @@
+"""`python -m services.planner [flags]`."""
+
+import sys
+
+from services.planner.main import main
+
+sys.exit(main())

@@ -1,0 +1,106 @@
+"""PerfProfile: what one engine instance costs on this machine, measured by `pdserve profile`.
+
+The planner and the simulator read it. Raw measurements are kept, and two least-squares fits
+turn them into smooth, extrapolating cost models:
+
+    prefill_s(new_tokens)          = a + b * n + c * n^2       (attention is quadratic)
+    decode_step_s(batch, context)  = a + b * batch + c * batch * context
+
+A prefix hit computes only the uncached tokens, so `prefill_s(prompt, cached)` charges
+`prompt - cached` new tokens (the measured hit points show how well that holds).
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PrefillPoint:
+    prompt_tokens: int
+    cached_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DecodePoint:
+    batch_size: int
+    context_tokens: int
+    seconds: float  # one engine step
+
+
+@dataclass
+class PerfProfile:
+    model: str
+    dtype: str
+    num_threads: int | None
+    block_size: int
+    kv_capacity_tokens: int
+    prefill: list[PrefillPoint]
+    decode: list[DecodePoint]
+    prefill_fit: list[float] = field(default_factory=list)
+    decode_fit: list[float] = field(default_factory=list)
+    version: int = PROFILE_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.prefill_fit:
+            self.prefill_fit = fit_prefill(self.prefill)
+        if not self.decode_fit:
+            self.decode_fit = fit_decode(self.decode)
+
+    def prefill_s(self, prompt_tokens: float, cached_tokens: float = 0.0) -> float:
+        """Seconds one instance spends computing this prompt alone."""
+        new_tokens = max(1.0, prompt_tokens - cached_tokens)
+        a, b, c = self.prefill_fit
+        return max(1e-4, a + b * new_tokens + c * new_tokens ** 2)
+
+    def decode_step_s(self, batch_size: float, context_tokens: float) -> float:
+        """Seconds of one decode step for `batch_size` sequences of `context_tokens` each."""
+        a, b, c = self.decode_fit
+        return max(1e-4, a + b * batch_size + c * batch_size * context_tokens)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "PerfProfile":
+        raw = json.loads(Path(path).read_text())
+        if raw.get("version") != PROFILE_VERSION:
+            raise ValueError(f"{path}: profile version {raw.get('version')!r}, expected {PROFILE_VERSION}")
+        raw["prefill"] = [PrefillPoint(**point) for point in raw["prefill"]]
+        raw["decode"] = [DecodePoint(**point) for point in raw["decode"]]
+        return cls(**raw)
+
+
+def _non_negative_lstsq(rows: list[list[float]], targets: list[float]) -> list[float]:
+    """Least squares; a negative coefficient is dropped (set to 0) and the rest refitted."""
+    matrix, vector = np.asarray(rows, dtype=float), np.asarray(targets, dtype=float)
+    keep = list(range(matrix.shape[1]))
+    while True:
+        solution, *_ = np.linalg.lstsq(matrix[:, keep], vector, rcond=None)
+        negative = [keep[i] for i, value in enumerate(solution) if value < 0]
+        if not negative or len(keep) == 1:
+            break
+        keep.remove(negative[-1])
+    coefficients = [0.0] * matrix.shape[1]
+    for index, value in zip(keep, solution):
+        coefficients[index] = max(0.0, float(value))
+    return coefficients
+
+
+def fit_prefill(points: list[PrefillPoint]) -> list[float]:
+    fresh = [point for point in points if point.cached_tokens == 0] or points
+    rows = [[1.0, n, n * n] for n in (p.prompt_tokens - p.cached_tokens for p in fresh)]
+    return _non_negative_lstsq(rows, [p.seconds for p in fresh])
+
+
+def fit_decode(points: list[DecodePoint]) -> list[float]:
+    rows = [[1.0, p.batch_size, p.batch_size * p.context_tokens] for p in points]
+    return _non_negative_lstsq(rows, [p.seconds for p in points])

@@ -1,0 +1,127 @@
+"""Measure one engine instance in-process: prefill time vs prompt length (fresh and with
+prefix hits), decode step time vs batch size and context length, KV capacity in tokens.
+
+Prompts are random token ids (EOS ignored), each with its own seed so that fresh prompts never
+hit the prefix cache; a hit is measured by re-sending a prompt that shares a known prefix.
+"""
+
+import logging
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from shared.engine.llm import engine_config_from_kwargs
+from shared.engine.llm_engine import LLMEngine
+from shared.sampling.params import SamplingParams
+
+from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    prompt_lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    # Fractions of a prompt already cached when it arrives (prefix hits).
+    hit_fractions: tuple[float, ...] = (0.5, 0.9)
+    hit_prompt_length: int = 512
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    context_lengths: tuple[int, ...] = (128, 512)
+    # Decode grid points whose batch x context exceeds this are skipped (their prefill is slow).
+    max_decode_tokens: int = 16384
+    decode_steps: int = 6
+    repeats: int = 2
+
+
+QUICK_PLAN = ProfilePlan(prompt_lengths=(8, 16, 32, 64), hit_fractions=(0.5,), hit_prompt_length=64,
+                         batch_sizes=(1, 4, 8), context_lengths=(16, 48), decode_steps=3, repeats=1)
+
+
+class Profiler:
+    def __init__(self, engine: LLMEngine, plan: ProfilePlan, seed: int = 0):
+        self.engine = engine
+        self.plan = plan
+        self.rng = random.Random(seed)
+        self.vocab_size = engine.model_config.vocab_size
+
+    def random_prompt(self, length: int) -> list[int]:
+        return [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
+
+    def run(self, model: str, dtype: str, num_threads: int | None) -> PerfProfile:
+        prefill = self.measure_prefill() + self.measure_prefix_hits()
+        decode = self.measure_decode()
+        pool = self.engine.block_pool
+        block_size = self.engine.kv_manager.block_size
+        return PerfProfile(model=model, dtype=dtype, num_threads=num_threads, block_size=block_size,
+                           kv_capacity_tokens=pool.num_blocks * block_size, prefill=prefill, decode=decode)
+
+    # ---- prefill -------------------------------------------------------------------------
+
+    def _time_to_finish(self, prompt: list[int]) -> float:
+        """Seconds to compute `prompt` and sample its first token, alone in the engine."""
+        started = time.perf_counter()
+        self.engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        return time.perf_counter() - started
+
+    def measure_prefill(self) -> list[PrefillPoint]:
+        self._time_to_finish(self.random_prompt(16))  # warm-up
+        points = []
+        for length in self.plan.prompt_lengths:
+            seconds = statistics.median(self._time_to_finish(self.random_prompt(length))
+                                        for _ in range(self.plan.repeats))
+            points.append(PrefillPoint(length, 0, seconds))
+            logger.info("prefill %d tokens: %.1f ms", length, seconds * 1e3)
+        return points
+
+    def measure_prefix_hits(self) -> list[PrefillPoint]:
+        length, block_size = self.plan.hit_prompt_length, self.engine.kv_manager.block_size
+        points = []
+        for fraction in self.plan.hit_fractions:
+            cached = int(length * fraction) // block_size * block_size
+            timings = []
+            for _ in range(self.plan.repeats):
+                shared_prefix = self.random_prompt(cached)
+                self._time_to_finish(shared_prefix + self.random_prompt(length - cached))
+                timings.append(self._time_to_finish(shared_prefix + self.random_prompt(length - cached)))
+            points.append(PrefillPoint(length, cached, statistics.median(timings)))
+            logger.info("prefill %d tokens, %d cached: %.1f ms", length, cached, points[-1].seconds * 1e3)
+        return points
+
+    # ---- decode --------------------------------------------------------------------------
+
+    def _decode_step_seconds(self, batch_size: int, context: int) -> float:
+        """Median step time of `batch_size` sequences decoding at ~`context` tokens of context."""
+        params = SamplingParams(temperature=0.0, max_tokens=self.plan.decode_steps + 2, ignore_eos=True)
+        request_ids = [self.engine.add_request(self.random_prompt(context), params) for _ in range(batch_size)]
+        while any(not request.output_token_ids for rid in request_ids for request in self.engine.requests_of(rid)):
+            self.engine.step()
+        timings = []
+        for _ in range(self.plan.decode_steps):
+            started = time.perf_counter()
+            self.engine.step()
+            timings.append(time.perf_counter() - started)
+        for request_id in request_ids:
+            self.engine.abort_request(request_id)
+        return statistics.median(timings)
+
+    def measure_decode(self) -> list[DecodePoint]:
+        points = []
+        for context in self.plan.context_lengths:
+            for batch_size in self.plan.batch_sizes:
+                if batch_size * context > self.plan.max_decode_tokens:
+                    continue
+                seconds = self._decode_step_seconds(batch_size, context)
+                points.append(DecodePoint(batch_size, context, seconds))
+                logger.info("decode batch %d at %d tokens: %.1f ms/step", batch_size, context, seconds * 1e3)
+        return points
+
+
+def profile_instance(model: str | None, dtype: str, num_threads: int | None, plan: ProfilePlan,
+                     **engine_kwargs) -> PerfProfile:
+    """Build an engine like a serving instance's and measure it."""
+    config = engine_config_from_kwargs(model, dtype, num_threads=num_threads, **engine_kwargs)
+    engine = LLMEngine.from_config(config)
+    return Profiler(engine, plan).run(model or "default", dtype, num_threads)

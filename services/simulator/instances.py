@@ -1,0 +1,118 @@
+"""Simulated instances, costed by the profile.
+
+PrefillSim: a FIFO that computes one prompt at a time (a batched prefill moves the same
+tokens per second on these machines), remembering which common prefixes it has cached.
+DecodeSim: continuous batching. Sequences join at a step boundary and leave when done; a step
+lasts decode_step_s(batch, mean context). Bookkeeping is O(1) per step plus O(1) per
+finishing sequence: each sequence's finish step is known when it joins, and the running
+context sum follows from the joins."""
+
+import heapq
+from array import array
+from dataclasses import dataclass, field
+
+from services.planner.profile_data import PerfProfile
+from services.simulator.workload import SimRequest
+
+
+@dataclass
+class Lifetime:
+    launched_s: float
+    ready_s: float
+    stopped_s: float | None = None
+    draining: bool = False
+
+    def is_routable(self, now: float) -> bool:
+        return not self.draining and self.ready_s <= now and self.stopped_s is None
+
+
+@dataclass
+class PrefillSim:
+    name: str
+    life: Lifetime
+    busy_until: float = 0.0
+    outstanding: int = 0
+    cached_prefixes: set[int] = field(default_factory=set)
+
+    def cached_tokens(self, request: SimRequest) -> int:
+        return request.prefix_tokens if request.prefix_id in self.cached_prefixes else 0
+
+    def backlog_s(self, now: float) -> float:
+        return max(0.0, self.busy_until - now)
+
+    def enqueue(self, request: SimRequest, now: float, profile: PerfProfile) -> tuple[float, int]:
+        """Queue the prompt; returns (time its prefill ends, tokens it found cached)."""
+        cached = self.cached_tokens(request)
+        self.busy_until = max(now, self.busy_until) + profile.prefill_s(request.prompt_tokens, cached)
+        self.outstanding += 1
+        if request.prefix_id is not None:
+            self.cached_prefixes.add(request.prefix_id)
+        return self.busy_until, cached
+
+
+@dataclass
+class Sequence:
+    request: SimRequest
+    join_step: int
+    finish_step: int
+
+
+class DecodeSim:
+    def __init__(self, name: str, life: Lifetime, profile: PerfProfile, max_batch: int):
+        self.name = name
+        self.life = life
+        self.profile = profile
+        self.max_batch = max_batch
+        self.step = 0
+        self.running: dict[int, Sequence] = {}
+        self.finishing: list[tuple[int, int]] = []  # (finish step, request id)
+        self.waiting: list[SimRequest] = []
+        self.kv_reserved = 0
+        self.sum_prompt = 0
+        self.sum_join = 0
+        self.is_stepping = False
+        self.step_durations = array("d")
+        self.step_batches = array("i")
+
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def free_kv(self) -> int:
+        return self.profile.kv_capacity_tokens - self.kv_reserved
+
+    def _fits(self, request: SimRequest) -> bool:
+        needed = request.prompt_tokens + request.output_tokens
+        return len(self.running) < self.max_batch and needed <= self.free_kv()
+
+    def admit_waiting(self) -> None:
+        while self.waiting and (self._fits(self.waiting[0]) or not self.running):
+            request = self.waiting.pop(0)
+            finish = self.step + max(0, request.output_tokens - 1)
+            self.running[request.request_id] = Sequence(request, self.step, finish)
+            heapq.heappush(self.finishing, (finish, request.request_id))
+            self.kv_reserved += request.prompt_tokens + request.output_tokens
+            self.sum_prompt += request.prompt_tokens
+            self.sum_join += self.step
+
+    def next_step_s(self) -> float:
+        batch = len(self.running)
+        context = (self.sum_prompt + batch * self.step - self.sum_join) / batch
+        return self.profile.decode_step_s(batch, context)
+
+    def end_step(self, duration_s: float) -> list[Sequence]:
+        """Close the step that just ended; returns the sequences that finished."""
+        self.step_durations.append(duration_s)
+        self.step_batches.append(len(self.running))
+        self.step += 1
+        return self.pop_finished()
+
+    def pop_finished(self) -> list[Sequence]:
+        done = []
+        while self.finishing and self.finishing[0][0] <= self.step:
+            _, request_id = heapq.heappop(self.finishing)
+            sequence = self.running.pop(request_id)
+            self.kv_reserved -= sequence.request.prompt_tokens + sequence.request.output_tokens
+            self.sum_prompt -= sequence.request.prompt_tokens
+            self.sum_join -= sequence.join_step
+            done.append(sequence)
+        return done
