@@ -22,6 +22,7 @@ from shared.engine.llm_engine import LLMEngine
 from shared.guided.params import GuidedDecodingParams
 from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes
+from shared.model import row_buckets
 from shared.sampling.params import SamplingParams
 from shared.transfer.chunks import DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes
 from shared.transfer.staging import StagingPool
@@ -73,16 +74,17 @@ async def send_to_staging(async_engine: AsyncEngine, staging: StagingPool, reque
     staging.release(buffer)
 
 
-def report(label: str, started: float, baseline_python: int) -> None:
+def report(label: str, started: float, baseline_python: int, tokens_per_s: float = 0.0) -> None:
     stats = malloc_stats()
     python_bytes = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
     print(f"{label:>14} t={time.perf_counter() - started:6.1f}s rss={resident_bytes() / MIB:7.1f} "
           f"heap={stats.heap_bytes / MIB:7.1f} in_use={stats.in_use_bytes / MIB:7.1f} "
           f"free={stats.free_bytes / MIB:7.1f} mmap={stats.mmap_bytes / MIB:6.1f} arenas={stats.num_arenas} "
-          f"python={(python_bytes - baseline_python) / MIB:6.2f} MiB", flush=True)
+          f"python={(python_bytes - baseline_python) / MIB:6.2f} MiB prefill={tokens_per_s:6.1f} tok/s", flush=True)
 
 
 async def main(args: argparse.Namespace) -> None:
+    row_buckets.is_enabled = not args.no_buckets
     engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads))
     async_engine = AsyncEngine(engine)
     async_engine.start()
@@ -94,13 +96,15 @@ async def main(args: argparse.Namespace) -> None:
     baseline_python = tracemalloc.get_traced_memory()[0] if args.tracemalloc else 0
     first = tracemalloc.take_snapshot() if args.tracemalloc else None
     for batch in range(args.batches):
+        batch_started, tokens_before = time.perf_counter(), engine.stats.num_prompt_tokens_computed
         for kind in args.kinds:
             await asyncio.gather(*(run_one(async_engine, staging, kind, batch * 1000 + i, rng)
                                    for i in range(args.per_batch)))
         await async_engine.call(lambda: None)
         if args.trim:
             release_free_memory()
-        report(f"batch {batch}", started, baseline_python)
+        tokens = engine.stats.num_prompt_tokens_computed - tokens_before
+        report(f"batch {batch}", started, baseline_python, tokens / (time.perf_counter() - batch_started))
     if first is not None:
         for stat in tracemalloc.take_snapshot().compare_to(first, "traceback")[:8]:
             print(stat, "\n   ", "\n    ".join(stat.traceback.format()[-6:]))
@@ -117,6 +121,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--staging-module", default="shared.transfer.staging", help="where StagingPool comes from")
     parser.add_argument("--no-staging", action="store_true", help="skip gathering the KV into staging")
+    parser.add_argument("--no-buckets", action="store_true", help="do not pad matmul rows to buckets")
     return parser.parse_args()
 
 

@@ -65,6 +65,11 @@ class InstanceSettings:
     prefix_publish_interval_s: float = _setting(0.15, "seconds between prefix-index updates")
     shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish on SIGTERM")
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
+    kv_staging_max_mb: float = _setting(256.0, "free KV-transfer staging buffers kept for reuse, MiB "
+                                               "(sender and receiver each)")
+    onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches")
+    idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
+                                                 "at most this often (0 = never)")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
 
@@ -103,7 +108,8 @@ def validate_settings(settings: InstanceSettings) -> None:
                                "heartbeat_interval_s", "heartbeat_ttl_s", "lease_ms",
                                "prefix_publish_interval_s"))
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
-    _check_non_negative(settings, ("draft_num_layers",))
+    _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s"))
+    _check_positive(settings, ("onednn_cache_capacity",))
     speculative_config(settings)
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "

@@ -17,12 +17,13 @@ from shared.metrics.families import FamilyMaker
 
 @dataclass(frozen=True)
 class CacheUsage:
-    """One bounded cache: its name, entries now, the configured limit and bytes held."""
+    """One bounded cache: entries and bytes held now, and its limits (-1: unknown or none)."""
 
     name: str
     num_entries: int
     max_entries: int
     memory_bytes: int
+    max_bytes: int = -1
 
 
 class MemoryCollector(Collector):
@@ -43,7 +44,8 @@ class MemoryCollector(Collector):
         caches = self.read_caches()
         for suffix, attribute, documentation in (
                 ("entries", "num_entries", "Entries in each bounded cache."),
-                ("max_entries", "max_entries", "Configured limit of each bounded cache."),
-                ("bytes", "memory_bytes", "Approximate bytes held by each bounded cache.")):
-            yield make.labelled(GaugeMetricFamily, f"pdserve:cache_{suffix}", documentation, ("cache",),
-                                (((cache.name,), getattr(cache, attribute)) for cache in caches))
+                ("max_entries", "max_entries", "Configured entry limit of each bounded cache."),
+                ("bytes", "memory_bytes", "Approximate bytes held by each bounded cache."),
+                ("max_bytes", "max_bytes", "Configured byte limit of each bounded cache.")):
+            rows = [((cache.name,), getattr(cache, attribute)) for cache in caches if getattr(cache, attribute) >= 0]
+            yield make.labelled(GaugeMetricFamily, f"pdserve:cache_{suffix}", documentation, ("cache",), rows)

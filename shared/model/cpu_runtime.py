@@ -9,7 +9,7 @@ reuse; the cost is that the resident size stays at its peak.
 
 oneDNN keeps a compiled primitive (~0.3 MB) per distinct matmul shape in two caches, its own
 primitive cache and ideep's LRU cache, each 1,024 entries by default. Both are capped here
-(`PDSERVE_ONEDNN_CACHE_CAPACITY`, default 512 entries each; an explicit
+(`PDSERVE_ONEDNN_CACHE_CAPACITY`, default 128 entries each; an explicit
 ONEDNN_PRIMITIVE_CACHE_CAPACITY or LRU_CACHE_CAPACITY wins). The caps take effect only if set
 before the process's first oneDNN matmul, which `load_model` ensures.
 """
@@ -31,7 +31,7 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_CHOICES = (1 << 30, 32 << 20)
 TRIM_THRESHOLD = 1 << 30
 ONEDNN_CACHE_CAPACITY_VARIABLE = "PDSERVE_ONEDNN_CACHE_CAPACITY"
-DEFAULT_ONEDNN_CACHE_CAPACITY = 512
+DEFAULT_ONEDNN_CACHE_CAPACITY = 128
 _ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
