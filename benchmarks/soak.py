@@ -31,7 +31,7 @@ from shared.bench.vocabulary import load_bench_tokenizer, usable_token_ids  # no
 
 logger = logging.getLogger("soak")
 TARGET_MIB_PER_MINUTE = 5.0
-IDLE_TAIL_S = 60.0  # the stack keeps being sampled this long after the load stops
+IDLE_TAIL_S = 30.0  # the stack keeps being sampled this long after the load stops
 
 
 def stack_config(args: argparse.Namespace, run_dir: Path) -> StackConfig:

@@ -65,7 +65,7 @@ class InstanceSettings:
     prefix_publish_interval_s: float = _setting(0.15, "seconds between prefix-index updates")
     shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish on SIGTERM")
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
-    kv_staging_max_mb: float = _setting(256.0, "free KV-transfer staging buffers kept for reuse, MiB "
+    kv_staging_max_mb: float = _setting(128.0, "free KV-transfer staging buffers kept for reuse, MiB "
                                                "(sender and receiver each)")
     onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches")
     idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
