@@ -15,6 +15,7 @@ BENCH_ARGS ?=
 # `make run` flags for `pdserve up` (e.g. UP_ARGS="--num-prefill 2 --num-decode 2").
 UP_ARGS ?=
 GATEWAY_PORT ?= 50051
+SOAK_MINUTES ?= 30
 
 # Tests never depend on `proto`: the drift test checks the committed stubs, and
 # regenerating them before testing would hide drift.
@@ -25,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-soak convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -39,6 +40,7 @@ help:
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
+	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -76,6 +78,9 @@ bench-guided: setup
 
 bench-spec: setup
 	$(PYTHON) -m benchmarks.spec_decode $(BENCH_ARGS)
+
+bench-soak: setup
+	$(PYTHON) -m benchmarks.soak --minutes $(SOAK_MINUTES) $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert
