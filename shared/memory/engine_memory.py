@@ -5,19 +5,24 @@ from shared.memory.collector import CacheUsage
 from shared.memory.components import module_bytes, tensor_bytes
 
 
+def _runner(executor):
+    """The in-process model runner (executors of other kinds expose none: their sizes read 0)."""
+    return getattr(executor, "runner", None)
+
+
 def _draft_proposer(executor):
-    speculator = getattr(executor, "speculator", None)
+    speculator = getattr(_runner(executor), "speculator", None)
     return getattr(speculator, "proposer", None)
 
 
 def weight_bytes(executor) -> int:
     """The target model's parameters and buffers, plus a draft model's if any."""
-    draft = _draft_proposer(executor)
-    return module_bytes(getattr(executor, "model", None)) + module_bytes(getattr(draft, "model", None))
+    target = getattr(_runner(executor), "model", None)
+    return module_bytes(target) + module_bytes(getattr(_draft_proposer(executor), "model", None))
 
 
 def kv_pool_bytes(executor) -> int:
-    caches = [getattr(executor, "kv_cache", None), getattr(_draft_proposer(executor), "kv_cache", None)]
+    caches = [getattr(_runner(executor), "kv_cache", None), getattr(_draft_proposer(executor), "kv_cache", None)]
     return tensor_bytes([cache for cache in caches if cache is not None])
 
 
