@@ -16,6 +16,8 @@ import random
 import time
 import tracemalloc
 
+import numpy as np
+
 from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
@@ -24,7 +26,8 @@ from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes
 from shared.model import row_buckets
 from shared.sampling.params import SamplingParams
-from shared.transfer.chunks import DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes
+from shared.transfer.chunks import (DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view,
+                                    plan_chunks, staging_bytes)
 from shared.transfer.staging import StagingPool
 
 MIB = 1 << 20
@@ -36,12 +39,14 @@ def params_for(kind: str, index: int) -> SamplingParams:
     if kind == "logprobs":
         return SamplingParams(max_tokens=1, logprobs=5, temperature=0.8, seed=index)
     if kind == "guided":
-        schema = {"type": "object", "properties": {f"field_{index}": {"type": "integer"}}, "required": [f"field_{index}"]}
+        schema = {"type": "object", "properties": {f"field_{index}": {"type": "integer"}},
+                  "required": [f"field_{index}"]}
         return SamplingParams(max_tokens=1, guided=GuidedDecodingParams(json_schema=json.dumps(schema)))
     return SamplingParams(max_tokens=1, temperature=0)
 
 
-async def run_one(async_engine: AsyncEngine, staging: StagingPool | None, kind: str, index: int, rng: random.Random) -> None:
+async def run_one(async_engine: AsyncEngine, staging: StagingPool | None, kind: str, index: int,
+                  rng: random.Random) -> None:
     engine = async_engine.engine
     low, high = KIND_PROMPT_LENGTHS[kind]
     prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(low, high))]
@@ -62,7 +67,6 @@ async def run_one(async_engine: AsyncEngine, staging: StagingPool | None, kind: 
 
 async def send_to_staging(async_engine: AsyncEngine, staging: StagingPool, request_id: str) -> None:
     """What KVSender does with a held prompt, minus the wire."""
-    import numpy as np
     engine = async_engine.engine
     block_ids = await async_engine.call(engine.held_block_ids, request_id)
     layout, kv_cache = engine.executor.kv_cache_layout, engine.executor.kv_cache
