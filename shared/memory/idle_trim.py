@@ -23,17 +23,17 @@ class IdleTrimmer:
         self.min_free_bytes = min_free_bytes
         self.min_interval_s = min_interval_s
         self.num_trims = 0
-        self._last_trim = float("-inf")
+        self._last_check = float("-inf")
 
     def on_idle(self) -> bool:
-        """Trim if it is worth it and not too soon; True if it trimmed."""
+        """Trim if it is worth it; looks at most once every `min_interval_s`. True if it trimmed."""
         now = time.monotonic()
-        if now - self._last_trim < self.min_interval_s:
+        if now - self._last_check < self.min_interval_s:
             return False
+        self._last_check = now
         stats = malloc_stats()
         if stats is None or stats.free_bytes < self.min_free_bytes:
             return False
-        self._last_trim = now
         release_free_memory()
         self.num_trims += 1
         logger.debug("idle: returned free heap memory (%.0f MiB were free)", stats.free_bytes / (1 << 20))
