@@ -26,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-soak convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-hol bench-soak convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -78,6 +78,9 @@ bench-guided: setup
 
 bench-spec: setup
 	$(PYTHON) -m benchmarks.spec_decode $(BENCH_ARGS)
+
+bench-hol: setup
+	$(PYTHON) -m benchmarks.head_of_line $(BENCH_ARGS)
 
 bench-soak: setup
 	$(PYTHON) -m benchmarks.soak --minutes $(SOAK_MINUTES) $(BENCH_ARGS)

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.guided.limits import GuidedLimits
 from shared.spec_decode.config import SpeculativeConfig
 
 DEFAULT_BLOCK_SIZE = 16
@@ -30,6 +31,9 @@ class SchedulerConfig:
     # Cap on one prompt's chunk per step (0 = the whole budget), so that several
     # prompts can share a step's budget.
     long_prefill_token_threshold: int = 0
+    # Prompts competing in a step share its budget equally (see shared.core.scheduler);
+    # False: first come takes all (benchmarks compare the two).
+    fair_prefill: bool = True
 
 
 @dataclass
@@ -45,3 +49,5 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Guided decoding: constraint size limits, compile time limit, grammar cache size.
+    guided: GuidedLimits = field(default_factory=GuidedLimits)

@@ -8,3 +8,8 @@ class InvalidRequestError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+# Trailing metadata key of an instance's answer when the request itself failed in the engine
+# (the instance is healthy: the gateway neither retries elsewhere nor marks it failed).
+REQUEST_FAILED_METADATA_KEY = "pdserve-request-failed"

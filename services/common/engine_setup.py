@@ -9,6 +9,7 @@ import torch
 from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
+from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import IdleTrimmer
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, speculative_config
@@ -24,10 +25,13 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         num_blocks=settings.num_blocks or None)
     scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
                                 max_num_batched_tokens=settings.max_num_batched_tokens)
+    guided = GuidedLimits(max_bytes=settings.max_grammar_bytes, max_nesting_depth=settings.max_grammar_nesting_depth,
+                          compile_timeout_s=settings.grammar_compile_timeout_s,
+                          max_cached_grammars=settings.grammar_cache_size)
     return EngineConfig(model=settings.model or None, dtype=settings.dtype,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
-                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings))
+                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided)
 
 
 async def start_engine(settings: InstanceSettings) -> AsyncEngine:

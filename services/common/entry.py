@@ -55,7 +55,22 @@ async def serve_until_signalled(settings: InstanceSettings, build_handlers: Buil
     runtime = InstanceRuntime(settings, build_handlers)
     try:
         await runtime.start()
-        await stop_requested.wait()
+        await _first_of(stop_requested.wait(), runtime.failed.wait())
+        if runtime.failed.is_set():
+            raise EngineFailedError(f"the engine of {settings.role} {settings.instance_id} failed")
         logger.info("stop requested: draining")
     finally:
         await runtime.stop()
+
+
+class EngineFailedError(RuntimeError):
+    """The engine failed as a whole; the process exits non-zero to be restarted."""
+
+
+async def _first_of(*awaitables) -> None:
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -4,6 +4,8 @@
     CapacityError       -> RESOURCE_EXHAUSTED (the gateway tries another instance)
     ServiceError        -> its own code: NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE, ABORTED
     EngineDeadError     -> UNAVAILABLE
+    RequestFailedError  -> INTERNAL (this request failed in the engine; the engine serves on),
+                           marked by REQUEST_FAILED_METADATA_KEY so the gateway does not fail over
     anything else       -> INTERNAL (logged with the request id)
 """
 
@@ -12,9 +14,11 @@ import logging
 
 import grpc
 
-from shared.engine.async_engine import EngineDeadError
+from shared.engine.async_engine import EngineDeadError, RequestFailedError
 from shared.engine.llm_engine import CapacityError
-from shared.errors import InvalidRequestError
+from shared.errors import REQUEST_FAILED_METADATA_KEY, InvalidRequestError
+
+from services.common.bounded_text import bounded
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ def _status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
         return error.code, error.message
     if isinstance(error, EngineDeadError):
         return grpc.StatusCode.UNAVAILABLE, f"engine failed: {error}"
+    if isinstance(error, RequestFailedError):
+        return grpc.StatusCode.INTERNAL, f"request failed in the engine: {error}"
     return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
 
 
@@ -49,9 +55,11 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id:
         raise
     except Exception as error:  # noqa: BLE001 - every failure becomes a status
         code, message = _status_of(error)
+        message = bounded(message)
         fields = {"request_id": request_id or None, "status": code.name}
         if code == grpc.StatusCode.INTERNAL:
             logger.exception("%s %s failed", method, request_id, extra=fields)
         else:
             logger.info("%s %s: %s %s", method, request_id, code.name, message, extra=fields)
-        await context.abort(code, message)
+        trailing = ((REQUEST_FAILED_METADATA_KEY, "1"),) if isinstance(error, RequestFailedError) else ()
+        await context.abort(code, message, trailing_metadata=trailing)

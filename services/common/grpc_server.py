@@ -11,12 +11,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.pb.pdserve.v1 import instance_pb2, instance_pb2_grpc
 
+from services.common.grpc_limits import message_size_options
+from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.tls import add_port
+
 logger = logging.getLogger(__name__)
 
 INSTANCE_SERVICE_NAME = instance_pb2.DESCRIPTOR.services_by_name["Instance"].full_name
 HEALTH_SERVICE_NAMES = (health.OVERALL_HEALTH, INSTANCE_SERVICE_NAME)
 # Without this, Linux lets a second server bind an occupied port silently.
-SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), *message_size_options()]
 
 
 def host_port(host: str, port: int) -> str:
@@ -24,12 +28,14 @@ def host_port(host: str, port: int) -> str:
 
 
 class GrpcServer:
-    def __init__(self, servicer: instance_pb2_grpc.InstanceServicer, host: str, port: int):
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+    def __init__(self, servicer: instance_pb2_grpc.InstanceServicer, host: str, port: int,
+                 credentials: grpc.ServerCredentials | None = None):
+        """`credentials`: TLS (services.common.tls.server_credentials); None: plain TCP."""
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MalformedRequestInterceptor()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         instance_pb2_grpc.add_InstanceServicer_to_server(servicer, self.server)
-        self.port = self.server.add_insecure_port(host_port(host, port))
+        self.port = add_port(self.server, host_port(host, port), credentials)
 
     async def start(self) -> int:
         """Start answering (health NOT_SERVING); returns the bound port."""

@@ -4,6 +4,9 @@ start():  gRPC server up (health NOT_SERVING) -> engine loaded -> metrics wired 
           /metrics listener up with --metrics-port) -> role handlers started (the KV
           receiver listens) -> health SERVING -> registered in Redis with heartbeats and
           the prefix-index publisher -> ready file written.
+engine failure (the step loop died: forward pass, worker, memory): health NOT_SERVING and
+          deregistered at once, then `failed` is set and the entry stops the instance and exits
+          non-zero so a supervisor restarts it; it never stays registered answering 503s.
 stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
           index dropped -> gRPC server stopped with grace (in-flight RPCs finish or are
           cancelled, which frees what they held) -> role handlers stopped (reservations
@@ -30,6 +33,7 @@ from services.common.role import RoleHandlers
 from services.common.servicer import InstanceServicer
 from services.common.settings import InstanceSettings
 from services.common.status import engine_status
+from services.common.tls import instance_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,9 @@ class InstanceRuntime:
         self.metrics_address = ""  # "host:port" of /metrics, "" without --metrics-port
         self.is_draining = False
         self._is_stopped = False
+        # Set once the engine failed as a whole and the instance left routing.
+        self.failed = asyncio.Event()
+        self._background: set[asyncio.Task] = set()
 
     @property
     def engine(self) -> LLMEngine:
@@ -73,11 +80,13 @@ class InstanceRuntime:
         return self.handlers.ucx_address if self.handlers is not None else ""
 
     async def start(self) -> None:
-        self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port)
+        self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port,
+                                 instance_credentials(self.settings))
         port = await self.server.start()
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)
         self.async_engine = await start_engine(self.settings)
+        self._watch_engine_failure(asyncio.get_running_loop())
         model_name = self.settings.served_model_name or self.engine.kv_manager.model_key
         self._start_metrics(model_name)
         self.presence = ClusterPresence(self.settings, model_name)
@@ -93,6 +102,29 @@ class InstanceRuntime:
                              self.metrics_address)
         logger.info("%s %s serving on %s (KV receiver: %s, metrics: %s)", self.role, self.instance_id,
                     self.grpc_address, self.ucx_address or "none", self.metrics_address or "none")
+
+    def _watch_engine_failure(self, loop: asyncio.AbstractEventLoop) -> None:
+        def on_failure(error: BaseException) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(self._start_leaving, error)
+
+        self.async_engine.on_failure = on_failure
+        if self.async_engine.error is not None:
+            self._start_leaving(self.async_engine.error)
+
+    def _start_leaving(self, error: BaseException) -> None:
+        task = asyncio.get_running_loop().create_task(self._leave_after_failure(error))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _leave_after_failure(self, error: BaseException) -> None:
+        """The engine failed as a whole: NOT_SERVING and out of Redis now, then `failed`."""
+        logger.error("%s %s: engine failed (%s); leaving the pool", self.role, self.instance_id, error)
+        try:
+            await self.begin_draining()
+            if self.presence is not None:
+                await self.presence.withdraw()
+        finally:
+            self.failed.set()
 
     def _start_metrics(self, model_name: str) -> None:
         """Histograms observed on the engine thread from here on; /metrics if a port is set."""

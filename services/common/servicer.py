@@ -40,7 +40,7 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
     async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
         bind_request_id(request.request_id)
         async with rpc_errors(context, "Reserve", request.request_id):
-            return await self._handler("decode", "Reserve", True).reserve(request)
+            return await self._handler("decode", "Reserve", True).reserve(request, lambda: caller_is_gone(context))
 
     async def Decode(self, request: pb.DecodeRequest, context) -> AsyncIterator[generation_pb2.GenerateResponse]:
         bind_request_id(request.request_id)
@@ -70,3 +70,9 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
             if self.runtime.handlers is None:
                 raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"instance {self.runtime.instance_id} is still loading")
             return await self.runtime.status()
+
+
+def caller_is_gone(context) -> bool:
+    """True once the RPC's caller cancelled or its deadline passed: a reply would be lost."""
+    remaining = context.time_remaining()
+    return context.cancelled() or (remaining is not None and remaining <= 0)

@@ -53,6 +53,10 @@ class InstanceSettings:
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
     seed: int = _setting(0, "global sampling seed for unseeded requests")
+    max_grammar_bytes: int = _setting(64 * 1024, "longest guided schema, regex or grammar (bytes)")
+    max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
+    grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")
+    grammar_cache_size: int = _setting(256, "compiled guided constraints kept (least recently used dropped)")
     speculative_method: str = _setting("none", "speculative decoding: none, ngram (prompt lookup) or draft "
                                                "(a draft model); decode and colocated roles only")
     num_speculative_tokens: int = _setting(3, "tokens proposed per request and step (k)")
@@ -72,6 +76,9 @@ class InstanceSettings:
                                                  "at most this often (0 = never)")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
+    tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")
+    tls_key_file: str = _setting("", "the PEM private key of --tls-cert-file")
+    tls_ca_file: str = _setting("", "accept only clients with a certificate this CA signed (mutual TLS)")
 
     def __post_init__(self) -> None:
         validate_settings(self)
@@ -111,6 +118,10 @@ def validate_settings(settings: InstanceSettings) -> None:
     _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s"))
     _check_positive(settings, ("onednn_cache_capacity",))
     speculative_config(settings)
+    if bool(settings.tls_cert_file) != bool(settings.tls_key_file):
+        raise InvalidRequestError("tls_cert_file", "tls_cert_file and tls_key_file go together")
+    if settings.tls_ca_file and not settings.tls_cert_file:
+        raise InvalidRequestError("tls_ca_file", "needs tls_cert_file and tls_key_file")
     if settings.heartbeat_ttl_s <= settings.heartbeat_interval_s:
         raise InvalidRequestError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                      f"({settings.heartbeat_interval_s}), "

@@ -20,6 +20,7 @@ class GenerateHandler(RoleHandler):
         params = sampling_from_proto(request.sampling)
         salt = request.cache_salt if request.HasField("cache_salt") else None
         engine = self.async_engine.engine
+        await self.async_engine.prepare(params)
 
         def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
             engine.add_request(list(request.prompt_token_ids), params, request.request_id, salt)

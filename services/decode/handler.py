@@ -10,7 +10,7 @@ cancelled or runs past its deadline aborts the request, which frees its blocks.
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -58,17 +58,25 @@ class DecodeHandler(RoleHandler):
         status.kv_transfer_seconds += self.receiver.counters.total_seconds
         status.num_lease_expiries += self.book.num_lease_expiries
 
-    async def reserve(self, request: pb.ReserveRequest) -> pb.ReserveResponse:
+    async def reserve(self, request: pb.ReserveRequest,
+                      caller_is_gone: Callable[[], bool] = lambda: False) -> pb.ReserveResponse:
+        """Reserve blocks; if the caller's deadline passed meanwhile (its reply would be lost and
+        nobody would release), they are freed at once instead of at lease expiry."""
         if not request.request_id:
             raise InvalidRequestError("request_id", "must not be empty")
         params = sampling_from_proto(request.sampling)
         salt = request.cache_salt if request.HasField("cache_salt") else None
         lease_s = (request.lease_ms or self.default_lease_ms) / 1000
         reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt, lease_s)
+        if caller_is_gone():
+            await self.book.release(request.request_id)
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"the caller of Reserve {request.request_id!r} is gone; reservation released")
         logger.info("reserved %s: %d blocks (%d prompt tokens cached), lease %.1f s", request.request_id,
                     len(reservation.block_ids), reservation.num_cached_tokens, lease_s)
         return pb.ReserveResponse(ucx_address=self.ucx_address, block_ids=reservation.block_ids,
-                                  num_cached_prompt_tokens=reservation.num_cached_tokens)
+                                  num_cached_prompt_tokens=reservation.num_cached_tokens,
+                                  transfer_token=self.book.transfer_token(request.request_id))
 
     async def decode(self, request: pb.DecodeRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
         engine = self.async_engine.engine

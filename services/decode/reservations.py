@@ -10,6 +10,7 @@ gateway `renew`s the lease while the prompt is queued or running on a prefill in
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,10 +26,15 @@ from services.common.errors import ServiceError
 logger = logging.getLogger(__name__)
 
 
+TRANSFER_TOKEN_BYTES = 16
+
+
 @dataclass
 class PendingTransfer:
     request_id: str
     dst_block_ids: tuple[int, ...]
+    # Random per reservation; the prefill's KV transfer must present it (via the gateway).
+    transfer_token: bytes = field(default_factory=lambda: secrets.token_bytes(TRANSFER_TOKEN_BYTES))
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     num_failed_transfers: int = 0
     watcher: asyncio.Task | None = None
@@ -51,6 +57,7 @@ class ReservationBook:
         if request_id in self._pending:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
         engine = self.engine.engine
+        await self.engine.prepare(params)
         made: list[Reservation] = []
 
         def reserve() -> Reservation:
@@ -69,6 +76,10 @@ class ReservationBook:
                 self.engine.submit(abort_if_made)
             raise
         return reservation
+
+    def transfer_token(self, request_id: str) -> bytes:
+        """The token a KV transfer for this reservation must present."""
+        return self._pending[request_id].transfer_token
 
     def take(self, request_id: str) -> PendingTransfer:
         """Hand a reservation whose KV has arrived to Decode; its lease ends."""
@@ -119,7 +130,7 @@ class ReservationBook:
     def _track(self, request_id: str, reservation: Reservation, block_size: int, lease_s: float) -> None:
         num_skip = reservation.num_cached_tokens // block_size
         pending = PendingTransfer(request_id, tuple(reservation.block_ids[num_skip:]))
-        self.receiver.expect(request_id, pending.dst_block_ids)
+        self.receiver.expect(request_id, pending.dst_block_ids, pending.transfer_token)
         try:
             self.leases.grant(request_id, pending.dst_block_ids, lease_s)
         except BaseException:
@@ -138,7 +149,7 @@ class ReservationBook:
                 pending.num_failed_transfers += 1
                 logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id,
                                str(error))
-                self.receiver.expect(pending.request_id, pending.dst_block_ids)
+                self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)
                 continue
             pending.arrived.set()
             return

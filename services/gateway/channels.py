@@ -4,10 +4,10 @@ import grpc
 
 from shared.pb.pdserve.v1 import instance_pb2_grpc
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # prompt logprobs of long prompts are large
+from services.common.grpc_limits import message_size_options
+
 CHANNEL_OPTIONS = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    *message_size_options(),  # the instances' servers use the same limits
     # Reconnect quickly to an instance that restarted on the same address.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
@@ -15,13 +15,18 @@ CHANNEL_OPTIONS = (
 
 
 class InstanceChannels:
-    def __init__(self):
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None):
+        """`credentials`: mutual TLS to the instances (services.common.tls); None: plain TCP."""
+        self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, instance_pb2_grpc.InstanceStub] = {}
 
     def stub(self, address: str) -> instance_pb2_grpc.InstanceStub:
         if address not in self._stubs:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            else:
+                channel = grpc.aio.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
             self._channels[address] = channel
             self._stubs[address] = instance_pb2_grpc.InstanceStub(channel)
         return self._stubs[address]

@@ -13,7 +13,7 @@ from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
-from services.gateway.relay_context import FAILOVER_CODES, RelayContext
+from services.gateway.relay_context import RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, rank
 
@@ -39,7 +39,7 @@ async def run_colocated(ctx: RelayContext, sub: SubRequest, candidates: list[Can
                 yield message
             return
         except grpc.aio.AioRpcError as error:
-            if has_streamed or error.code() not in FAILOVER_CODES:
+            if has_streamed or not is_failover(error):
                 raise from_rpc_error(error, f"colocated instance {target.instance_id}") from error
             num_refused += _note_failure(ctx, sub, target, error)
         finally:

@@ -19,11 +19,15 @@ from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
-from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, FAILOVER_CODES, RelayContext
+from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, rank
 
 logger = logging.getLogger(__name__)
+
+# A Reserve that failed this way may have been granted without the answer reaching us.
+UNANSWERED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                              grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN})
 
 
 @dataclass
@@ -48,12 +52,23 @@ async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
             reply = await ctx.channels.stub(decode.grpc_address).Reserve(
                 message, timeout=deadline.remaining(CONTROL_CALL_TIMEOUT_S))
             return Reservation(decode, reply)
+        except asyncio.CancelledError:
+            _release_unanswered(ctx, decode, sub.request_id)
+            raise
         except grpc.aio.AioRpcError as error:
+            if error.code() in UNANSWERED_CODES:
+                _release_unanswered(ctx, decode, sub.request_id)
             num_refused += _note_reserve_failure(ctx, sub, decode, error)
     if num_refused:
         raise no_capacity(num_refused)
     raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                        f"none of the {len(choice.ranked)} decode instances could be reached")
+
+
+def _release_unanswered(ctx: RelayContext, decode: Candidate, request_id: str) -> None:
+    """A Reserve whose answer never came may still have been granted: release it now, in the
+    background (NOT_FOUND is fine), rather than leave it to its lease."""
+    ctx.spawn(release_at(ctx, decode, request_id, quiet=True), f"release-{request_id}")
 
 
 def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
@@ -64,7 +79,7 @@ def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
         logger.info("request %s: decode %s refused: %s", sub.request_id, decode.instance_id,
                     error.details())
         return 1
-    if error.code() in FAILOVER_CODES:
+    if is_failover(error):
         ctx.stats.num_decode_failovers += 1
         ctx.view.mark_failed(decode.instance_id)
         logger.warning("request %s: Reserve on %s failed (%s); trying another", sub.request_id,
@@ -89,7 +104,7 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
             return await ctx.channels.stub(target.grpc_address).Prefill(
                 message, timeout=deadline.remaining())
         except grpc.aio.AioRpcError as error:
-            if error.code() not in FAILOVER_CODES:
+            if not is_failover(error):
                 raise from_rpc_error(error, f"prefill instance {target.instance_id}") from error
             failed[target.instance_id] = f"{error.code().name}: {error.details()}"
             ctx.view.mark_failed(target.instance_id)
@@ -107,6 +122,8 @@ def _prefill_message(ctx: RelayContext, sub: SubRequest,
         sampling=sub.sampling_proto(), decode_ucx_address=reply.ucx_address,
         dst_block_ids=reply.block_ids,
         num_skip_blocks=reply.num_cached_prompt_tokens // ctx.block_size)
+    if reply.HasField("transfer_token"):
+        message.transfer_token = reply.transfer_token
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
     return message
@@ -114,13 +131,20 @@ def _prefill_message(ctx: RelayContext, sub: SubRequest,
 
 async def release(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
     """Give a reservation back (best effort; its lease frees it anyway)."""
+    await release_at(ctx, reservation.decode, request_id)
+
+
+async def release_at(ctx: RelayContext, decode: Candidate, request_id: str, quiet: bool = False) -> None:
+    """Release `request_id` on `decode`; `quiet`: it may not exist (a Reserve left unanswered)."""
     ctx.stats.num_releases += 1
     try:
-        await ctx.channels.stub(reservation.decode.grpc_address).Release(
+        await ctx.channels.stub(decode.grpc_address).Release(
             instance_pb2.ReleaseRequest(request_id=request_id), timeout=CONTROL_CALL_TIMEOUT_S)
     except grpc.aio.AioRpcError as error:
+        if quiet and error.code() == grpc.StatusCode.NOT_FOUND:
+            return
         logger.warning("request %s: Release on %s failed (%s); its lease will free it", request_id,
-                       reservation.decode.instance_id, error.code().name)
+                       decode.instance_id, error.code().name)
 
 
 async def renew_until_cancelled(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:

@@ -4,11 +4,14 @@ import grpc
 
 from shared.errors import InvalidRequestError
 
+from services.common.bounded_text import bounded
+
 
 class GatewayError(Exception):
-    """An error to return to the client as `code` with `message`."""
+    """An error to return to the client as `code` with `message` (bounded in size)."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
+        message = bounded(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -20,7 +23,7 @@ def invalid_argument(error: InvalidRequestError) -> GatewayError:
 
 def model_not_found(requested: str, served: str) -> GatewayError:
     return GatewayError(grpc.StatusCode.NOT_FOUND,
-                        f"model: {requested!r} is not served here; this gateway serves {served!r}")
+                        f"model: {bounded(requested, 256)!r} is not served here; this gateway serves {served!r}")
 
 
 def no_instances(what: str) -> GatewayError:

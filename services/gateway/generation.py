@@ -22,6 +22,7 @@ from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 
 from services.gateway.deadline import client_deadline
 from services.gateway.errors import GatewayError
+from services.gateway.limits import RequestLimits
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import relay_request
 from services.gateway.relay_context import RelayContext
@@ -40,6 +41,7 @@ class GatewayState:
     model: ServedModel | None = None
     relay: RelayContext | None = None
     metrics: GatewayMetrics | None = None  # set by GatewayServer
+    limits: RequestLimits = RequestLimits()
 
 
 def require_ready(state: GatewayState) -> tuple[ServedModel, RelayContext]:
@@ -57,7 +59,7 @@ async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequ
     relay.stats.num_requests += 1
     request_id = message.request_id or "(unnamed)"
     try:
-        prepared = prepare_request(message, model)
+        prepared = prepare_request(message, model, state.limits)
         request_id = prepared.request_id
         bind_request_id(request_id)
         timer = RequestTimer(state.metrics, model.name, request_id)

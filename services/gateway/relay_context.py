@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from shared.errors import REQUEST_FAILED_METADATA_KEY
+
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
 from services.gateway.stats import GatewayStats
@@ -20,6 +22,16 @@ FAILOVER_CODES = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
 })
+
+
+def is_failover(error: grpc.aio.AioRpcError) -> bool:
+    """True when another instance may succeed: a FAILOVER_CODES failure of the instance, not
+    of the request itself (which failed in the engine and would fail anywhere)."""
+    if error.code() not in FAILOVER_CODES:
+        return False
+    return not any(key == REQUEST_FAILED_METADATA_KEY for key, _ in (error.trailing_metadata() or ()))
+
+
 # Control calls (Reserve, Release) answer at once; a hung instance must not hold a request.
 CONTROL_CALL_TIMEOUT_S = 10.0
 

@@ -16,11 +16,12 @@ from shared.tokenization import apply_chat_template, encode_prompt
 from shared.wire.sampling import sampling_from_proto, sampling_to_proto
 
 from services.gateway.errors import invalid_argument, model_not_found
+from services.gateway.limits import (
+    RequestLimits, check_chat, check_generate_request, check_model_name, check_prompt_tokens)
 from services.gateway.served_model import ServedModel
 
 # '#' is left out: fan-out sub-requests are named `<id>#<index>`.
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:/@\-]{1,128}")
-MAX_N = 32
 MAX_CACHE_SALT_CHARS = 256
 
 
@@ -53,27 +54,32 @@ class SubRequest:
         return sampling_to_proto(self.params)
 
 
-def prepare_request(message: gateway_pb2.GenerateRequest, model: ServedModel) -> PreparedRequest:
+def prepare_request(message: gateway_pb2.GenerateRequest, model: ServedModel,
+                    limits: RequestLimits = RequestLimits()) -> PreparedRequest:
     """Raises GatewayError (INVALID_ARGUMENT naming the field, or NOT_FOUND)."""
-    check_model(message.model, model)
+    check_model(message.model, model, limits)
     try:
-        return _prepare(message, model)
+        check_generate_request(message, limits)
+        return _prepare(message, model, limits)
     except InvalidRequestError as error:
         raise invalid_argument(error) from error
 
 
-def check_model(requested: str, model: ServedModel) -> None:
+def check_model(requested: str, model: ServedModel, limits: RequestLimits = RequestLimits()) -> None:
+    try:
+        check_model_name(requested, limits)
+    except InvalidRequestError as error:
+        raise invalid_argument(error) from error
     if not model.accepts(requested):
         raise model_not_found(requested, model.name)
 
 
-def _prepare(message: gateway_pb2.GenerateRequest, model: ServedModel) -> PreparedRequest:
+def _prepare(message: gateway_pb2.GenerateRequest, model: ServedModel, limits: RequestLimits) -> PreparedRequest:
     request_id = validate_request_id(message.request_id)
     params = sampling_from_proto(message.sampling)
     params.validate(model.vocab_size)
-    if params.n > MAX_N:
-        raise InvalidRequestError("n", f"must be <= {MAX_N}, got {params.n}")
     token_ids = prompt_token_ids(message, model)
+    check_prompt_tokens(message.WhichOneof("prompt"), len(token_ids), limits)
     salt = validate_cache_salt(message.cache_salt if message.HasField("cache_salt") else None)
     extra_keys = (model.model_key,) + ((salt,) if salt else ())
     hashes = hash_full_blocks(token_ids, model.block_size, extra_keys)
@@ -147,14 +153,18 @@ def split_request(request: PreparedRequest) -> list[SubRequest]:
     return subs
 
 
-def tokenize_request(message: gateway_pb2.TokenizeRequest, model: ServedModel) -> list[int]:
-    """Token ids for the Tokenize RPC (no length limit applies there)."""
-    check_model(message.model, model)
+def tokenize_request(message: gateway_pb2.TokenizeRequest, model: ServedModel,
+                     limits: RequestLimits = RequestLimits()) -> list[int]:
+    """Token ids for the Tokenize RPC (the prompt byte limits apply, not the model's length)."""
+    check_model(message.model, model, limits)
     try:
         kind = message.WhichOneof("prompt")
         if kind == "text":
+            if len(message.text.encode()) > limits.max_prompt_bytes:
+                raise InvalidRequestError("text", f"is over the limit of {limits.max_prompt_bytes} bytes")
             return encode_prompt(model.tokenizer, message.text)
         if kind == "chat":
+            check_chat(message.chat, limits)
             return chat_token_ids(message.chat, model)
         raise InvalidRequestError("prompt", "must be set: text or chat")
     except InvalidRequestError as error:

@@ -24,15 +24,22 @@ from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 
-from services.gateway.channels import CHANNEL_OPTIONS, InstanceChannels
+from services.common.grpc_limits import message_size_options
+from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.tls import add_port
+from services.gateway.access_interceptor import AccessInterceptor
+from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GatewayHealth
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
+from services.gateway.limits import RequestLimits, check_fits_internal_hops
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay_context import RelayContext
 from services.gateway.served_model import ServedModel, load_served_model
 from services.gateway.servicer import GatewayServicer, GatewayState
+from services.gateway.security_setup import (
+    access_control, instance_channel_credentials, public_credentials)
 from services.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -49,24 +56,29 @@ class GatewayServer:
         self.settings = settings
         self._load_model = load_model or (lambda: load_served_model(
             settings.model, settings.served_model_name, settings.block_size, settings.max_model_len))
-        self.state = GatewayState(default_deadline_s=settings.default_deadline_s)
+        self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits)
         self.metrics = GatewayMetrics(self.state)
         self.state.metrics = self.metrics
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any
         self.health = GatewayHealth()
-        self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self.access = access_control(settings)
+        interceptors = [MalformedRequestInterceptor(settings.request_read_timeout_s), AccessInterceptor(self.access)]
+        self.server = grpc.aio.server(options=public_server_options(settings.limits), interceptors=interceptors)
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
         self.health.add_to_server(self.server)
         self.address: str | None = None
-        self.http = HttpFrontDoor(build_app(self.state, self.health)) if settings.serves_http else None
+        self.http = None
+        if settings.serves_http:
+            self.http = HttpFrontDoor(build_app(self.state, self.health, self.access),
+                                      settings.tls_cert_file, settings.tls_key_file)
         self.http_address: str | None = None  # "host:port" of the HTTP API, once bound
         self.redis: redis.asyncio.Redis | None = None
-        self.channels = InstanceChannels()
+        self.channels = InstanceChannels(instance_channel_credentials(settings))
         self._garbage_collector: asyncio.Task | None = None
 
     async def start(self) -> str:
         """Bind and start serving (not yet ready); returns "host:port"."""
-        port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        port = add_port(self.server, f"{self.settings.host}:{self.settings.port}", public_credentials(self.settings))
         if port == 0:
             raise OSError(f"cannot bind {self.settings.host}:{self.settings.port}")
         await self.health.set_serving(False)
@@ -85,6 +97,7 @@ class GatewayServer:
     async def become_ready(self) -> None:
         """Load the model, connect the cluster view, wait for Redis; then SERVING."""
         model = await asyncio.to_thread(self._load_model)
+        check_fits_internal_hops(self.settings.limits, model.max_model_len)
         self.redis = redis.asyncio.Redis.from_url(
             self.settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
         namespace = ClusterNamespace(self.settings.deployment, model.model_key)
@@ -115,6 +128,13 @@ class GatewayServer:
             await self.redis.aclose()
         self.metrics.stop()
         logger.info("gateway stopped")
+
+
+def public_server_options(limits: RequestLimits) -> list[tuple[str, int]]:
+    """The public gRPC port takes requests up to max_request_bytes (larger: RESOURCE_EXHAUSTED
+    from gRPC itself) and answers with messages as large as the instances send."""
+    receive_limit = message_size_options(limits.max_request_bytes)[0]
+    return [receive_limit, message_size_options()[1]]
 
 
 async def _wait_for_redis(view: ClusterView) -> None:

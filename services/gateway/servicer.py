@@ -44,7 +44,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Tokenize(self, request, context):
         model, _ = await self._ready(context)
         try:
-            token_ids = tokenize_request(request, model)
+            token_ids = tokenize_request(request, model, self.state.limits)
         except GatewayError as error:
             await context.abort(error.code, error.message)
         return gateway_pb2.TokenizeResponse(

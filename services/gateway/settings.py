@@ -7,12 +7,14 @@ documented default. `parse_settings(argv)` returns a frozen GatewaySettings.
 import argparse
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.cluster.keys import validate_name
 from shared.config import DEFAULT_BLOCK_SIZE
 from shared.errors import InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
+
+from services.gateway.limits import RequestLimits, limit_fields
 
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
@@ -44,6 +46,22 @@ class GatewaySettings:
     metrics_port: int = -1
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line
+    limits: RequestLimits = field(default_factory=RequestLimits)  # services.gateway.limits
+    # A gRPC call's request message must arrive whole within this (services.common.malformed_requests).
+    request_read_timeout_s: float = 10.0
+    # Access (services.gateway.access): API keys and per-key limits (0: off).
+    api_key: tuple[str, ...] = field(default=(), repr=False)
+    api_keys_file: str | None = None
+    metrics_requires_key: bool = False
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 0  # 0: max(1, rate_limit_rps)
+    max_concurrent_per_key: int = 0
+    # TLS on the public gRPC and HTTP ports; mutual TLS towards the instances (services.common.tls).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    instance_tls_ca_file: str | None = None
+    instance_tls_cert_file: str | None = None
+    instance_tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.port, "port", lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
@@ -58,6 +76,12 @@ class GatewaySettings:
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
             _check(self.max_model_len, "max_model_len", lambda v: v >= 2, "must be >= 2")
+        _check(self.request_read_timeout_s, "request_read_timeout_s", lambda v: v > 0, "must be > 0")
+        _check(self.rate_limit_rps, "rate_limit_rps", lambda v: v >= 0, "must be >= 0")
+        _check(self.rate_limit_burst, "rate_limit_burst", lambda v: v >= 0, "must be >= 0")
+        _check(self.max_concurrent_per_key, "max_concurrent_per_key", lambda v: v >= 0, "must be >= 0")
+        _check_pair(self, "tls_cert_file", "tls_key_file")
+        _check_pair(self, "instance_tls_cert_file", "instance_tls_key_file")
 
     @property
     def serves_http(self) -> bool:
@@ -69,6 +93,11 @@ def _check(value, field: str, is_ok: Callable[[object], bool], message: str) -> 
         raise InvalidRequestError(field, f"{message}, got {value!r}")
 
 
+def _check_pair(settings: GatewaySettings, first: str, second: str) -> None:
+    if bool(getattr(settings, first)) != bool(getattr(settings, second)):
+        raise InvalidRequestError(first, f"{first} and {second} go together")
+
+
 def env_name(flag: str) -> str:
     """`--redis-url` -> `PDSERVE_REDIS_URL`."""
     return "PDSERVE_" + flag.lstrip("-").replace("-", "_").upper()
@@ -76,6 +105,11 @@ def env_name(flag: str) -> str:
 
 def _env_bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _key_list(value: str) -> tuple[str, ...]:
+    """PDSERVE_API_KEY: comma-separated keys (the flag is repeated instead)."""
+    return tuple(key.strip() for key in value.split(",") if key.strip())
 
 
 # flag, type, help; the default comes from GatewaySettings.
@@ -102,15 +136,37 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
                             "(default: -1, none; the HTTP API serves /metrics anyway)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
     ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
+    ("--request-read-timeout-s", float, "a gRPC request message must arrive whole within this "
+                                        "(default: 10)"),
+    ("--api-key", _key_list, "require 'Authorization: Bearer <key>' (repeatable; the variable is "
+                             "comma separated) (default: none, open)"),
+    ("--api-keys-file", str, "more API keys, one a line (# comments)"),
+    ("--metrics-requires-key", _env_bool, "GET /metrics needs an API key too (default: open)"),
+    ("--rate-limit-rps", float, "requests per second per API key (default: 0, unlimited)"),
+    ("--rate-limit-burst", int, "token-bucket burst per API key (default: the rate, at least 1)"),
+    ("--max-concurrent-per-key", int, "requests in flight per API key (default: 0, unlimited)"),
+    ("--tls-cert-file", str, "serve gRPC and HTTP over TLS with this PEM certificate (chain)"),
+    ("--tls-key-file", str, "the PEM private key of --tls-cert-file"),
+    ("--instance-tls-ca-file", str, "CA that signed the instances' certificates: gRPC to them over TLS"),
+    ("--instance-tls-cert-file", str, "client certificate presented to the instances (mutual TLS)"),
+    ("--instance-tls-key-file", str, "the PEM private key of --instance-tls-cert-file"),
 )
+
+
+def _limit_flags() -> tuple[tuple[str, Callable[[str], object], str], ...]:
+    """One flag per request limit, e.g. `--max-prompt-bytes` (services.gateway.limits)."""
+    return tuple(("--" + f.name.replace("_", "-"), int, f"{f.metadata['help']} (default: {f.default})")
+                 for f in limit_fields())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register every gateway flag (also used by `pdserve serve gateway`)."""
-    for flag, kind, help_text in _FLAGS:
+    for flag, kind, help_text in _FLAGS + _limit_flags():
         help_text = f"{help_text} [env {env_name(flag)}]"
         if kind is _env_bool:
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        elif kind is _key_list:
+            parser.add_argument(flag, action="append", default=None, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=None, help=help_text)
 
@@ -118,15 +174,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> GatewaySettings:
     """Flags first, then PDSERVE_* variables, then the defaults."""
     environ = os.environ if environ is None else environ
+    values = _read_flags(args, environ, _FLAGS)
+    limits = RequestLimits(**_read_flags(args, environ, _limit_flags()))
+    return GatewaySettings(**values, limits=limits)
+
+
+def _read_flags(args: argparse.Namespace, environ, flags) -> dict[str, object]:
     values = {}
-    for flag, kind, _ in _FLAGS:
+    for flag, kind, _ in flags:
         name = flag.lstrip("-").replace("-", "_")
         value = getattr(args, name, None)
+        if isinstance(value, list):
+            value = tuple(value)
         if value is None and environ.get(env_name(flag)):
             value = _parse_env(flag, kind, environ[env_name(flag)])
         if value is not None:
             values[name] = value
-    return GatewaySettings(**values)
+    return values
 
 
 def _parse_env(flag: str, kind: Callable[[str], object], text: str) -> object:

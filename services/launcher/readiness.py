@@ -39,9 +39,12 @@ def grpc_address_of(ready: dict, default_host: str = "127.0.0.1") -> str:
     raise StackError(f"ready file has no gRPC address: {ready!r}")
 
 
-def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> int | None:
-    """The health service's status for `service`, or None when unreachable/unimplemented."""
-    with grpc.insecure_channel(address) as channel:
+def health_status(address: str, service: str = "", timeout_s: float = 1.0,
+                  credentials: grpc.ChannelCredentials | None = None) -> int | None:
+    """The health service's status for `service`, or None when unreachable/unimplemented.
+    With `credentials`, over TLS."""
+    channel = grpc.insecure_channel(address) if credentials is None else grpc.secure_channel(address, credentials)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
@@ -50,8 +53,9 @@ def health_status(address: str, service: str = "", timeout_s: float = 1.0) -> in
     return reply.status
 
 
-def is_serving(address: str, service: str = "", timeout_s: float = 1.0) -> bool:
-    return health_status(address, service, timeout_s) == health_pb2.HealthCheckResponse.SERVING
+def is_serving(address: str, service: str = "", timeout_s: float = 1.0,
+               credentials: grpc.ChannelCredentials | None = None) -> bool:
+    return health_status(address, service, timeout_s, credentials) == health_pb2.HealthCheckResponse.SERVING
 
 
 def wait_until_ready(child: ChildProcess, deadline: float,

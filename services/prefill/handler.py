@@ -102,6 +102,7 @@ class PrefillHandler(RoleHandler):
                           params: SamplingParams) -> RequestOutput:
         engine = self.async_engine.engine
         salt = request.cache_salt if request.HasField("cache_salt") else None
+        await self.async_engine.prepare(params)
 
         def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
             engine.add_request(list(request.prompt_token_ids), params, engine_request_id, salt,
@@ -122,7 +123,7 @@ class PrefillHandler(RoleHandler):
         try:
             return await self.sender.send(request.decode_ucx_address, request.request_id, executor.kv_cache,
                                           executor.kv_cache_layout, block_ids[skip:],
-                                          list(request.dst_block_ids)[skip:])
+                                          list(request.dst_block_ids)[skip:], request.transfer_token)
         except KVTransferError as error:
             raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
                                                         f"{request.decode_ucx_address} failed: {error}") from error

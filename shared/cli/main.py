@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from shared.cli import (
     bench_command,
+    certs_command,
     convert_command,
     generate_command,
     offline_command,
@@ -23,7 +24,7 @@ from shared.errors import InvalidRequestError
 from shared.logging_setup import LOG_FORMATS, configure_logging
 
 SUBCOMMAND_MODULES = (convert_command, offline_command, serve_command, up_command, generate_command,
-                      status_command, bench_command)
+                      status_command, bench_command, certs_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,10 +21,13 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    # Computing this request failed (its `error` says how); the engine carries on without it.
+    FINISHED_ERROR = "error"
 
     @property
     def is_finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+                        RequestStatus.FINISHED_ERROR)
 
     @property
     def finish_reason(self) -> str | None:
@@ -59,6 +62,8 @@ class Request:
     num_preemptions: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     stop_reason: int | str | None = None
+    # Why the request finished with FINISHED_ERROR (bounded, safe to show the client).
+    error: str | None = None
     # Guided decoding: the request's own place in its grammar (shared.guided.engine_support);
     # kept across preemption, since the request's tokens do not change.
     guided_matcher: "GrammarMatcher | None" = None

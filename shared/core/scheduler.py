@@ -6,6 +6,12 @@ then continues partially computed prompts, then admits waiting requests, all wit
 step's token budget. Long prompts are chunked across steps; when the cache runs out the
 newest request is preempted and later recomputed.
 
+Fair prefill: when several prompts compete for what the decodes left of the budget (prompts
+part-way through, plus the waiting requests that have a sequence slot), each prompt takes at
+most an equal share of it (never under one block); part-way prompts go least computed first
+and leave a share for each waiting request. A short prompt arriving behind a max-length one,
+or behind dozens of part-way prompts, is then computed in the next step.
+
 Speculative decoding (`num_spec_tokens` > 0): a running decode that may speculate
 (`shared.spec_decode.support`) gets slots for its last token plus up to k proposed tokens,
 never more than its remaining max_tokens / model length allow nor than the step's budget;
@@ -53,8 +59,8 @@ class Scheduler:
         self.waiting.append(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """End a request (stop, length or abort) and free its blocks at once (a prefill-role
-        request that finished normally keeps them until `release_held`)."""
+        """End a request (stop, length, abort or error) and free its blocks at once (a
+        prefill-role request that finished normally keeps them until `release_held`)."""
         if request.is_finished:
             return
         if request.status == RequestStatus.RUNNING:
@@ -64,7 +70,7 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        if request.hold_blocks_on_finish and status != RequestStatus.FINISHED_ABORTED:
+        if request.hold_blocks_on_finish and status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
             self.held[request.request_id] = request
         else:
             self.kv.free(request)
@@ -127,22 +133,31 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = set()
-        budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(output, budget)
+        budget, share = self._schedule_running(output, self.config.max_num_batched_tokens)
         if not output.preempted_request_ids:
-            self._schedule_waiting(output, budget)
+            self._schedule_waiting(output, budget, share)
         output.scheduled.sort(key=lambda item: not item.is_decode)
         return output
 
-    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, output: SchedulerOutput, budget: int) -> tuple[int, int]:
+        """Schedule the running requests, decodes first; returns the budget left and the
+        per-prompt share of it. Under fair prefill, part-way prompts leave one share for each
+        waiting request that has a slot, so new arrivals start even behind many long prompts."""
         scheduled: set[str] = set()
-        decodes_first = sorted(self.running, key=lambda r: r.num_tokens_to_compute > 1)
-        for request in decodes_first:
+        share, held_back = None, 0
+        for request in sorted(self.running, key=_running_order):
             if budget <= 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = self._chunk_size(request, budget)
+            is_prompt = request.num_tokens_to_compute > 1
+            if share is None and is_prompt:
+                share = self._prompt_share(budget)
+                held_back = min(budget, share * self._num_admissible()) if share < budget else 0
+            limit = min(budget - held_back, share) if is_prompt else budget
+            if limit <= 0:
+                continue
+            num_new = self._chunk_size(request, limit)
             num_spec = self._num_spec_tokens(request, budget)
             num_waiting_decodes = len(self.running) - len(scheduled) - 1
             if num_spec and not self._allocate_with_proposals(request, num_new + num_spec, num_waiting_decodes):
@@ -152,7 +167,22 @@ class Scheduler:
             output.scheduled.append(self._make_scheduled(request, num_new, num_spec))
             scheduled.add(request.request_id)
             budget -= num_new + num_spec
-        return budget
+        return budget, share if share is not None else self._prompt_share(budget)
+
+    def _prompt_share(self, budget: int) -> int:
+        """The most prompt tokens one request may compute this step, `budget` being what the
+        decodes left: an equal share among the prompts that compete for it (chunked prefill)."""
+        if not (self.config.enable_chunked_prefill and self.config.fair_prefill):
+            return budget
+        num_partial = sum(1 for r in self.running if r.num_tokens_to_compute > 1)
+        num_prompts = num_partial + self._num_admissible()
+        if num_prompts <= 1:
+            return budget
+        return max(self.kv.block_size, -(-budget // num_prompts))
+
+    def _num_admissible(self) -> int:
+        """Waiting requests that have a sequence slot this step."""
+        return min(len(self.waiting), max(0, self.config.max_num_seqs - len(self.running)))
 
     def _allocate_with_proposals(self, request: Request, num_tokens: int, num_waiting_decodes: int) -> bool:
         """Allocate slots for the last token and the proposals, unless that would leave fewer
@@ -197,14 +227,14 @@ class Scheduler:
         self.waiting.appendleft(request)
         logger.debug("preempted %s", request.request_id)
 
-    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int, share: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             if self._waits_for_parent(request):
                 break
             prefix_blocks = self._reusable_prefix(request)
             num_reused = len(prefix_blocks) * self.kv.block_size
-            num_new = self._chunk_size(request, budget, num_reused)
+            num_new = self._chunk_size(request, min(budget, share), num_reused)
             if num_new < request.num_tokens_to_compute - num_reused and not self.config.enable_chunked_prefill:
                 break
             if not self.kv.allocate(request, num_new, prefix_blocks):
@@ -308,3 +338,10 @@ class Scheduler:
         self.kv.cache_computed_blocks(request)
         if status is not None:
             self.finish(request, status)
+
+
+def _running_order(request: Request) -> tuple[bool, int]:
+    """Decodes first (in running order), then part-way prompts, least computed first: a prompt
+    left out of one step's budget goes first in the next."""
+    is_prompt = request.num_tokens_to_compute > 1
+    return is_prompt, request.num_computed_tokens if is_prompt else 0

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from shared.core.request import Request
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
+from shared.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,18 @@ class EngineDeadError(RuntimeError):
     """The engine thread failed; every request in flight gets this."""
 
 
+class RequestFailedError(RuntimeError):
+    """Computing this one request failed (finish reason "error"); the engine carries on."""
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None):
+    def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None):
+        """`on_failure(error)` is called on the engine thread once, if the engine fails as a
+        whole (the service then stops serving and exits)."""
         self.engine = engine
         self.observer = observer
+        self.on_failure = on_failure
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         # Called on the engine thread when it has nothing to run (memory trimming).
@@ -75,6 +84,7 @@ class AsyncEngine:
         self._stopping.set()
         self._commands.put(None)
         self._thread.join(timeout=30)
+        self.engine.guided.shutdown()
 
     # ---- calls from asyncio --------------------------------------------------------------
 
@@ -86,6 +96,12 @@ class AsyncEngine:
         future = loop.create_future()
         self._commands.put((fn, args, kwargs, loop, future))
         return await future
+
+    async def prepare(self, params: SamplingParams) -> None:
+        """Per-request work too heavy for the engine thread (compiling a guided constraint),
+        done on worker threads before admission: the request waits here, outside the
+        scheduler, while the engine keeps stepping. Raises InvalidRequestError."""
+        await self.engine.guided.prepare(params.guided)
 
     def submit(self, fn: Callable[..., Any], *args, **kwargs) -> None:
         """Fire and forget (safe from `finally` blocks of cancelled tasks)."""
@@ -104,6 +120,8 @@ class AsyncEngine:
                 if isinstance(output, BaseException):
                     raise EngineDeadError(str(output))
                 finished = output.finished
+                if output.error is not None:
+                    raise RequestFailedError(output.error)
                 yield output
         finally:
             self._streams.pop(request_id, None)
@@ -139,6 +157,8 @@ class AsyncEngine:
             self.error = error
             for stream in list(self._streams.values()):
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
+            if self.on_failure is not None:
+                self._notify(self.on_failure, error)
 
     def _run_commands(self, block: bool) -> None:
         try:

@@ -6,6 +6,7 @@ from dataclasses import fields
 from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
+from shared.guided.limits import GuidedLimits
 from shared.engine.stats import KVUsage
 from shared.errors import InvalidRequestError
 from shared.sampling.params import SamplingParams
@@ -16,7 +17,8 @@ Prompt = str | list[int]
 
 def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> EngineConfig:
     """Route flat keyword arguments (vLLM style) to the config section that owns them."""
-    sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig(), "speculative": SpeculativeConfig()}
+    sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig(), "speculative": SpeculativeConfig(),
+                "guided": GuidedLimits()}
     config = EngineConfig(model=model, dtype=dtype, **sections)
     for name, value in kwargs.items():
         owner = next((section for section in (config, *sections.values())

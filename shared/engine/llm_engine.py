@@ -56,7 +56,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
                                    config.speculative.num_tokens_per_step)
         self.output_processor = OutputProcessor(tokenizer)
-        self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids)
+        self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids, config.guided)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
         # Speculative decoding: drafts proposed and tokens accepted (stays zero when off).
@@ -178,16 +178,33 @@ class LLMEngine:
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One engine step. A request whose own computation fails (guided mask, sampling,
+        logprobs, speculation, output processing) finishes alone with finish reason "error";
+        only a failure of the step as a whole (the forward pass) raises."""
         scheduler_output = self.scheduler.schedule()
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
-        self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
+        failed = self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
         runner_output = self.executor.execute_model(scheduler_output)
+        failed_requests = self._fail_requests({**failed, **runner_output.failed})
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids,
                                                     runner_output.verified)
         for verified in runner_output.verified.values():
             self.spec_stats.record(verified.num_draft_tokens, verified.num_accepted)
         self._finish_guided(updated)
-        return self._process_outputs(updated, runner_output)
+        return self._process_outputs(failed_requests + updated, runner_output)
+
+    def _fail_requests(self, errors: dict[str, str]) -> list[Request]:
+        """Finish each still-live request in `errors` (request id -> message) with an error."""
+        failed = []
+        for request_id, message in errors.items():
+            request = self.scheduler.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            logger.warning("request %s failed: %s", request_id, message)
+            request.error = message
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+            failed.append(request)
+        return failed
 
     def _finish_guided(self, updated: list[Request]) -> None:
         """Advance guided requests' matchers with their new tokens; end those that are done."""
@@ -195,9 +212,11 @@ class LLMEngine:
             self.scheduler.finish(request, status)
 
     def _process_outputs(self, updated: list[Request], runner_output: ModelRunnerOutput) -> list[RequestOutput]:
-        outputs, stopped = self.output_processor.process(updated, runner_output)
+        outputs, stopped, failed = self.output_processor.process(updated, runner_output)
         for request in stopped:
             self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        for request in failed:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
         self.stats.record_tokens(sum(len(completion.delta_token_ids)
                                      for output in outputs for completion in output.outputs))
         for output in outputs:

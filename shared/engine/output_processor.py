@@ -2,14 +2,16 @@
 
 The engine calls `process` after every step with the requests that received tokens: one, or
 several when speculative decoding accepted proposed tokens. A stop string ends the output at
-the token that completed it; later tokens of the same step are dropped.
+the token that completed it; later tokens of the same step are dropped. A request whose text
+pipeline raises (detokenizer, stop strings) ends alone with finish reason "error".
 """
 
 from dataclasses import dataclass, field
 
-from shared.core.request import Request
+from shared.core.request import Request, RequestStatus
 from shared.engine.outputs import CompletionOutput, RequestOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.isolation import describe_error
 from shared.tokenization.detokenizer import IncrementalDetokenizer
 from shared.tokenization.stop_strings import StopStringMatcher
 
@@ -42,6 +44,11 @@ class CompletionState:
         self.output.finish_reason = reason
         self.output.stop_reason = stop_reason
 
+    def fail(self, error: str) -> None:
+        """End with finish reason "error" (no flush: the text pipeline may be what failed)."""
+        self.output.finish_reason = "error"
+        self.output.error = error
+
     def _emit(self, text: str) -> None:
         self.output.text += text
         self.output.delta_text += text
@@ -63,7 +70,7 @@ class RequestGroup:
             out = state.output
             outputs.append(CompletionOutput(
                 out.index, list(out.token_ids), out.text, list(out.logprobs) if out.logprobs is not None else None,
-                out.finish_reason, out.stop_reason, out.delta_text, list(out.delta_token_ids)))
+                out.finish_reason, out.stop_reason, out.delta_text, list(out.delta_token_ids), out.error))
             out.delta_text, out.delta_token_ids = "", []
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs,
                              list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
@@ -86,26 +93,41 @@ class OutputProcessor:
         for index, request in enumerate(requests):
             self._child_of[request.request_id] = (group, index)
 
-    def process(self, updated: list[Request], runner_output: ModelRunnerOutput) -> tuple[list[RequestOutput], list[Request]]:
-        """Returns the outputs of groups that changed, and requests that hit a stop string
-        (the engine finishes those)."""
+    def process(self, updated: list[Request], runner_output: ModelRunnerOutput
+                ) -> tuple[list[RequestOutput], list[Request], list[Request]]:
+        """Returns the outputs of groups that changed, the requests that hit a stop string,
+        and those whose text pipeline failed (the engine finishes both kinds)."""
         touched: dict[str, RequestGroup] = {}
         for request_id, entries in runner_output.prompt_logprobs.items():
             group, index = self._child_of[request_id]
             if index == 0 and group.prompt_logprobs is not None:
                 group.prompt_logprobs.extend(entries)
-        stopped_by_string = []
+        stopped_by_string, failed = [], []
         for request in updated:
             group, index = self._child_of[request.request_id]
             state = group.completions[index]
-            is_stopped_early = self._add_new_tokens(state, request, runner_output)
-            if request.is_finished and not is_stopped_early:
-                state.finish(request.status.finish_reason, request.stop_reason)
-            elif state.stop_string is not None:
-                state.finish("stop", state.stop_string)
-                stopped_by_string.append(request)
+            try:
+                if self._update_completion(state, request, runner_output):
+                    stopped_by_string.append(request)
+            except Exception as error:  # noqa: BLE001 - this request alone fails
+                state.fail(f"output processing failed: {describe_error(error)}")
+                request.error = state.output.error
+                failed.append(request)
             touched[group.request_id] = group
-        return [self._emit(group) for group in touched.values()], stopped_by_string
+        return [self._emit(group) for group in touched.values()], stopped_by_string, failed
+
+    def _update_completion(self, state: CompletionState, request: Request, runner_output: ModelRunnerOutput) -> bool:
+        """Add the request's new tokens and finish the completion if it ended; True when a
+        stop string ended it."""
+        is_stopped_early = self._add_new_tokens(state, request, runner_output)
+        if request.status == RequestStatus.FINISHED_ERROR:
+            state.fail(request.error or "the request failed")
+        elif request.is_finished and not is_stopped_early:
+            state.finish(request.status.finish_reason, request.stop_reason)
+        elif state.stop_string is not None:
+            state.finish("stop", state.stop_string)
+            return True
+        return False
 
     @staticmethod
     def _add_new_tokens(state: CompletionState, request: Request, runner_output: ModelRunnerOutput) -> bool:

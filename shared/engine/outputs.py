@@ -12,12 +12,14 @@ class CompletionOutput:
     text: str = ""
     # One entry per generated token when logprobs were asked for.
     logprobs: list[SampledLogprobs] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     # The stop string or stop token id that ended generation, if any.
     stop_reason: int | str | None = None
     # What is new since this request's previous output (for streaming).
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    # With finish_reason "error": what went wrong computing this completion.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -37,6 +39,11 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return all(output.finished for output in self.outputs)
+
+    @property
+    def error(self) -> str | None:
+        """The first failed completion's error, if any completion failed."""
+        return next((output.error for output in self.outputs if output.error is not None), None)
 
     @property
     def text(self) -> str:

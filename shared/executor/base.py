@@ -30,6 +30,9 @@ class ModelRunnerOutput:
     # Speculating requests whose proposals were verified: their tokens this step (instead of
     # an entry in sampled_token_ids).
     verified: dict[str, VerifiedTokens] = field(default_factory=dict)
+    # Requests whose own computation failed this step (request id -> message); the engine
+    # finishes them with an error, every other request carries on.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class Executor(ABC):

@@ -3,6 +3,11 @@
 The only code that touches the device. With a `Speculator`, rows the scheduler let speculate
 get their proposals first; the target then computes every proposed position in the same
 forward pass and the speculator verifies them.
+
+Everything after the forward pass is per request (sampling, logprobs, proposals,
+verification) and runs through `run_isolated`: a request whose own computation raises is
+reported in `ModelRunnerOutput.failed` and the rest of the batch gets its tokens. Only the
+forward pass itself can fail the whole step.
 """
 
 from dataclasses import replace
@@ -12,6 +17,7 @@ import torch
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
 from shared.executor.input_batch import ModelInputs, build_model_inputs
+from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
 from shared.sampling.logprobs import token_logprobs, top_logprobs
 from shared.sampling.random_draw import skip_draws
@@ -35,23 +41,29 @@ class ModelRunner:
             self._generators.pop(request_id, None)
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
-        scheduled, proposals = self._add_proposals(scheduler_output.scheduled)
+        failed: dict[str, str] = {}
+        scheduled, proposals = self._add_proposals(scheduler_output.scheduled, failed)
         inputs = build_model_inputs(scheduled, self.layout.block_size)
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache,
                             inputs.attn_metadata, inputs.logits_indices)
-        output = self._sample([item for item in scheduled if not item.draft_token_ids], logits, inputs)
-        output.prompt_logprobs = _prompt_logprobs(scheduled, logits, inputs)
+        output = self._sample([item for item in scheduled if not item.draft_token_ids], logits, inputs, failed)
+        output.prompt_logprobs = run_isolated(
+            [item for item in scheduled if item.request_id in inputs.prompt_logit_rows],
+            lambda items: _prompt_logprobs(items, logits, inputs), failed, "prompt logprobs")
         if proposals:
-            output.verified = self._verify(scheduled, proposals, logits, inputs)
+            output.verified = self._verify(scheduled, proposals, logits, inputs, failed)
+        output.failed = failed
         return output
 
-    def _add_proposals(self, scheduled: list[ScheduledRequest]
+    def _add_proposals(self, scheduled: list[ScheduledRequest], failed: dict[str, str]
                        ) -> tuple[list[ScheduledRequest], dict[str, Proposal]]:
         """The step's rows with the proposed tokens appended, and the non-empty proposals."""
         speculating = [item for item in scheduled if item.num_spec_tokens > 0]
         if self.speculator is None or not speculating:
             return scheduled, {}
-        proposals = self.speculator.propose(speculating, [self._generator(item) for item in speculating])
+        proposals = run_isolated(
+            speculating, lambda items: self.speculator.propose(items, [self._generator(i) for i in items]),
+            failed, "speculative proposal", self._rewinder(speculating))
         proposals = {request_id: proposal for request_id, proposal in proposals.items()
                      if proposal.draft_token_ids}
         with_drafts = []
@@ -64,27 +76,50 @@ class ModelRunner:
         return with_drafts, proposals
 
     def _verify(self, scheduled: list[ScheduledRequest], proposals: dict[str, Proposal],
-                logits: torch.Tensor, inputs: ModelInputs):
-        items = [item for item in scheduled if item.draft_token_ids]
-        return self.speculator.verify(
-            items, logits, [inputs.sample_logit_rows[item.request_id] for item in items],
-            [proposals[item.request_id] for item in items], [self._generator(item) for item in items])
+                logits: torch.Tensor, inputs: ModelInputs, failed: dict[str, str]):
+        def verify(items: list[ScheduledRequest]):
+            return self.speculator.verify(
+                items, logits, [inputs.sample_logit_rows[item.request_id] for item in items],
+                [proposals[item.request_id] for item in items], [self._generator(item) for item in items])
 
-    def _sample(self, items: list[ScheduledRequest], logits: torch.Tensor,
-                inputs: ModelInputs) -> ModelRunnerOutput:
+        items = [item for item in scheduled if item.draft_token_ids]
+        return run_isolated(items, verify, failed, "speculative verification", self._rewinder(items))
+
+    def _sample(self, items: list[ScheduledRequest], logits: torch.Tensor, inputs: ModelInputs,
+                failed: dict[str, str]) -> ModelRunnerOutput:
         items = [item for item in items if item.sampling_params is not None]
-        if not items:
-            return ModelRunnerOutput()
+        results = run_isolated(items, lambda batch: self._sample_batch(batch, logits, inputs), failed,
+                               "sampling", self._rewinder(items))
+        output = ModelRunnerOutput()
+        for request_id, (token_id, logprobs) in results.items():
+            output.sampled_token_ids[request_id] = token_id
+            if logprobs is not None:
+                output.logprobs[request_id] = logprobs
+        return output
+
+    def _sample_batch(self, items: list[ScheduledRequest], logits: torch.Tensor,
+                      inputs: ModelInputs) -> dict[str, tuple[int, SampledLogprobs | None]]:
         rows = [self._sampling_row(item) for item in items]
         row_indices = torch.tensor([inputs.sample_logit_rows[item.request_id] for item in items])
         sampled = self.sampler(logits[row_indices], rows)
-        output = ModelRunnerOutput()
+        results = {}
         for index, item in enumerate(items):
-            output.sampled_token_ids[item.request_id] = sampled.sampled_token_ids[index]
+            logprobs = None
             if item.sampling_params.logprobs is not None:
-                output.logprobs[item.request_id] = SampledLogprobs(
-                    sampled.sampled_logprobs[index], sampled.top_logprobs[index])
-        return output
+                logprobs = SampledLogprobs(sampled.sampled_logprobs[index], sampled.top_logprobs[index])
+            results[item.request_id] = (sampled.sampled_token_ids[index], logprobs)
+        return results
+
+    def _rewinder(self, items: list[ScheduledRequest]):
+        """A callable that puts the seeded generators of `items` back where they are now, so
+        that retrying rows one by one draws what the batch would have drawn."""
+        generators = [generator for generator in map(self._generator, items) if generator is not None]
+        states = [generator.get_state() for generator in generators]
+
+        def rewind() -> None:
+            for generator, state in zip(generators, states):
+                generator.set_state(state)
+        return rewind
 
     def _generator(self, item: ScheduledRequest) -> torch.Generator | None:
         """A seeded request's own generator, made on its first sampling step (skipping the

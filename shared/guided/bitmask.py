@@ -73,3 +73,8 @@ def allows_only(row_bitmask: torch.Tensor, token_ids: Sequence[int]) -> bool:
 def allowed_token_ids(row_bitmask: torch.Tensor, vocab_size: int) -> list[int]:
     """The token ids a row allows (tests, debugging)."""
     return (~forbidden_tokens(row_bitmask[None], vocab_size)[0]).nonzero().flatten().tolist()
+
+
+def allows_no_token(row_bitmask: torch.Tensor, vocab_size: int) -> bool:
+    """True when the row allows no token of the vocabulary (an unsatisfiable constraint)."""
+    return bool(forbidden_tokens(row_bitmask[None], vocab_size)[0].all())

@@ -1,8 +1,9 @@
 """Compiling guided-decoding constraints with XGrammar, for one tokenizer, cached by kind + text.
 
 `GuidedDecoding` (the engine's hooks) builds one `GrammarCache` per engine on the first guided
-request and calls `compile` at admission, so a bad schema, regex or grammar is refused with
-XGrammar's message before any compute. Compiled grammars are immutable and shared: every request
+request; services compile on its worker threads before admission (`GuidedDecoding.prepare`),
+so the step loop finds the grammar cached, and a bad schema, regex or grammar is refused with
+XGrammar's message before any compute. The cache is safe to use from several threads. Compiled grammars are immutable and shared: every request
 (and every n > 1 child) asking for the same constraint gets the same `CompiledGrammar` and its
 own matcher.
 """
@@ -10,18 +11,22 @@ own matcher.
 import json
 import logging
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import xgrammar as xgr
 
 from shared.errors import InvalidRequestError
+from shared.guided.bitmask import allows_no_token
 from shared.guided.params import GuidedDecodingParams
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CACHED_GRAMMARS = 256
 DEFAULT_COMPILER_THREADS = 4
+# Longest XGrammar message passed on (they may quote the whole schema).
+MAX_MESSAGE_CHARS = 500
 # JSON outputs use fixed separators (", " and ": "), no free whitespace: a sampled model cannot
 # then wander into endless blank lines, and outputs stay short.
 JSON_ANY_WHITESPACE = False
@@ -52,6 +57,7 @@ class GrammarCache:
         # This class is the cache; XGrammar's own would hold every grammar a second time.
         self._compiler = xgr.GrammarCompiler(info, max_threads=num_threads, cache_enabled=False)
         self._entries: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()  # held for dictionary updates only, never while compiling
         self.num_hits = 0
         self.num_misses = 0
 
@@ -65,25 +71,38 @@ class GrammarCache:
     def compile(self, guided: GuidedDecodingParams) -> xgr.CompiledGrammar:
         """The compiled grammar; raises InvalidRequestError("guided.<kind>", XGrammar's message)."""
         key = (guided.kind, guided.text)
-        compiled = self._entries.get(key)
+        compiled = self.lookup(key)
         if compiled is not None:
+            return compiled
+        compiled = self._compile_uncached(guided)
+        with self._lock:
+            self._entries[key] = compiled
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return compiled
+
+    def lookup(self, key: tuple[str, str]) -> xgr.CompiledGrammar | None:
+        """The cached grammar for (kind, text), counted as a hit or a miss."""
+        with self._lock:
+            compiled = self._entries.get(key)
+            if compiled is None:
+                self.num_misses += 1
+                return None
             self.num_hits += 1
             self._entries.move_to_end(key)
             return compiled
-        self.num_misses += 1
-        compiled = self._compile_uncached(guided)
-        self._entries[key] = compiled
-        if len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-        return compiled
 
     def _compile_uncached(self, guided: GuidedDecodingParams) -> xgr.CompiledGrammar:
         try:
-            return self._compile_kind(guided.kind, guided.text, guided)
+            compiled = self._compile_kind(guided.kind, guided.text, guided)
         except (RuntimeError, ValueError, TypeError) as error:
             message = xgrammar_message(error)
             logger.info("refused %s: %s", guided.field_name, message)
-            raise InvalidRequestError(guided.field_name, message) from None
+            raise InvalidRequestError(guided.field_name, message[:MAX_MESSAGE_CHARS]) from None
+        if allows_nothing(compiled, self.vocab_size):
+            raise InvalidRequestError(guided.field_name, "matches no output at all (no token can ever be "
+                                                         "generated); check the constraint")
+        return compiled
 
     def _compile_kind(self, kind: str, text: str, guided: GuidedDecodingParams) -> xgr.CompiledGrammar:
         if kind == "json_schema":
@@ -97,6 +116,15 @@ class GrammarCache:
         if kind == "choice":
             return self._compiler.compile_grammar(choice_grammar(guided.choice))
         return self._compiler.compile_grammar(text)
+
+
+def allows_nothing(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
+    """True when the grammar allows no first token, not even the end (`root ::= root`,
+    the regex `[^\\s\\S]`): no request could ever produce anything under it."""
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    return allows_no_token(bitmask[0], vocab_size)
 
 
 def choice_grammar(choices: Sequence[str]) -> str:

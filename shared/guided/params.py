@@ -74,6 +74,8 @@ def _require_json_text(field: str, value: object) -> None:
         json.dumps(value)
     except (TypeError, ValueError) as error:
         raise InvalidRequestError(field, f"must be JSON-serialisable: {error}") from None
+    except RecursionError:
+        raise InvalidRequestError(field, "nests too deeply") from None
 
 
 def _check_json_object(value: object) -> None:

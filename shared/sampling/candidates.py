@@ -109,7 +109,8 @@ def _mask_rows(logits: torch.Tensor, row_ids: list[int],
 
 
 def _temperatures(params_list: Sequence[SamplingParams], device: torch.device) -> torch.Tensor:
-    return _column([params.temperature for params in params_list], device)
+    # A temperature beyond float32 (1e300) would be inf, and -inf / inf is NaN.
+    return _column([params.temperature for params in params_list], device).clamp(max=torch.finfo(torch.float32).max)
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:

@@ -44,7 +44,8 @@ def top_p_thresholds_sorted(sorted_logits: torch.Tensor, top_ps: torch.Tensor,
         total_weights = cumulative[:, -1:]
     mass_before = F.pad(cumulative[:, :-1], (1, 0))
     num_kept = (mass_before < top_ps * total_weights).sum(dim=-1, keepdim=True)
-    return sorted_logits.gather(1, num_kept - 1)
+    # A top_p that float32 rounds to 0 (e.g. 1e-300) keeps the most likely token, never none.
+    return sorted_logits.gather(1, num_kept.clamp(min=1) - 1)
 
 
 def top_p_thresholds(logits: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:

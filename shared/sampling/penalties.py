@@ -19,6 +19,11 @@ import torch
 
 from shared.guided.bitmask import allows_only
 
+_FLOAT32 = torch.finfo(torch.float32)
+# Largest magnitude a penalized logit keeps: far beyond any real logit, yet still finite
+# after division by the smallest sampled temperature (1e-5).
+MAX_PENALIZED_LOGIT = 1e30
+
 if TYPE_CHECKING:
     from shared.sampling.sampler import SamplingRow
 
@@ -81,10 +86,15 @@ def _apply_repetition_penalty(logits: torch.Tensor, rows: Sequence["SamplingRow"
                                               rows[index].output_token_ids)))
                  for index in row_indices]
     row_ids, token_ids = _history_pairs(histories, logits.device)
-    penalties = _per_row(rows, "repetition_penalty", logits.device)[row_ids]
+    # Penalties that float32 rounds to 0 or inf (1e-300, 1e300) would make 0 * inf = NaN.
+    penalties = _per_row(rows, "repetition_penalty", logits.device).clamp(_FLOAT32.tiny, _FLOAT32.max)[row_ids]
     values = logits[row_ids, token_ids]
+    penalized = torch.where(values > 0, values / penalties, values * penalties)
+    # Finite logits stay finite (an overflow to +inf would make softmax NaN); masks stay -inf.
+    penalized = torch.where(torch.isfinite(values), penalized.clamp(-MAX_PENALIZED_LOGIT, MAX_PENALIZED_LOGIT),
+                            values)
     # A token seen twice is written twice with the same value: no double penalty.
-    logits[row_ids, token_ids] = torch.where(values > 0, values / penalties, values * penalties)
+    logits[row_ids, token_ids] = penalized
 
 
 def _apply_additive_penalties(logits: torch.Tensor, rows: Sequence["SamplingRow"],

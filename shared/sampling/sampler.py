@@ -62,6 +62,7 @@ class Sampler:
         _check_batch(logits, rows)
         raw_logits = logits.float()
         adjusted = apply_history(raw_logits, rows)
+        _check_some_token_allowed(adjusted)
         token_ids = self._choose_tokens(adjusted, rows)
         output = SamplerOutput(sampled_token_ids=token_ids.tolist())
         if any(row.params.logprobs is not None for row in rows):
@@ -109,6 +110,19 @@ class Sampler:
 def _check_batch(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits must be (num_rows={len(rows)}, vocab), got {tuple(logits.shape)}")
+
+
+class NoTokenAllowedError(ValueError):
+    """A row's logits leave nothing to sample (every token masked, or NaN)."""
+
+
+def _check_some_token_allowed(logits: torch.Tensor) -> None:
+    """Raise when a row has no finite maximum: all -inf (nothing allowed) or NaN. The model
+    runner then retries rows alone, so only the bad row's request fails."""
+    row_max = logits.max(dim=-1).values
+    if not bool(torch.isfinite(row_max).all()):
+        bad = (~torch.isfinite(row_max)).nonzero().flatten().tolist()
+        raise NoTokenAllowedError(f"no token can be sampled for rows {bad} (every token masked or NaN logits)")
 
 
 def apply_history(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -22,6 +22,7 @@ destination blocks, which stay the caller's to free or to fill by a retried tran
 
 import asyncio
 import logging
+import hmac
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,12 +38,14 @@ from shared.transfer.chunks import (
 )
 from shared.transfer.errors import KVTransferError
 from shared.transfer.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
+from shared.transfer.inflight import keep_until_done
 from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
 from shared.transfer.wire import as_numpy_bytes, check_kv_cache, find_block_id_problem, validate_header
 
 logger = logging.getLogger(__name__)
+TOKEN_FIELD = "transfer_token"
 _DISCARD_TIMEOUT_S = 5.0  # how long a rejected transfer's payload may take to arrive and be dropped
 
 
@@ -53,6 +56,7 @@ class _ExpectedTransfer:
     request_id: str
     dst_block_ids: tuple[int, ...]
     outcome: asyncio.Future
+    transfer_token: bytes = b""  # empty: no token required
     is_in_flight: bool = False
     is_withdrawn: bool = False
 
@@ -101,11 +105,12 @@ class KVReceiver:
             raise RuntimeError("KVReceiver.start() has not been awaited")
         return f"{self._host}:{self._listener.port}"
 
-    def expect(self, request_id: str, dst_block_ids: Sequence[int]) -> None:
+    def expect(self, request_id: str, dst_block_ids: Sequence[int], transfer_token: bytes = b"") -> None:
         """Register a transfer for `request_id` into `dst_block_ids` (already reserved by the caller).
 
         Call from the event loop before the sender starts. A header for any other request id,
-        or with other block ids, is rejected.
+        with other block ids, or (when `transfer_token` is given) without that token, is rejected;
+        a header with a wrong token leaves the expectation untouched for the real sender.
         """
         if not request_id:
             raise InvalidRequestError("request_id", "must not be empty")
@@ -115,7 +120,7 @@ class KVReceiver:
         if problem is not None:
             raise InvalidRequestError("dst_block_ids", problem)
         outcome = asyncio.get_running_loop().create_future()
-        self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome)
+        self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome, transfer_token)
 
     async def wait(self, request_id: str, timeout_s: float | None) -> TransferResult:
         """Wait for `request_id`'s blocks to be written; always withdraws the expectation.
@@ -235,17 +240,22 @@ class KVReceiver:
             scatter_chunk(message, self._kv_cache, self._layout, dst_block_ids, chunk)
 
     def _settle_staging(self, staging: torch.Tensor, receives: list[asyncio.Future]) -> None:
-        """Reuse the staging buffer only if UCX is done with it; cancel receives still pending."""
+        """Reuse the staging buffer only if UCX is done with it. Receives still pending are never
+        cancelled (that would free the memory UCX writes into): they are kept, with the staging
+        memory their views hold, until the endpoint's abort ends them (shared.transfer.inflight)."""
         if all(receive.done() for receive in receives):
             self.staging.release(staging)
             return
-        for receive in receives:
-            receive.cancel()
-        self.staging.discard(staging)  # UCX may still write into it
+        keep_until_done(receives)
+        self.staging.discard(staging)  # never reused; freed once the last receive lets go
 
     async def _reject(self, endpoint, header: pb.KVTransferHeader, error: KVTransferError) -> None:
-        """Tell the waiter (if any) and the sender why; the connection ends after this transfer."""
-        self._fail_expected(header.request_id, error)
+        """Tell the waiter (if any) and the sender why; the connection ends after this transfer.
+        A sender without the reservation's token cannot disturb the waiter."""
+        if error.field != TOKEN_FIELD:
+            self._fail_expected(header.request_id, error)
+        else:
+            self.counters.record_failure()
         logger.warning("KV transfer %r rejected: %s", header.request_id, error)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_REJECTED, error))
 
@@ -263,14 +273,21 @@ class KVReceiver:
         num_chunks = len(range(0, num_sender_rows, header.rows_per_chunk))
         chunk_bytes = header.payload_bytes // num_sender_rows * header.rows_per_chunk
         scratch = self.staging.acquire(chunk_bytes + CRC32_TRAILER_BYTES)  # every chunk message fits
+        deadline = time.monotonic() + _DISCARD_TIMEOUT_S
+        receives: list[asyncio.Future] = []
         try:
-            async with asyncio.timeout(_DISCARD_TIMEOUT_S):
-                for _ in range(num_chunks):
-                    await endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG)
-        except (ucxx.exceptions.UCXError, TimeoutError) as drain_error:
+            for _ in range(num_chunks):
+                receives.append(asyncio.ensure_future(endpoint.recv(as_numpy_bytes(scratch), tag=PAYLOAD_TAG)))
+                await asyncio.wait(receives[-1:], timeout=max(0.0, deadline - time.monotonic()))
+                if not receives[-1].done():
+                    logger.debug("KV transfer %r: payload not drained in time", header.request_id)
+                    return
+                receives[-1].result()
+        except ucxx.exceptions.UCXError as drain_error:
             logger.debug("KV transfer %r: payload not drained: %s", header.request_id, drain_error)
         finally:
-            self.staging.discard(scratch)
+            keep_until_done(receives)  # never cancelled: UCX may still write into scratch
+            self.staging.discard(scratch)  # never reused; a pending receive keeps it alive
 
     def _admit(self, header: pb.KVTransferHeader) -> _ExpectedTransfer:
         """Check `header` against the layout and the expected transfers; marks it in flight."""
@@ -278,6 +295,8 @@ class KVReceiver:
         expected = self._expected.get(header.request_id)
         if expected is None:
             raise KVTransferError("request_id", f"no transfer expected for {header.request_id!r}")
+        if expected.transfer_token and not hmac.compare_digest(header.transfer_token, expected.transfer_token):
+            raise KVTransferError(TOKEN_FIELD, "missing or wrong for this reservation")
         if expected.is_in_flight or expected.outcome.done():
             raise KVTransferError("request_id", f"a transfer for {header.request_id!r} is already in flight or done")
         if tuple(header.dst_block_ids) != expected.dst_block_ids:

@@ -32,6 +32,7 @@ from shared.transfer.chunks import (
 )
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
+from shared.transfer.inflight import keep_until_done
 from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
@@ -116,9 +117,10 @@ class KVSender:
 
     async def send(
         self, address: str, request_id: str, kv_cache: torch.Tensor, layout: KVCacheLayout,
-        src_block_ids: Sequence[int], dst_block_ids: Sequence[int],
+        src_block_ids: Sequence[int], dst_block_ids: Sequence[int], transfer_token: bytes = b"",
     ) -> TransferResult:
-        """Copy `kv_cache` blocks `src_block_ids[i]` into the receiver's `dst_block_ids[i]`.
+        """Copy `kv_cache` blocks `src_block_ids[i]` into the receiver's `dst_block_ids[i]`,
+        presenting the reservation's `transfer_token`.
 
         Returns once the receiver has written them. Raises InvalidRequestError for bad
         arguments, KVTransferRejected when the receiver refuses (field named), and
@@ -127,7 +129,7 @@ class KVSender:
         _check_send_arguments(request_id, kv_cache, layout, src_block_ids, dst_block_ids)
         started = time.perf_counter()
         rows_per_chunk = choose_rows_per_chunk(layout, len(src_block_ids), self._chunk_bytes)
-        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum)
+        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum, transfer_token)
         chunks = plan_chunks(layout, len(src_block_ids), rows_per_chunk, self._use_checksum)
         payload = _OutgoingPayload(
             kv_cache, layout, np.asarray(src_block_ids, dtype=np.int64), chunks, self._use_checksum,
@@ -182,9 +184,7 @@ class KVSender:
             await asyncio.gather(*pending[1:])
         except BaseException:
             endpoint.abort()
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            keep_until_done(pending)  # never cancelled: UCX may still use their buffers (see inflight)
             raise
 
     @staticmethod

@@ -80,10 +80,11 @@ def check_kv_cache(kv_cache: torch.Tensor, layout: KVCacheLayout) -> None:
 
 
 def build_header(
-    request_id: str, layout: KVCacheLayout, dst_block_ids: Sequence[int], rows_per_chunk: int, has_chunk_crc32: bool
+    request_id: str, layout: KVCacheLayout, dst_block_ids: Sequence[int], rows_per_chunk: int, has_chunk_crc32: bool,
+    transfer_token: bytes = b"",
 ) -> pb.KVTransferHeader:
     """The header the sender puts in front of a payload of len(dst_block_ids) blocks."""
-    return pb.KVTransferHeader(
+    header = pb.KVTransferHeader(
         format_version=FORMAT_VERSION,
         request_id=request_id,
         num_layers=layout.num_layers,
@@ -97,6 +98,9 @@ def build_header(
         rows_per_chunk=rows_per_chunk,
         has_chunk_crc32=has_chunk_crc32,
     )
+    if transfer_token:
+        header.transfer_token = transfer_token
+    return header
 
 
 def validate_header(header: pb.KVTransferHeader, layout: KVCacheLayout) -> None:

@@ -21,6 +21,7 @@ from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.tokenization.chat import apply_chat_template
 from shared.wire.sampling import sampling_to_proto
 from tests.helpers.gateway_client import generate, generate_error, generate_request
+from tests.helpers.greedy_compare import assert_greedy_agrees
 from tests.helpers.stack import running_stack
 
 DTYPE = "bfloat16"
@@ -115,8 +116,14 @@ def case_params(temperature: float) -> list[SamplingParams]:
 
 
 def assert_all_valid(outputs, params: list[SamplingParams]) -> None:
+    """Every output validates. A sampled "any JSON object" is the one constraint with no bound
+    on its length: one that runs to max_tokens is accepted as long as the grammar held it
+    (its text is then an unfinished object), so the test does not depend on the draw."""
     for output, p in zip(outputs, params):
         completion = output.outputs[0]
+        if p.guided.json_object and not p.is_greedy and completion.finish_reason == "length":
+            assert len(completion.token_ids) == p.max_tokens and completion.text.startswith("{")
+            continue
         assert completion.finish_reason == "stop", (p.guided, completion.text)
         check(p.guided, completion.text)
 
@@ -170,12 +177,15 @@ def stack_request(llm: LLM, index: int, temperature: float) -> gateway_pb2.Gener
 
 def test_prefill_and_decode_instances_share_the_grammar(llm, stack):
     """Greedy through gateway -> prefill -> decode equals the offline engine token for token
-    (so the first token was sampled under the grammar too); sampled outputs validate."""
+    (so the first token was sampled under the grammar too), up to a bf16 near-tie; sampled
+    outputs validate."""
     for index in (7, 10):
-        expected = llm.generate(chat_prompt(llm, CASES[index][1]), case_params(0.0)[index])[0].outputs[0]
+        prompt = chat_prompt(llm, CASES[index][1])
+        expected = llm.generate(prompt, case_params(0.0)[index])[0].outputs[0]
         got = generate(stack.gateway, stack_request(llm, index, 0.0))
-        assert (got.token_ids, got.text) == (expected.token_ids, expected.text)
+        assert_greedy_agrees(llm, prompt, list(got.token_ids), expected.token_ids)
         assert got.finish_reason == generation_pb2.FINISH_REASON_STOP
+        check(CASES[index][0], got.text)
     for index in (5, 11):
         got = generate(stack.gateway, stack_request(llm, index, 1.0))
         check(CASES[index][0], got.text)

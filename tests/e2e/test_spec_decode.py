@@ -6,6 +6,7 @@ import pytest
 
 from shared.engine import LLM, SamplingParams
 from tests.helpers.gateway_client import generate, generate_request
+from tests.helpers.greedy_compare import assert_greedy_agrees
 from tests.helpers.stack import running_stack
 
 DTYPE = "bfloat16"
@@ -47,10 +48,11 @@ def test_disaggregated_decode_instance_speculates(smollm2_folder, reference, tmp
     stack = next(stack_runner)
     try:
         for chat in CHATS[:2]:
-            expected = reference.chat([chat], GREEDY)[0].outputs[0]
+            [expected_output] = reference.chat([chat], GREEDY)
+            expected = expected_output.outputs[0]
             got = generate(stack.gateway, generate_request(chat=chat, max_tokens=GREEDY.max_tokens))
-            assert got.token_ids == expected.token_ids
-            assert got.text == expected.text
+            # Up to a bf16 near-tie: the stack batches and caches differently from the reference.
+            assert_greedy_agrees(reference, expected_output.prompt_token_ids, list(got.token_ids), expected.token_ids)
         stack.wait_all_blocks_free()
         stack.check_children_alive()
     finally:

@@ -8,6 +8,7 @@ import grpc
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.prefix_index import PrefixIndex
+from shared.errors import REQUEST_FAILED_METADATA_KEY
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.pb.pdserve.v1 import instance_pb2 as inst
 from shared.pb.pdserve.v1 import instance_pb2_grpc
@@ -19,7 +20,9 @@ DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
 @dataclass
 class Behaviour:
     reserve_error: grpc.StatusCode | None = None
+    reserve_blocks: bool = False  # Reserve waits until cancelled (a busy decode instance)
     prefill_error: grpc.StatusCode | None = None
+    prefill_request_failed: bool = False  # Prefill answers INTERNAL marked as the request's own failure
     prefill_blocks: bool = False  # Prefill waits until cancelled
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
     decode_blocks_after_first: bool = False  # Decode sends one message, then waits
@@ -58,6 +61,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.calls.append(("Reserve", request))
         if self.behaviour.reserve_error is not None:
             await context.abort(self.behaviour.reserve_error, f"{self.instance_id} says no")
+        if self.behaviour.reserve_blocks:
+            await self._wait_for_cancel()
         return inst.ReserveResponse(ucx_address=f"ucx-{self.instance_id}", block_ids=self.behaviour.block_ids,
                                     num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens)
 
@@ -66,6 +71,9 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.started.set()
         if self.behaviour.prefill_error is not None:
             await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
+        if self.behaviour.prefill_request_failed:
+            await context.abort(grpc.StatusCode.INTERNAL, "request failed in the engine: sampling failed",
+                                trailing_metadata=((REQUEST_FAILED_METADATA_KEY, "1"),))
         if self.behaviour.prefill_blocks:
             await self._wait_for_cancel()
         await asyncio.sleep(self.behaviour.prefill_delay_s)

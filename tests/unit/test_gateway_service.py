@@ -192,7 +192,8 @@ def test_client_cancel_during_decode_cancels_the_decode_call_without_release(red
             assert first.text == "Hello"
             call.cancel()
             await asyncio.wait_for(d0.cancelled.wait(), 5)
-            await asyncio.sleep(0.1)
+            await wait_until(lambda: gate.stats.num_cancelled == 1)  # the relay's cleanup has run
+            await gate.server.state.relay.drain_background()
             assert d0.methods() == ["Reserve", "Decode"]
     run(scenario)
 
@@ -301,4 +302,52 @@ def test_health_is_not_serving_until_ready(redis_server, model):
             reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         await server.stop(grace_s=0.5)
+    run(scenario)
+
+
+# ---- a Reserve left unanswered may still have been granted: it is released at once --------
+
+def test_a_deadline_during_reserve_releases_the_reservation_at_once(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(reserve_blocks=True))
+            await gate.add(p0, d0)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(gate.stub.Generate(generate_request(), timeout=0.5))
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
+            [release] = d0.requests_of("Release")
+            assert release.request_id == d0.requests_of("Reserve")[0].request_id
+            assert p0.methods() == []
+    run(scenario)
+
+
+def test_a_client_cancel_during_reserve_releases_the_reservation_at_once(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(reserve_blocks=True))
+            await gate.add(p0, d0)
+            call = gate.stub.Generate(generate_request())
+            await wait_until(lambda: d0.methods() == ["Reserve"])
+            call.cancel()
+            await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
+    run(scenario)
+
+
+def test_a_request_that_fails_in_the_engine_is_not_retried_nor_blamed_on_the_instance(redis_server, model):
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill", Behaviour(prefill_request_failed=True))
+            p1 = FakeInstance("p1", "prefill", Behaviour(prefill_request_failed=True))
+            d0 = FakeInstance("d0", "decode")
+            await gate.add(p0, p1, d0)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(gate.stub.Generate(generate_request()))
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+            assert "request failed in the engine" in caught.value.details()
+            assert len(p0.methods() + p1.methods()) == 1  # tried once, not on the other instance
+            assert gate.stats.num_prefill_retries == 0
+            await wait_until(lambda: d0.methods() == ["Reserve", "Release"])
     run(scenario)

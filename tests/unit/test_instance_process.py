@@ -97,7 +97,7 @@ def test_prefill_and_colocated_processes_serve_then_stop_cleanly(processes, tiny
                                                               sampling=sampling), timeout=10)
             prefilled = await InstanceStub(to_prefill).Prefill(pb.PrefillRequest(
                 request_id="p1", prompt_token_ids=prompt, sampling=sampling, decode_ucx_address=reserved.ucx_address,
-                dst_block_ids=reserved.block_ids), timeout=10)
+                dst_block_ids=reserved.block_ids, transfer_token=reserved.transfer_token), timeout=10)
             messages = [m async for m in decode.Decode(pb.DecodeRequest(request_id="p1",
                                                                         first_token_id=prefilled.first_token_id),
                                                        timeout=10)]

@@ -145,7 +145,8 @@ async def reserve(decode: Instance, request_id: str, prompt: list[int], sampling
 def prefill_request(reserved: pb.ReserveResponse, request_id: str, prompt: list[int], **changes) -> pb.PrefillRequest:
     fields = dict(request_id=request_id, prompt_token_ids=prompt, sampling=greedy(3),
                   decode_ucx_address=reserved.ucx_address, dst_block_ids=list(reserved.block_ids),
-                  num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE)
+                  num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE,
+                  transfer_token=reserved.transfer_token)
     return pb.PrefillRequest(**{**fields, **changes})
 
 
@@ -351,7 +352,8 @@ def test_a_reserve_past_its_deadline_leaves_nothing_reserved(redis_server, tiny_
             call = decode.stub.Reserve(pb.ReserveRequest(request_id="late", prompt_token_ids=prompt_ids(40, 17),
                                                          sampling=greedy()), timeout=0.2)
             await expect_status(call, grpc.StatusCode.DEADLINE_EXCEEDED)
-            await asyncio.sleep(0.4)  # the reservation is made after the deadline, then aborted
+            # Commands run in order: this one runs after the late reservation and its abort.
+            await decode.runtime.async_engine.call(lambda: None)
             status = await decode.status()
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
             assert len(decode.runtime.handlers.decode.book) == 0

@@ -114,3 +114,12 @@ def test_prefix_index_deltas_net_out_and_a_snapshot_consumes_them():
     assert net_changes(pool) == ([c], [b])
     _cache(pool, 1, a)
     assert snapshot(pool) == [c, a] and net_changes(pool) == ([], [])
+
+
+def test_guided_limits_are_instance_flags():
+    settings = parse_settings("pdserve serve decode", ["decode"], [
+        "--max-grammar-bytes", "100", "--max-grammar-nesting-depth", "5", "--grammar-compile-timeout-s", "2.5",
+        "--grammar-cache-size", "7"])
+    limits = engine_config(settings).guided
+    assert (limits.max_bytes, limits.max_nesting_depth, limits.compile_timeout_s, limits.max_cached_grammars) == (
+        100, 5, 2.5, 7)

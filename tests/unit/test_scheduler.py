@@ -245,3 +245,60 @@ def test_prompt_logprob_targets_are_the_next_prompt_tokens_per_chunk():
     second = run_step(scheduler).scheduled[0]
     assert first.prompt_logprob_targets == [11, 12, 13, 14]
     assert second.prompt_logprob_targets == [15]
+
+
+# ---- fair prefill: prompts share what the decodes leave of the budget -------------------------
+
+def test_a_short_prompt_arriving_behind_a_long_one_is_computed_in_the_next_step():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16)
+    scheduler.add_request(make_request("long", range(1, 101)))
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [("long", 16)]
+    scheduler.add_request(make_request("short", [5, 6, 7]))
+    output = run_step(scheduler)
+    assert [(i.request_id, i.start_position, i.num_tokens) for i in output.scheduled] == [
+        ("long", 16, 8), ("short", 0, 3)]
+    assert output.scheduled[1].sampling_params is not None  # its first token comes out now
+    output = run_step(scheduler)  # "short" decodes first; "long" alone takes the rest
+    assert [(i.request_id, i.num_tokens) for i in output.scheduled] == [("short", 1), ("long", 15)]
+
+
+def test_decodes_come_first_and_prompts_share_the_rest_in_arrival_order():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16)
+    scheduler.add_request(make_request("decoding", [1, 2, 3]))
+    run_step(scheduler)
+    for name in ("a", "b", "c"):
+        scheduler.add_request(make_request(name, range(1, 21)))
+    output = run_step(scheduler)
+    # 15 tokens left for 3 prompts: 5 each, never under one block (4).
+    assert [(i.request_id, i.num_tokens) for i in output.scheduled] == [("decoding", 1), ("a", 5), ("b", 5), ("c", 5)]
+
+
+def test_the_share_never_falls_under_one_block():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=8, max_num_seqs=8)
+    for name in "abcd":
+        scheduler.add_request(make_request(name, range(1, 13)))
+    output = run_step(scheduler)
+    assert [(i.request_id, i.num_tokens) for i in output.scheduled] == [("a", 4), ("b", 4)]
+
+
+def test_a_prompt_alone_takes_the_whole_budget_and_waiting_without_a_slot_does_not_count():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16, max_num_seqs=1)
+    scheduler.add_request(make_request("long", range(1, 41)))
+    scheduler.add_request(make_request("no_slot", [1, 2]))
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [("long", 16)]
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [("long", 16)]
+
+
+def test_a_new_arrival_gets_a_share_even_behind_many_part_way_prompts():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16)
+    for name in "abcd":
+        scheduler.add_request(make_request(name, range(1, 41)))
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
+        ("a", 4), ("b", 4), ("c", 4), ("d", 4)]
+    scheduler.add_request(make_request("short", [5, 6, 7]))
+    # 5 prompts, share 4: one share is held back for "short", so "d" waits a step...
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
+        ("a", 4), ("b", 4), ("c", 4), ("short", 3)]
+    # ...and, being the least computed, goes first in the next.
+    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
+        ("short", 1), ("d", 4), ("a", 4), ("b", 4), ("c", 3)]

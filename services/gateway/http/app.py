@@ -10,7 +10,6 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from shared.errors import InvalidRequestError
@@ -21,11 +20,16 @@ from services.gateway.generation import GatewayState, require_ready
 from services.gateway.health import GatewayHealth
 from services.gateway.http.chat_builder import ChatBuilder
 from services.gateway.http.completion_builder import CompletionBuilder
-from services.gateway.http.errors import from_gateway_error, from_invalid_request, from_validation_errors
+from services.gateway.access import AccessControl
+from services.gateway.http.access_middleware import AccessMiddleware
+from services.gateway.http.body_limit import BodyLimit
+from services.gateway.http.error_handlers import install_error_handlers
+from services.gateway.http.errors import from_gateway_error, from_invalid_request
 from services.gateway.http.flow import respond
 from services.gateway.http.logprobs import TokenTexts
 from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
+from services.gateway.http.unicode_check import check_encodable
 
 OWNER = "pdserve"
 
@@ -42,7 +46,8 @@ class OpenAIEndpoints:
         response_id = f"cmpl-{uuid.uuid4().hex}"
         try:
             model, _ = require_ready(self.state)
-            internal = completion_to_internal(body, response_id)
+            check_encodable(body)
+            internal = completion_to_internal(body, response_id, self.state.limits.max_prompts)
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
         builder = CompletionBuilder(response_id, model.name, int(time.time()), internal.n,
@@ -54,6 +59,7 @@ class OpenAIEndpoints:
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
             model, _ = require_ready(self.state)
+            check_encodable(body)
             internal = chat_to_internal(body, response_id)
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
@@ -91,14 +97,12 @@ def _error_response(error: InvalidRequestError | GatewayError) -> Response:
     return from_gateway_error(error, {}).response()
 
 
-async def _on_bad_body(request: Request, error: RequestValidationError) -> Response:
-    return from_validation_errors(error.errors()).response()
-
-
-def build_app(state: GatewayState, health: GatewayHealth) -> FastAPI:
+def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl | None = None) -> FastAPI:
     endpoints = OpenAIEndpoints(state, health)
     app = FastAPI(title="pdserve gateway", summary="OpenAI-compatible API of the pdserve gateway")
-    app.add_exception_handler(RequestValidationError, _on_bad_body)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=state.limits.max_request_bytes)
+    app.add_middleware(AccessMiddleware, access=access or AccessControl())  # outermost: runs first
     app.add_api_route("/v1/completions", endpoints.create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", endpoints.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from shared.errors import InvalidRequestError
 
+from services.common.bounded_text import bounded
 from services.gateway.errors import GatewayError
 
 # gRPC status -> (HTTP status, error type, error code)
@@ -25,6 +26,15 @@ _STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error", "deadline_exceeded"),
 }
 _INTERNAL = (500, "internal_error", None)
+# HTTP status -> (error type, code) for errors raised outside the endpoints (routing, framework).
+_HTTP_STATUS = {
+    400: ("invalid_request_error", None),
+    401: ("authentication_error", "invalid_api_key"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+}
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
 
 
@@ -37,11 +47,18 @@ class OpenAIError:
     code: str | None = None
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+        param = None if self.param is None else bounded(self.param, 128)
+        return {"error": {"message": bounded(self.message), "type": self.type, "param": param,
                           "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def from_http_status(status: int, message: str) -> OpenAIError:
+    """An error the framework raised (404 route, 405 method, 400 unparsable body...)."""
+    kind, code = _HTTP_STATUS.get(status, ("invalid_request_error" if status < 500 else "internal_error", None))
+    return OpenAIError(status, message, kind, None, code)
 
 
 def bad_request(param: str | None, message: str) -> OpenAIError:

@@ -59,6 +59,8 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool | None = None
     # pdserve: false keeps this request out of speculative decoding.
     use_speculation: bool | None = None
+    # vLLM's tenant isolation: requests with different salts never share prefix-cache blocks.
+    cache_salt: str | None = None
     # Guided decoding (`guided_fields`): OpenAI's response_format, or vLLM's extras.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

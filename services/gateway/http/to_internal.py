@@ -17,7 +17,7 @@ from services.gateway.http.guided_fields import guided_from_body
 from services.gateway.http.schemas import (
     ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields)
 
-MAX_PROMPTS = 64  # prompts in one /v1/completions request
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (the default of --max-prompts)
 # Copied to SamplingParams under the same name when set.
 _SAME_NAME_FIELDS = (
     "n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
@@ -39,7 +39,8 @@ class InternalRequest:
     renamed: dict[str, str] = field(default_factory=dict)  # internal field -> OpenAI field
 
 
-def completion_to_internal(body: CompletionRequest, request_id: str) -> InternalRequest:
+def completion_to_internal(body: CompletionRequest, request_id: str,
+                           max_prompts: int = MAX_PROMPTS) -> InternalRequest:
     _refuse_unsupported(body)
     if body.echo:
         raise InvalidRequestError("echo", "is not supported by this server")
@@ -47,7 +48,7 @@ def completion_to_internal(body: CompletionRequest, request_id: str) -> Internal
         raise InvalidRequestError("suffix", "is not supported by this server")
     sampling = sampling_proto(body, body.max_tokens, body.logprobs)
     renamed = dict(_COMPLETION_RENAMES, **add_guided(sampling, body))
-    prompts = split_prompts(body.prompt)
+    prompts = split_prompts(body.prompt, max_prompts)
     messages = []
     for index, prompt in enumerate(prompts):
         message_id = request_id if len(prompts) == 1 else f"{request_id}-{index}"
@@ -83,6 +84,9 @@ def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRe
 def _internal(body: SamplingFields, messages: list[gateway_pb2.GenerateRequest],
               renamed: dict[str, str]) -> InternalRequest:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.cache_salt is not None:
+        for message in messages:
+            message.cache_salt = body.cache_salt
     return InternalRequest(messages, n=body.n or 1, stream=bool(body.stream),
                            include_usage=include_usage, renamed=renamed)
 
@@ -128,15 +132,15 @@ def _set_scalar(message: generation_pb2.SamplingParams, name: str, value: object
         raise InvalidRequestError(name, f"out of range: {value!r}") from error
 
 
-def split_prompts(prompt: str | list) -> list[str | list[int]]:
-    """One prompt (text or token ids) or a batch of them."""
+def split_prompts(prompt: str | list, max_prompts: int = MAX_PROMPTS) -> list[str | list[int]]:
+    """One prompt (text or token ids) or a batch of them (at most `max_prompts`)."""
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
         raise InvalidRequestError("prompt", "must not be empty")
     prompts = [prompt] if isinstance(prompt[0], int) else list(prompt)
-    if len(prompts) > MAX_PROMPTS:
-        raise InvalidRequestError("prompt", f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+    if len(prompts) > max_prompts:
+        raise InvalidRequestError("prompt", f"at most {max_prompts} prompts per request, got {len(prompts)}")
     return prompts
 
 

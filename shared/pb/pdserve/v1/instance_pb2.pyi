@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks", "transfer_token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class PrefillRequest(_message.Message):
     DECODE_UCX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DST_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SKIP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _generation_pb2.SamplingParams
@@ -23,7 +24,8 @@ class PrefillRequest(_message.Message):
     decode_ucx_address: str
     dst_block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_skip_blocks: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ...) -> None: ...
+    transfer_token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds")
@@ -58,14 +60,16 @@ class ReserveRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("ucx_address", "block_ids", "num_cached_prompt_tokens")
+    __slots__ = ("ucx_address", "block_ids", "num_cached_prompt_tokens", "transfer_token")
     UCX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ucx_address: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_cached_prompt_tokens: int
-    def __init__(self, ucx_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+    transfer_token: bytes
+    def __init__(self, ucx_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_prompt_tokens: _Optional[int] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "first_token_id", "first_logprobs")
