@@ -31,6 +31,9 @@ def grammar_cache_usage(engine) -> CacheUsage | None:
     grammars = getattr(engine.guided, "_grammars", None)  # built lazily; None until then
     if grammars is None:
         return None
-    compiled = list(getattr(grammars, "_entries", {}).values())
-    size = sum(getattr(grammar, "memory_size_bytes", 0) for grammar in compiled)
-    return CacheUsage("compiled_grammars", len(grammars), getattr(grammars, "max_entries", 0), size)
+    try:  # read from the metrics thread while the engine thread may be adding an entry
+        compiled = list(getattr(grammars, "_entries", {}).values())
+    except RuntimeError:
+        compiled = None
+    size = -1 if compiled is None else sum(getattr(grammar, "memory_size_bytes", 0) for grammar in compiled)
+    return CacheUsage("compiled_grammars", len(grammars), getattr(grammars, "max_entries", -1), size)

@@ -67,3 +67,18 @@ def test_row_counts_round_up_to_few_buckets(num_rows, bucket):
 
 def test_distinct_row_buckets_stay_few():
     assert len({bucketed_rows(rows) for rows in range(1, 2049)}) == 16 + 30
+
+
+def test_the_grammar_cache_reports_its_entries_limit_and_bytes(tiny_llama_folder):
+    from shared.engine import SamplingParams
+    from shared.guided import GuidedDecodingParams
+    from shared.memory.engine_memory import grammar_cache_usage
+    from tests.unit.guided_vocab import tiny_grammar_cache
+
+    llm = LLM(model=str(tiny_llama_folder), dtype="float32", num_blocks=16)
+    assert grammar_cache_usage(llm.engine) is None
+    llm.engine.guided.use_grammar_cache(tiny_grammar_cache(max_entries=3))
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, guided=GuidedDecodingParams(choice=["yes", "no"])))
+    usage = grammar_cache_usage(llm.engine)
+    assert (usage.name, usage.num_entries, usage.max_entries) == ("compiled_grammars", 1, 3)
+    assert usage.memory_bytes > 0
