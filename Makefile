@@ -26,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-hol bench-soak convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-hol bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -39,6 +39,7 @@ help:
 	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
+	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
@@ -81,6 +82,10 @@ bench-spec: setup
 
 bench-hol: setup
 	$(PYTHON) -m benchmarks.head_of_line $(BENCH_ARGS)
+
+# On a machine with an NVIDIA GPU (no venv needed there): scripts/gpu_check.sh directly.
+gpu-check:
+	PYTHON=$(if $(wildcard $(PYTHON)),$(PYTHON),python3) scripts/gpu_check.sh $(BENCH_ARGS)
 
 bench-soak: setup
 	$(PYTHON) -m benchmarks.soak --minutes $(SOAK_MINUTES) $(BENCH_ARGS)

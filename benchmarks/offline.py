@@ -67,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words")
+    parser.add_argument("--device", default="cpu", help="both engines' device: cpu, cuda or auto (default cpu)")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     return parser.parse_args()
 
@@ -92,18 +94,25 @@ def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Nam
     """
     from shared.engine import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), dtype=args.dtype)
+    llm = LLM(model=str(model_dir), dtype=args.dtype, device=args.device)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     warmup_params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], warmup_params)
+    _synchronize(args.device)
     started = time.perf_counter()
     outputs = llm.generate(prompt_ids, params)
+    _synchronize(args.device)
     wall_s = time.perf_counter() - started
     # One result per prompt: a completion, or a RequestOutput wrapping it in `.outputs`.
     completions = [output.outputs[0] if hasattr(output, "outputs") else output for output in outputs]
     output_ids = [list(completion.token_ids) for completion in completions]
     result = RunResult("pdserve", wall_s, sum(map(len, prompt_ids)), sum(map(len, output_ids)))
     return result, output_ids, llm
+
+
+def _synchronize(device: str) -> None:
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def left_padded_batch(batch_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,8 +130,8 @@ def hf_generate(model: Any, batch_ids: list[list[int]], pad_id: int, output_len:
     """Greedy transformers generate of exactly `output_len` new tokens per prompt."""
     input_ids, attention_mask = left_padded_batch(batch_ids, pad_id)
     generated = model.generate(
-        input_ids,
-        attention_mask=attention_mask,
+        input_ids.to(model.device),
+        attention_mask=attention_mask.to(model.device),
         max_new_tokens=output_len,
         min_new_tokens=output_len,
         do_sample=False,
@@ -136,7 +145,9 @@ def run_transformers(model_dir: Path, prompt_ids: list[list[int]], args: argpars
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    from shared.engine.device import resolve_device
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(resolve_device(args.device)).eval()
     pad_id = model.generation_config.eos_token_id
     pad_id = pad_id[0] if isinstance(pad_id, list) else pad_id
     hf_generate(model, [ids[:16] for ids in prompt_ids[:2]], pad_id, 8)
@@ -214,7 +225,7 @@ def main() -> None:
 
     from shared.model.default_model import resolve_model
 
-    model_dir = resolve_model(None)
+    model_dir = resolve_model(args.model)
     prompt_ids = build_prompt_ids(AutoTokenizer.from_pretrained(model_dir), args.num_prompts, args.seed)
     print(f"{args.num_prompts} prompts, {sum(map(len, prompt_ids))} prompt tokens, "
           f"{args.output_len} output tokens each, dtype {args.dtype}, {torch.get_num_threads()} threads")

@@ -11,8 +11,11 @@ DEFAULT_BLOCK_SIZE = 16
 @dataclass
 class CacheConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
-    # Memory for the KV block pool; the number of blocks follows from it.
+    # Memory for the KV block pool on the CPU; the number of blocks follows from it.
     kv_cache_memory_bytes: int = 1 << 30
+    # On a GPU: the share of its total memory this engine may use (weights, activations and the
+    # KV pool, which gets what the weights leave), instead of kv_cache_memory_bytes.
+    gpu_memory_utilization: float = 0.9
     # Overrides the memory budget when set (tests use tiny pools).
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
@@ -41,6 +44,11 @@ class EngineConfig:
     # An HF Llama folder, a .gguf file, or None for the packaged default model.
     model: str | None = None
     dtype: str = "bfloat16"
+    # "auto" (CUDA when available), "cpu" or "cuda" / "cuda:N" (shared/engine/device.py).
+    device: str = "auto"
+    # Paged attention implementation: "auto" (Triton on CUDA, torch + the C++ kernel on CPU),
+    # "torch" or "triton" (on CPU only under TRITON_INTERPRET=1, for tests).
+    attention_backend: str = "auto"
     # None = the model's own limit.
     max_model_len: int | None = None
     # Threads for torch's intra-op pool; None leaves torch's choice.

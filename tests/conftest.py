@@ -1,6 +1,14 @@
 """Project-wide pytest fixtures. Only the real-Redis fixture lives here."""
 
+import os
 import shutil
+
+import torch
+
+# Without a GPU the Triton kernels run under Triton's interpreter, which must be on before
+# triton is first imported (transformers imports it): see tests/unit/triton_setup.py.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from collections.abc import Iterator
 
 import pytest

@@ -22,13 +22,15 @@ GIB = 1 << 30
 def engine_config(settings: InstanceSettings) -> EngineConfig:
     cache = CacheConfig(block_size=settings.block_size,
                         kv_cache_memory_bytes=int(settings.kv_cache_memory_gb * GIB),
+                        gpu_memory_utilization=settings.gpu_memory_utilization,
                         num_blocks=settings.num_blocks or None)
     scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
                                 max_num_batched_tokens=settings.max_num_batched_tokens)
     guided = GuidedLimits(max_bytes=settings.max_grammar_bytes, max_nesting_depth=settings.max_grammar_nesting_depth,
                           compile_timeout_s=settings.grammar_compile_timeout_s,
                           max_cached_grammars=settings.grammar_cache_size)
-    return EngineConfig(model=settings.model or None, dtype=settings.dtype,
+    return EngineConfig(model=settings.model or None, dtype=settings.dtype, device=settings.device,
+                        attention_backend=settings.attention_backend,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided)

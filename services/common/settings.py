@@ -34,6 +34,11 @@ class InstanceSettings:
     served_model_name: str = _setting("", "model name in the Redis keys ('' = the model folder's name; "
                                           "must match the gateway's)")
     dtype: str = _setting("bfloat16", "weights and KV cache dtype: bfloat16 or float32")
+    device: str = _setting("auto", "where the engine runs: auto (CUDA when available), cpu, cuda or cuda:N")
+    gpu_memory_utilization: float = _setting(0.9, "on a GPU: share of its memory this instance may use "
+                                                  "(weights + KV pool; replaces --kv-cache-memory-gb)")
+    attention_backend: str = _setting("auto", "paged attention: auto (triton on CUDA, torch on CPU), "
+                                              "torch or triton")
     host: str = _setting("127.0.0.1", "address the gRPC server binds")
     advertise_host: str = _setting("", "host put in the registered gRPC address ('' = --host, "
                                        "or this machine's hostname when --host is a wildcard)")
@@ -111,6 +116,9 @@ def validate_settings(settings: InstanceSettings) -> None:
         low = 0 if name == "ucx_port" else -1
         if not low <= getattr(settings, name) <= 65535:
             raise InvalidRequestError(name, f"must be in [{low}, 65535], got {getattr(settings, name)}")
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        raise InvalidRequestError("gpu_memory_utilization",
+                                  f"must be in (0, 1], got {settings.gpu_memory_utilization}")
     _check_positive(settings, ("kv_cache_memory_gb", "block_size", "max_num_seqs", "max_num_batched_tokens",
                                "heartbeat_interval_s", "heartbeat_ttl_s", "lease_ms",
                                "prefix_publish_interval_s"))

@@ -17,6 +17,10 @@ from shared.attention.metadata import AttentionMetadata
 class AttentionBackend(ABC):
     """Attention over a paged KV cache for a flat batch of decodes and prefill chunks."""
 
+    # True when the model should also run its RMSNorms (fused with the residual add) and rotary
+    # embedding with the Triton kernels (shared/attention/triton_kernels), as on CUDA.
+    fused_layer_ops = False
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads

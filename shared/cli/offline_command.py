@@ -18,6 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
     parser.add_argument("--model", help="HF folder or GGUF file (default: bundled SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16")
+    add_device_arguments(parser)
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -29,6 +30,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-model", default=None, help="draft HF folder (default: the target truncated)")
     parser.add_argument("--draft-num-layers", type=int, default=None, help="keep the draft's first N layers")
     parser.set_defaults(run=run)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --gpu-memory-utilization, --attention-backend (the engine's device settings)."""
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA when available; env PDSERVE_DEVICE), cpu, cuda or cuda:N")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="on a GPU: share of its memory the engine may use (default 0.9)")
+    parser.add_argument("--attention-backend", choices=("auto", "torch", "triton"), default="auto",
+                        help="paged attention (default auto: triton on CUDA, torch on CPU)")
+
+
+def device_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"device": args.device, "gpu_memory_utilization": args.gpu_memory_utilization,
+            "attention_backend": args.attention_backend}
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from shared.model.default_model import resolve_model
 
     params = SamplingParams(**sampling_kwargs(args))
-    llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype, **speculative_kwargs(args))
+    llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype, **device_kwargs(args),
+              **speculative_kwargs(args))
     started = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]

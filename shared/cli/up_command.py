@@ -48,6 +48,11 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HF folder or GGUF file (default: bundled SmolLM2; env PDSERVE_MODEL)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=_env("PDSERVE_DTYPE", "bfloat16"),
                         help="engine dtype (default bfloat16; env PDSERVE_DTYPE)")
+    parser.add_argument("--device", default=_env("PDSERVE_DEVICE", None),
+                        help="every instance's device: auto, cpu, cuda or cuda:N (default auto; env PDSERVE_DEVICE)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="on a GPU: each instance's share of its memory (default 0.9; instances "
+                             "sharing one GPU must together stay below 1)")
     parser.add_argument("--num-threads", type=int, default=_env("PDSERVE_NUM_THREADS", None, int),
                         help="torch threads per instance (default: torch's choice; env PDSERVE_NUM_THREADS)")
     parser.add_argument("--redis-url", default=_env("PDSERVE_UP_REDIS_URL", None),
@@ -85,11 +90,19 @@ def _cpu_list(text: str) -> tuple[int, ...]:
     return cpus
 
 
+def _device_args(args: argparse.Namespace) -> list[str]:
+    """The instance flags of --device and --gpu-memory-utilization, when given."""
+    device_args = [f"--device={args.device}"] if args.device else []
+    if args.gpu_memory_utilization is not None:
+        device_args.append(f"--gpu-memory-utilization={args.gpu_memory_utilization}")
+    return device_args
+
+
 def config_from_args(args: argparse.Namespace):
     """The StackConfig the parsed flags describe."""
     from services.launcher.config import StackConfig
 
-    extra_args = {"gateway": args.gateway_args, "instance": args.instance_args,
+    extra_args = {"gateway": args.gateway_args, "instance": args.instance_args + _device_args(args),
                   "prefill": args.prefill_args, "decode": args.decode_args,
                   "colocated": args.decode_args}
     return StackConfig(

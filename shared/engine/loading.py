@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from shared.config import EngineConfig
+from shared.engine.device import kv_cache_memory_bytes, make_attention_backend, resolve_device
 from shared.errors import InvalidRequestError
 from shared.executor.in_process import InProcessExecutor
 from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
@@ -32,22 +33,32 @@ def build_engine_parts(config: EngineConfig):
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     dtype = parse_dtype(config.dtype)
+    device = resolve_device(config.device)
+    _check_device_features(config, device)
     folder = resolve_model(config.model)
     started = time.perf_counter()
-    model, model_config = load_model(folder, dtype)
+    backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder))
+    model, model_config = load_model(folder, dtype, device=device, attn_backend=backend)
     tokenizer = load_tokenizer_if_present(folder)
     draft_config = draft_model_config(config.speculative, folder)
-    layout = kv_cache_layout(config, model_config, dtype, draft_config)
+    layout = kv_cache_layout(config, model_config, dtype, draft_config, kv_cache_memory_bytes(config, device))
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
     speculator = build_speculator(config.speculative, folder, model_config, layout, max_model_len)
-    logger.info("loaded %s (%s) in %.2fs; KV cache %d blocks of %d tokens", folder, config.dtype,
-                time.perf_counter() - started, layout.num_blocks, layout.block_size)
-    return model_config, InProcessExecutor(model, layout, speculator), tokenizer, str(folder.name)
+    logger.info("loaded %s (%s on %s, %s attention) in %.2fs; KV cache %d blocks of %d tokens", folder,
+                config.dtype, device, type(backend).__name__, time.perf_counter() - started, layout.num_blocks,
+                layout.block_size)
+    return model_config, InProcessExecutor(model, layout, speculator, device), tokenizer, str(folder.name)
+
+
+def _check_device_features(config: EngineConfig, device: torch.device) -> None:
+    if device.type != "cpu" and config.speculative.is_enabled:
+        raise InvalidRequestError("speculative_method", f"speculative decoding runs on the CPU only so far, "
+                                                        f"not on {device}")
 
 
 def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
-                    draft_config: ModelConfig | None = None) -> KVCacheLayout:
+                    draft_config: ModelConfig | None = None, memory_bytes: int | None = None) -> KVCacheLayout:
     """The target's layout; with a draft model the memory budget pays for both KV tensors
     (same num_blocks, the draft's own layers and heads)."""
     probe = KVCacheLayout(model_config.num_layers, 1, config.cache.block_size,
@@ -56,8 +67,9 @@ def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torc
     if draft_config is not None:
         bytes_per_block += KVCacheLayout(draft_config.num_layers, 1, config.cache.block_size,
                                          draft_config.num_kv_heads, draft_config.head_dim, dtype).bytes_per_block
-    num_blocks = config.cache.num_blocks or num_blocks_for_budget(
-        config.cache.kv_cache_memory_bytes, bytes_per_block)
+    if memory_bytes is None:
+        memory_bytes = config.cache.kv_cache_memory_bytes
+    num_blocks = config.cache.num_blocks or num_blocks_for_budget(memory_bytes, bytes_per_block)
     if num_blocks < 1:
         raise InvalidRequestError("kv_cache_memory_bytes", "too small for a single KV block")
     return KVCacheLayout(model_config.num_layers, num_blocks, config.cache.block_size,

@@ -10,8 +10,9 @@ from shared.spec_decode.speculator import Speculator
 
 
 class InProcessExecutor(Executor):
-    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None):
-        self.runner = ModelRunner(model, layout, speculator)
+    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None,
+                 device: torch.device | str = "cpu"):
+        self.runner = ModelRunner(model, layout, speculator, device)
 
     @property
     def kv_cache_layout(self) -> KVCacheLayout:

@@ -1,6 +1,7 @@
 """Runs the model on one step: owns the KV cache tensor, the sampler and per-request generators.
 
-The only code that touches the device. With a `Speculator`, rows the scheduler let speculate
+The only code that touches the device: the cache lives there, each step's token ids,
+positions and logits rows are copied there, and sampling runs on the logits where they are. With a `Speculator`, rows the scheduler let speculate
 get their proposals first; the target then computes every proposed position in the same
 forward pass and the speculator verifies them.
 
@@ -27,10 +28,12 @@ from shared.spec_decode.speculator import Speculator
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None):
+    def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None,
+                 device: torch.device | str = "cpu"):
         self.model = model
         self.layout = layout
-        self.kv_cache = layout.allocate()
+        self.device = torch.device(device)
+        self.kv_cache = layout.allocate(self.device)
         self.sampler = Sampler()
         self.speculator = speculator
         self._generators: dict[str, torch.Generator] = {}
@@ -44,8 +47,8 @@ class ModelRunner:
         failed: dict[str, str] = {}
         scheduled, proposals = self._add_proposals(scheduler_output.scheduled, failed)
         inputs = build_model_inputs(scheduled, self.layout.block_size)
-        logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache,
-                            inputs.attn_metadata, inputs.logits_indices)
+        logits = self.model(self._on_device(inputs.input_ids), self._on_device(inputs.positions), self.kv_cache,
+                            inputs.attn_metadata, self._on_device(inputs.logits_indices))
         output = self._sample([item for item in scheduled if not item.draft_token_ids], logits, inputs, failed)
         output.prompt_logprobs = run_isolated(
             [item for item in scheduled if item.request_id in inputs.prompt_logit_rows],
@@ -54,6 +57,9 @@ class ModelRunner:
             output.verified = self._verify(scheduled, proposals, logits, inputs, failed)
         output.failed = failed
         return output
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=True)
 
     def _add_proposals(self, scheduled: list[ScheduledRequest], failed: dict[str, str]
                        ) -> tuple[list[ScheduledRequest], dict[str, Proposal]]:
@@ -100,7 +106,8 @@ class ModelRunner:
     def _sample_batch(self, items: list[ScheduledRequest], logits: torch.Tensor,
                       inputs: ModelInputs) -> dict[str, tuple[int, SampledLogprobs | None]]:
         rows = [self._sampling_row(item) for item in items]
-        row_indices = torch.tensor([inputs.sample_logit_rows[item.request_id] for item in items])
+        row_indices = torch.tensor([inputs.sample_logit_rows[item.request_id] for item in items],
+                                   device=logits.device)
         sampled = self.sampler(logits[row_indices], rows)
         results = {}
         for index, item in enumerate(items):
@@ -150,7 +157,7 @@ def _prompt_logprobs(scheduled: list[ScheduledRequest], logits: torch.Tensor,
             continue
         first, count = inputs.prompt_logit_rows[item.request_id]
         logprobs = torch.log_softmax(logits[first:first + count].float(), dim=-1)
-        target_lps = token_logprobs(logprobs, torch.tensor(item.prompt_logprob_targets))
+        target_lps = token_logprobs(logprobs, torch.tensor(item.prompt_logprob_targets, device=logits.device))
         tops = top_logprobs(logprobs, [item.num_prompt_logprobs] * count)
         result[item.request_id] = [SampledLogprobs(lp, top) for lp, top in zip(target_lps, tops)]
     return result

@@ -32,8 +32,8 @@ class KVCacheLayout:
         per_slab = self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
         return 2 * self.num_layers * per_slab
 
-    def allocate(self) -> torch.Tensor:
-        return torch.zeros(self.shape, dtype=self.dtype)
+    def allocate(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros(self.shape, dtype=self.dtype, device=device)
 
 
 def num_blocks_for_budget(memory_bytes: int, bytes_per_block: int) -> int:

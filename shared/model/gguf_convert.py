@@ -10,6 +10,8 @@ crash never leaves a half-written folder. `CONVERSION_MARKER_FILE` records
 `CONVERTER_VERSION`; bump it whenever the output changes so stale caches get rebuilt.
 """
 
+from __future__ import annotations  # the gguf annotations need no gguf at import
+
 import json
 import logging
 import os
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 from safetensors.numpy import save_file
 
@@ -144,6 +145,8 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _hf_weight(tensor: Any, params: LlamaHyperparams) -> np.ndarray:
     """Dequantize one GGUF tensor to float32 in HF (out_features, in_features) order."""
+    import gguf
+
     values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     hf_shape = tuple(int(size) for size in reversed(tensor.shape))
     values = np.asarray(values, dtype=np.float32).reshape(hf_shape)
@@ -232,6 +235,8 @@ def is_current_conversion(folder: Path) -> bool:
 
 def _write_model_folder(gguf_path: Path, out_dir: Path) -> None:
     """Write every output file into the (empty, private) folder `out_dir`; marker last."""
+    import gguf  # only converting needs it: an HF folder loads without the package
+
     reader = gguf.GGUFReader(gguf_path)
     params = read_hyperparams(reader)
     weights = read_hf_weights(reader, params)

@@ -4,6 +4,9 @@ The model runner calls `LlamaForCausalLM.forward` once per engine step with ever
 token (decodes first, then prefill chunks; no padding) and the paged KV cache. Queries, keys
 and values come out of one fused `qkv_proj` matmul and the MLP's gate and up projections out of
 one `gate_up_proj` matmul; `shared/model/loader.py` fuses HF checkpoints into that shape.
+With an attention backend that asks for `fused_layer_ops` (Triton, on CUDA), the RMSNorms
+(the post-attention one fused with the residual add) and the rotary embedding run as Triton
+kernels too (shared/model/triton_layer_ops.py).
 """
 
 import torch
@@ -14,6 +17,7 @@ from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.torch_paged import TorchPagedAttention
 from shared.model.config import ModelConfig
+from shared.model import triton_layer_ops
 from shared.model.rotary import RotaryEmbedding, RotaryTables, apply_rotary
 
 
@@ -22,8 +26,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.use_triton = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalize x; with `residual`, first `residual += x` (in place) and normalize that."""
+        if self.use_triton:
+            return triton_layer_ops.rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = residual.add_(x)
         # Normalizes in float32 whatever x's dtype, then scales and rounds once.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
@@ -45,7 +55,11 @@ class LlamaAttention(nn.Module):
         num_rotated_heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(hidden)
         query_and_key = qkv[:, :num_rotated_heads * self.head_dim].view(num_tokens, num_rotated_heads, self.head_dim)
-        query, key = apply_rotary(query_and_key, rotary).split([self.num_heads, self.num_kv_heads], dim=1)
+        if self.backend.fused_layer_ops:
+            rotated = triton_layer_ops.rotate_in_place(query_and_key, rotary)
+        else:
+            rotated = apply_rotary(query_and_key, rotary)
+        query, key = rotated.split([self.num_heads, self.num_kv_heads], dim=1)
         value = qkv[:, num_rotated_heads * self.head_dim:].view(num_tokens, self.num_kv_heads, self.head_dim)
         attended = self.backend.forward(query, key, value, key_cache, value_cache, step)
         return self.o_proj(attended.reshape(num_tokens, self.num_heads * self.head_dim))
@@ -73,8 +87,8 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, rotary: RotaryTables, key_cache: torch.Tensor,
                 value_cache: torch.Tensor, step: object) -> torch.Tensor:
         attended = self.self_attn(self.input_layernorm(hidden), rotary, key_cache, value_cache, step)
-        hidden = attended.add_(hidden)
-        return self.mlp(self.post_attention_layernorm(hidden)).add_(hidden)
+        normed = self.post_attention_layernorm(attended, residual=hidden)  # hidden += attended
+        return self.mlp(normed).add_(hidden)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -91,6 +105,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.tie_weights()
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.use_triton = self.attn_backend.fused_layer_ops
 
     def tie_weights(self) -> None:
         """With tied embeddings the LM head reads the embedding matrix (call after loading)."""

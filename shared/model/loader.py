@@ -2,9 +2,10 @@
 
 The engine calls `load_model` once at start-up. HF checkpoints hold separate q/k/v and
 gate/up projections; they are concatenated here into the model's fused `qkv_proj` and
-`gate_up_proj`, cast to the requested dtype, and bf16 linear weights are then packed for oneDNN.
-Loading also tunes the process's allocator for the model's large per-step temporaries
-(`keep_freed_memory_in_process`, 17% off the offline benchmark's wall time).
+`gate_up_proj`, cast to the requested dtype and moved to the requested device. On the CPU, bf16
+linear weights are then packed for oneDNN and loading tunes the process's allocator for the
+model's large per-step temporaries (`keep_freed_memory_in_process`, 17% off the offline
+benchmark's wall time); on a GPU neither applies.
 """
 
 import logging
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from shared.attention.backend import AttentionBackend
 from shared.errors import InvalidRequestError
 from shared.model.config import ModelConfig
 from shared.model.cpu_runtime import bound_onednn_caches, keep_freed_memory_in_process
@@ -32,27 +34,32 @@ FUSED_PROJECTIONS = {
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16,
-               num_layers: int | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model from `folder` in `dtype` (bf16 or float32), ready for inference.
+def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16, num_layers: int | None = None,
+               device: torch.device | str = "cpu",
+               attn_backend: AttentionBackend | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model from `folder` in `dtype` (bf16 or float32) on `device`, ready for inference.
 
     `num_layers` keeps only the first N decoder layers (with the final norm and LM head): a
-    cheap draft model for speculative decoding made from the target itself."""
+    cheap draft model for speculative decoding made from the target itself. `attn_backend`
+    defaults to the CPU's torch paged attention."""
     if dtype not in SUPPORTED_DTYPES:
         raise InvalidRequestError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
     bound_onednn_caches()  # before the first oneDNN primitive (packing below creates some)
     folder = Path(folder)
     config = _truncated(ModelConfig.from_folder(folder), num_layers)
+    device = torch.device(device)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config, attn_backend)
     state = _drop_layers_from(fuse_hf_weights(read_safetensors(folder), config), config.num_layers)
-    state = {name: tensor.to(dtype) for name, tensor in state.items()}
+    state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
     _check_names(model, state, config)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.eval().requires_grad_(False)
-    pack_for_cpu(model)
-    keep_freed_memory_in_process()
+    model.rotary.to(device)
+    if device.type == "cpu":
+        pack_for_cpu(model)
+        keep_freed_memory_in_process()
     return model, config
 
 

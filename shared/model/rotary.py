@@ -33,6 +33,12 @@ class RotaryEmbedding:
         self.cos_table = torch.cat((angles.cos(), angles.cos()), dim=-1)
         self.signed_sin_table = torch.cat((-sin, sin), dim=-1)
 
+    def to(self, device: torch.device | str) -> "RotaryEmbedding":
+        """Move the tables (the model's device; they stay float32)."""
+        self.cos_table = self.cos_table.to(device)
+        self.signed_sin_table = self.signed_sin_table.to(device)
+        return self
+
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryTables:
         cos = self.cos_table.index_select(0, positions).to(dtype)
         signed_sin = self.signed_sin_table.index_select(0, positions).to(dtype)

@@ -8,7 +8,8 @@ KVReceiver writes chunk i into its cache while chunk i + 1 arrives (`scatter_chu
 sides lay their messages out back to back in one staging buffer (`PayloadChunk.message_offset`).
 
 Copies are single-threaded numpy/torch calls on whole chunks: no per-block Python loop, and
-no OpenMP pool whose spinning workers would compete with UCX's threads for the cores.
+no OpenMP pool whose spinning workers would compete with UCX's threads for the cores. A cache
+in GPU memory is staged through the same host buffers (device_copy.py).
 """
 
 import zlib
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from shared.kv_cache.layout import KVCacheLayout
+from shared.transfer.device_copy import gather_rows_to_host, is_device_cache, scatter_rows_from_host
 
 try:
     from isal.isal_zlib import crc32 as _crc32
@@ -105,7 +107,10 @@ def gather_chunk(
     (its default mode buffers the output: twice the copying).
     """
     out = _chunk_rows(message, layout, chunk, len(src_block_ids))
-    np.take(_rows(kv_cache, layout)[chunk.first_row:chunk.end_row], src_block_ids, axis=1, out=out, mode="clip")
+    if is_device_cache(kv_cache):
+        gather_rows_to_host(kv_cache, layout, src_block_ids, chunk.first_row, chunk.end_row, out)
+    else:
+        np.take(_rows(kv_cache, layout)[chunk.first_row:chunk.end_row], src_block_ids, axis=1, out=out, mode="clip")
     if has_crc32:
         message[chunk.num_bytes:] = np.frombuffer(_crc32(message[:chunk.num_bytes]).to_bytes(4, "little"), np.uint8)
 
@@ -125,4 +130,7 @@ def scatter_chunk(
 ) -> None:
     """Write `chunk`'s slab of payload block i into block `dst_block_ids[i]` (int64 array) of its rows."""
     rows = _chunk_rows(message, layout, chunk, len(dst_block_ids))
+    if is_device_cache(kv_cache):
+        scatter_rows_from_host(rows, kv_cache, layout, dst_block_ids, chunk.first_row, chunk.end_row)
+        return
     _rows(kv_cache, layout)[chunk.first_row:chunk.end_row, dst_block_ids] = rows

@@ -1,9 +1,9 @@
 """Reusable byte buffers for packing and receiving KV payloads, bounded in bytes.
 
 KVSender packs each payload into a buffer from its pool, KVReceiver receives each payload into
-one from its pool. Reusing buffers matters: writing into fresh memory page-faults and runs
-~10x slower than writing into memory touched before. Two rules keep the pool from growing
-the process:
+one from its pool (page-locked when a GPU is present). Reusing buffers matters: writing into
+fresh memory page-faults and runs ~10x slower than writing into memory touched before. Two
+rules keep the pool from growing the process:
   * sizes are rounded up to size classes (powers of two in quarter steps, >= 64 KiB, at most
     25% waste), so payloads of many lengths share a few buffers;
   * every buffer is its own anonymous mmap, outside glibc's heaps: a buffer dropped from the
@@ -16,6 +16,8 @@ import mmap
 from collections import OrderedDict
 
 import torch
+
+from shared.transfer.device_copy import new_staging_buffer
 
 MIN_CLASS_BYTES = 64 << 10
 DEFAULT_MAX_FREE_BYTES = 256 << 20
@@ -30,7 +32,10 @@ def size_class(num_bytes: int) -> int:
 
 
 def _new_buffer(num_bytes: int) -> torch.Tensor:
-    """A 1-D uint8 tensor over an anonymous mmap, unmapped when the last view goes."""
+    """Page-locked where a GPU is present; else a 1-D uint8 tensor over an anonymous mmap,
+    unmapped when the last view goes."""
+    if torch.cuda.is_available():
+        return new_staging_buffer(num_bytes)
     return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.uint8)
 
 

@@ -75,8 +75,8 @@ def check_kv_cache(kv_cache: torch.Tensor, layout: KVCacheLayout) -> None:
         )
     if not kv_cache.is_contiguous():
         raise InvalidRequestError("kv_cache", "must be contiguous")
-    if kv_cache.device.type != "cpu":
-        raise InvalidRequestError("kv_cache", f"must be on the CPU, got {kv_cache.device}")
+    if kv_cache.device.type not in ("cpu", "cuda"):
+        raise InvalidRequestError("kv_cache", f"must be on the CPU or a CUDA GPU, got {kv_cache.device}")
 
 
 def build_header(
