@@ -1,4 +1,5 @@
-"""The instance's grpc.aio server: the Instance service plus the standard health service.
+"""The instance's grpc.aio server: the Instance service plus the standard health and reflection
+services.
 
 Health answers for "" (the whole server) and for the Instance service's full name:
 NOT_SERVING while the engine loads and while draining, SERVING in between.
@@ -13,6 +14,7 @@ from shared.pb.pdserve.v1 import instance_pb2, instance_pb2_grpc
 
 from services.common.grpc_limits import message_size_options
 from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.reflection import enable_reflection
 from services.common.tls import add_port
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         instance_pb2_grpc.add_InstanceServicer_to_server(servicer, self.server)
+        enable_reflection(self.server, [INSTANCE_SERVICE_NAME, health.SERVICE_NAME])
         self.port = add_port(self.server, host_port(host, port), credentials)
 
     async def start(self) -> int:

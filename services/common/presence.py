@@ -6,6 +6,7 @@ every Redis write happens in background tasks that retry, and shutdown is best e
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio
 
@@ -21,6 +22,9 @@ from services.common.settings import InstanceSettings
 logger = logging.getLogger(__name__)
 
 REDIS_TIMEOUT_S = 2.0
+# Longest wait between heartbeats while Redis is away, so a restarted Redis learns of this
+# instance (and its prefix cache and leases) within about a second.
+MAX_HEARTBEAT_BACKOFF_S = 1.0
 
 
 def instance_load(engine: AsyncEngine) -> InstanceLoad:
@@ -41,6 +45,8 @@ class ClusterPresence:
         self.lease_mirror = LeaseMirror(self.redis, self.namespace)
         self.heartbeater: Heartbeater | None = None
         self.publisher: PrefixPublisher | None = None
+        # Called after a Redis restart (or lapse) once re-registered: republish what Redis lost.
+        self.resync_hooks: list[Callable[[], Awaitable[None] | None]] = []
 
     def start(self, info: InstanceInfo, engine: AsyncEngine) -> None:
         """Register (first beat), then keep beating and publishing the prefix index."""
@@ -48,12 +54,22 @@ class ClusterPresence:
                                          self.settings.prefix_publish_interval_s)
         self.heartbeater = Heartbeater(self.registry, info, lambda: instance_load(engine),
                                        interval_s=self.settings.heartbeat_interval_s,
-                                       on_reconnect=self.publisher.republish,
+                                       on_reconnect=self._resync,
+                                       max_backoff_s=min(MAX_HEARTBEAT_BACKOFF_S,
+                                                         self.settings.heartbeat_interval_s),
                                        beat_timeout_s=REDIS_TIMEOUT_S)
         self.heartbeater.start()
         self.publisher.start()
         logger.info("registering %s (%s) at %s in %s", info.instance_id, info.role, info.grpc_address,
                     self.namespace.prefix)
+
+    async def _resync(self) -> None:
+        """Republish the prefix index, then whatever the role handlers keep in Redis (leases)."""
+        await self.publisher.republish()
+        for hook in self.resync_hooks:
+            result = hook()
+            if result is not None:
+                await result
 
     async def withdraw(self) -> None:
         """Leave routing: stop beating and deregister, stop publishing and drop the prefix-index

@@ -26,6 +26,10 @@ class RoleHandler:
     def add_status(self, status: pb.InstanceStatus) -> None:
         pass
 
+    async def hand_back(self) -> None:
+        """The drain timeout passed: end the work still running so that gateways move it to
+        another instance (decode streams fail UNAVAILABLE while health says NOT_SERVING)."""
+
 
 @dataclass
 class RoleHandlers:

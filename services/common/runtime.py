@@ -8,8 +8,10 @@ engine failure (the step loop died: forward pass, worker, memory): health NOT_SE
           deregistered at once, then `failed` is set and the entry stops the instance and exits
           non-zero so a supervisor restarts it; it never stays registered answering 503s.
 stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
-          index dropped -> gRPC server stopped with grace (in-flight RPCs finish or are
-          cancelled, which frees what they held) -> role handlers stopped (reservations
+          index dropped (gateways stop routing here) -> accepted work finishes, up to
+          --drain-timeout-s: running prefills, Decode calls for granted reservations (their RPCs
+          are still accepted), running decodes -> gRPC server stopped with grace (what is still
+          in flight is cancelled, which frees what it held) -> role handlers stopped (reservations
           released, UCX closed) -> Redis client closed -> engine thread stopped -> /metrics
           listener closed. Safe after a partial start.
 """
@@ -38,6 +40,9 @@ from services.common.tls import instance_credentials
 logger = logging.getLogger(__name__)
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+DRAIN_POLL_S = 0.05
+# After handing work back, how long its calls get to end before the server stops.
+HAND_BACK_WAIT_S = 2.0
 
 
 def new_instance_id(role: str) -> str:
@@ -149,6 +154,28 @@ class InstanceRuntime:
         if self.server is not None:
             await self.server.set_serving(False)
 
+    def has_accepted_work(self) -> bool:
+        """Requests waiting, running or reserved in the engine (a granted reservation counts)."""
+        if self.async_engine is None:
+            return False
+        load = self.async_engine.load()
+        return load.num_waiting + load.num_running + load.num_reserved > 0
+
+    async def _finish_accepted_work(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.has_accepted_work() and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if not self.has_accepted_work():
+            logger.info("drained: no accepted work left")
+            return
+        logger.warning("drain timeout (%.1f s) reached with work left; handing it back", timeout_s)
+        for handler in self.handlers.all() if self.handlers is not None else ():
+            await handler.hand_back()
+        deadline = loop.time() + HAND_BACK_WAIT_S
+        while self.has_accepted_work() and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+
     async def stop(self) -> None:
         """Idempotent; see the module docstring for the order."""
         if self._is_stopped:
@@ -158,6 +185,7 @@ class InstanceRuntime:
         await self.begin_draining()
         if self.presence is not None:
             await self.presence.withdraw()
+        await self._finish_accepted_work(self.settings.drain_timeout_s)
         if self.server is not None:
             await self.server.stop(self.settings.shutdown_grace_s)
         for handler in reversed(self._started_handlers):

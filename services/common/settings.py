@@ -72,7 +72,9 @@ class InstanceSettings:
     heartbeat_ttl_s: float = _setting(5.0, "registry entry TTL; a silent instance drops out after it")
     lease_ms: int = _setting(10_000, "default reservation lease when Reserve asks for 0")
     prefix_publish_interval_s: float = _setting(0.15, "seconds between prefix-index updates")
-    shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish on SIGTERM")
+    drain_timeout_s: float = _setting(20.0, "on SIGTERM, seconds to finish accepted work (prefills, granted "
+                                            "reservations, running decodes) before stopping")
+    shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish after the drain")
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
     kv_staging_max_mb: float = _setting(128.0, "free KV-transfer staging buffers kept for reuse, MiB "
                                                "(sender and receiver each)")
@@ -122,7 +124,8 @@ def validate_settings(settings: InstanceSettings) -> None:
     _check_positive(settings, ("kv_cache_memory_gb", "block_size", "max_num_seqs", "max_num_batched_tokens",
                                "heartbeat_interval_s", "heartbeat_ttl_s", "lease_ms",
                                "prefix_publish_interval_s"))
-    _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s"))
+    _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s",
+                                   "drain_timeout_s"))
     _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s"))
     _check_positive(settings, ("onednn_cache_capacity",))
     speculative_config(settings)

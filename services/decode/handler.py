@@ -4,7 +4,9 @@ Release, on the KV blocks that the prefill instance pushes into this instance's 
 Reserve refuses at once with RESOURCE_EXHAUSTED when the engine has no room, so the gateway
 can try another instance. Decode needs the transfer to have completed (FAILED_PRECONDITION
 before that, NOT_FOUND for an unknown or expired reservation). A Decode stream that is
-cancelled or runs past its deadline aborts the request, which frees its blocks.
+cancelled or runs past its deadline aborts the request, which frees its blocks. When a drain
+runs out of time, `hand_back` aborts the streams still decoding and their Decode calls fail
+UNAVAILABLE (health is NOT_SERVING by then): the gateway migrates them to another instance.
 """
 
 import asyncio
@@ -18,6 +20,7 @@ from shared.cluster.leases import LeaseTable
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.transfer.ucx_transport import KVReceiver
+from shared.wire.handback import handed_back_message
 from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
@@ -38,8 +41,11 @@ class DecodeHandler(RoleHandler):
                                    host=settings.ucx_host, port=settings.ucx_port,
                                    max_staging_bytes=int(settings.kv_staging_max_mb * (1 << 20)))
         leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
+        runtime.presence.resync_hooks.append(leases.republish)
         self.book = ReservationBook(runtime.async_engine, self.receiver, leases)
         self._expiry_task: asyncio.Task | None = None
+        self._decoding: set[str] = set()  # request ids whose Decode stream is open
+        self._is_handing_back = False
 
     async def start(self) -> None:
         self.ucx_address = await self.receiver.start()
@@ -67,7 +73,8 @@ class DecodeHandler(RoleHandler):
         params = sampling_from_proto(request.sampling)
         salt = request.cache_salt if request.HasField("cache_salt") else None
         lease_s = (request.lease_ms or self.default_lease_ms) / 1000
-        reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt, lease_s)
+        reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt,
+                                              lease_s, request.num_resumed_output_tokens)
         if caller_is_gone():
             await self.book.release(request.request_id)
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -89,10 +96,24 @@ class DecodeHandler(RoleHandler):
         def activate():
             return engine.activate_request(request.request_id, request.first_token_id, first_logprobs)
 
-        async with contextlib.aclosing(self.async_engine.generate(request.request_id, activate)) as outputs:
-            async for output in outputs:
-                for message in request_output_to_protos(output, with_prompt_logprobs=False):
-                    yield message
+        self._decoding.add(request.request_id)
+        try:
+            async with contextlib.aclosing(self.async_engine.generate(request.request_id, activate)) as outputs:
+                async for output in outputs:
+                    self._raise_if_handed_back(request.request_id, output)
+                    for message in request_output_to_protos(output, with_prompt_logprobs=False):
+                        yield message
+        finally:
+            self._decoding.discard(request.request_id)
+
+    async def hand_back(self) -> None:
+        self._is_handing_back = True
+        for request_id in list(self._decoding):
+            await self.async_engine.abort(request_id)
+
+    def _raise_if_handed_back(self, request_id: str, output) -> None:
+        if self._is_handing_back and output.finished and output.outputs[0].finish_reason == "abort":
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, handed_back_message(request_id))
 
     async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         if not await self.book.release(request.request_id):

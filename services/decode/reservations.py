@@ -4,7 +4,9 @@ Each reservation holds engine blocks under a lease (LeaseTable, mirrored to Redi
 armed KVReceiver expectation for the blocks the prefill instance sends (those after the
 decode side's own prefix-cache hits). A watcher task per reservation marks the KV as arrived,
 or re-arms the expectation after a failed transfer so that a prefill retried on another
-instance can deliver. Release, lease expiry and shutdown all free through `release`; the
+instance can deliver. It re-arms after a success too, until Decode takes the reservation: a
+prefill instance that died after its KV arrived but before it answered the gateway is retried
+elsewhere, and that retry's transfer (the same prompt's KV again) must be accepted. Release, lease expiry and shutdown all free through `release`; the
 gateway `renew`s the lease while the prompt is queued or running on a prefill instance.
 """
 
@@ -52,7 +54,7 @@ class ReservationBook:
         return len(self._pending)
 
     async def reserve(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                      cache_salt: str | None, lease_s: float) -> Reservation:
+                      cache_salt: str | None, lease_s: float, num_resumed: int = 0) -> Reservation:
         """Reserve blocks (CapacityError when full) and arm the receiver; freed if cancelled meanwhile."""
         if request_id in self._pending:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
@@ -61,7 +63,7 @@ class ReservationBook:
         made: list[Reservation] = []
 
         def reserve() -> Reservation:
-            made.append(engine.reserve_request(prompt_token_ids, params, request_id, cache_salt))
+            made.append(engine.reserve_request(prompt_token_ids, params, request_id, cache_salt, num_resumed))
             return made[0]
 
         def abort_if_made() -> None:  # queued after reserve(), so `made` is final when it runs
@@ -92,6 +94,9 @@ class ReservationBook:
                                f"the KV of {request_id!r} has not arrived "
                                f"({pending.num_failed_transfers} failed transfers)")
         del self._pending[request_id]
+        if pending.watcher is not None:
+            pending.watcher.cancel()
+        self.receiver.withdraw(request_id)
         self.leases.release(request_id)
         return pending
 
@@ -152,4 +157,4 @@ class ReservationBook:
                 self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)
                 continue
             pending.arrived.set()
-            return
+            self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)

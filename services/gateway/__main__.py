@@ -30,7 +30,7 @@ async def serve(settings: GatewaySettings) -> int:
     finally:
         ready.cancel()
         await asyncio.gather(ready, return_exceptions=True)
-        await server.stop()
+        await server.stop(settings.drain_timeout_s)
     if not ready.cancelled() and ready.exception() is not None:
         logger.error("gateway could not get ready: %r", ready.exception())
         return 1

@@ -1,6 +1,7 @@
 """One grpc.aio channel (and Instance stub) per instance address, reused across requests."""
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.pb.pdserve.v1 import instance_pb2_grpc
 
@@ -30,6 +31,17 @@ class InstanceChannels:
             self._channels[address] = channel
             self._stubs[address] = instance_pb2_grpc.InstanceStub(channel)
         return self._stubs[address]
+
+    async def health(self, address: str, timeout_s: float) -> int | None:
+        """The instance's health status (SERVING, NOT_SERVING while loading or draining), or
+        None when it does not answer within `timeout_s`."""
+        self.stub(address)
+        health = health_pb2_grpc.HealthStub(self._channels[address])
+        try:
+            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return None
+        return reply.status
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -2,7 +2,10 @@
 of a prompt each one holds (one prefix-index round trip per request).
 
 Redis trouble never fails a request by itself: the last good listing is reused (logged) and
-prefix overlap counts as zero. Instances that failed a call recently are marked suspect for
+prefix overlap counts as zero. Right after Redis comes back (a failed listing before, or a new
+run id: it restarted, possibly empty), the registry is only partial until every instance has
+beaten again: for `reconnect_grace_s` a listing adds to the last view instead of replacing it,
+and prefix-index garbage collection waits. Instances that failed a call recently are marked suspect for
 `suspect_s`, so routing tries them last until their registration lapses.
 """
 
@@ -23,16 +26,21 @@ Listing = list[tuple[InstanceInfo, InstanceLoad]]
 
 class ClusterView:
     def __init__(self, registry: InstanceRegistry, prefix_index: PrefixIndex, cache_s: float = 0.5,
-                 suspect_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+                 suspect_s: float = 5.0, reconnect_grace_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.registry = registry
         self.prefix_index = prefix_index
         self.cache_s = cache_s
         self.suspect_s = suspect_s
+        self.reconnect_grace_s = reconnect_grace_s
         self.clock = clock
         self.num_redis_errors = 0
         self._listing: Listing | None = None
         self._listed_at = float("-inf")
         self._suspect_until: dict[str, float] = {}
+        self._redis_run_id: str | None = None
+        self._had_error = False
+        self._grace_until = float("-inf")
 
     async def live(self) -> Listing:
         """Live instances, from a listing at most cache_s old (or the last good one)."""
@@ -40,14 +48,30 @@ class ClusterView:
         if self._listing is not None and now - self._listed_at < self.cache_s:
             return self._listing
         try:
-            self._listing = await self.registry.list_live()
-            self._listed_at = now
+            listing = await self.registry.list_live()
+            run_id = await self.registry.server_run_id()
         except Exception as error:  # noqa: BLE001 - Redis down: keep serving with what we knew
             self.num_redis_errors += 1
+            self._had_error = True
             logger.warning("listing instances failed (%r); using the last listing", error)
-            if self._listing is None:
-                return []
+            return self._listing or []
+        self._note_reconnect(run_id, now)
+        if self.is_reconnecting() and self._listing is not None:
+            listing = _merged(listing, self._listing)
+        self._listing, self._listed_at = listing, now
         return self._listing
+
+    def is_reconnecting(self) -> bool:
+        """True within the grace period after Redis came back (the registry may be partial)."""
+        return self.clock() < self._grace_until
+
+    def _note_reconnect(self, run_id: str, now: float) -> None:
+        is_restarted = self._redis_run_id is not None and run_id != self._redis_run_id
+        if self._had_error or is_restarted:
+            logger.warning("Redis is back%s; keeping the last view of the instances for %.1f s",
+                           " (restarted)" if is_restarted else "", self.reconnect_grace_s)
+            self._grace_until = now + self.reconnect_grace_s
+        self._had_error, self._redis_run_id = False, run_id
 
     async def candidates(self, block_hashes: list[bytes]) -> list[Candidate]:
         """Every live instance with the number of leading prompt blocks it holds."""
@@ -83,6 +107,8 @@ class ClusterView:
         partitioned ones never clean up after themselves). Runs until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
+            if self.is_reconnecting():
+                continue
             try:
                 live_ids = await self.registry.live_instance_ids()
                 dropped = await self.prefix_index.collect_garbage(live_ids)
@@ -97,3 +123,10 @@ class ClusterView:
             return bool(await self.registry.redis.ping())
         except Exception:  # noqa: BLE001
             return False
+
+
+def _merged(fresh: Listing, last: Listing) -> Listing:
+    """The fresh listing plus the last view's instances it lacks, sorted by instance id."""
+    fresh_ids = {info.instance_id for info, _ in fresh}
+    kept = [(info, load) for info, load in last if info.instance_id not in fresh_ids]
+    return sorted(fresh + kept, key=lambda record: record[0].instance_id)

@@ -5,20 +5,28 @@ While the prompt waits for or runs on a prefill instance, the reservation's leas
 every third of its length, so a queue longer than the lease costs no request. Whatever happens
 before Decode starts (failure, client cancel, deadline), the reservation is given back with
 Release in the background; once Decode runs, cancelling its call is enough.
+
+A decode instance that dies (or drains away) is told apart from a failing prefill instance by
+its health check: the gateway then reserves on another decode instance and runs the prefill
+again toward it, and only the lost decode instance is marked suspect. When the client already
+has some of the completion's tokens, the new attempt continues after them (migration.py).
 """
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
+from shared.wire.handback import is_handed_back
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
+from services.gateway.migration import continuation, final_message, fix_usage, is_complete
 from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, rank
@@ -30,20 +38,37 @@ UNANSWERED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode
                               grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN})
 
 
+# How long a health check may take to tell a dead decode instance from a failed prefill.
+HEALTH_PROBE_TIMEOUT_S = 1.0
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
 @dataclass
 class Reservation:
     decode: Candidate
     reply: instance_pb2.ReserveResponse
 
 
+class DecodeLost(Exception):
+    """The decode instance holding the reservation (or running the stream) is gone."""
+
+    def __init__(self, decode: Candidate, why: str, reason: str):
+        super().__init__(f"decode instance {decode.instance_id} lost ({reason}): {why}")
+        self.decode = decode
+        self.why = why
+        self.reason = reason  # "failure" (unreachable) or "drain" (answers NOT_SERVING)
+
+
 async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
-                  deadline: Deadline) -> Reservation:
-    """The first decode instance (best first) that grants a reservation."""
-    choice = rank(candidates, "decode")
+                  deadline: Deadline, excluded: Collection[str] = ()) -> Reservation:
+    """The first decode instance (best first, none of `excluded`) that grants a reservation."""
+    choice = rank(candidates, "decode", excluded=excluded)
     ctx.stats.record_route("decode", choice.reason)
     message = instance_pb2.ReserveRequest(
-        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids,
+        request_id=sub.request_id, prompt_token_ids=sub.prompt_token_ids,
         sampling=sub.sampling_proto(), lease_ms=max(1, round(ctx.lease_s * 1000)))
+    if sub.resumed_token_ids:
+        message.num_resumed_output_tokens = len(sub.resumed_token_ids)
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
     num_refused = 0
@@ -89,8 +114,9 @@ def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
 
 
 async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
-                  reservation: Reservation, deadline: Deadline) -> instance_pb2.PrefillResponse:
-    """Prefill on the best prefill instance; on failure, on the next one (up to the retries)."""
+                  reservation: Reservation | None, deadline: Deadline) -> instance_pb2.PrefillResponse:
+    """Prefill on the best prefill instance; on failure, on the next one (up to the retries).
+    Without a reservation the prompt is only scored: no KV is sent anywhere."""
     message = _prefill_message(ctx, sub, reservation)
     failed: dict[str, str] = {}
     for attempt in range(1 + ctx.max_prefill_retries):
@@ -106,6 +132,8 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
         except grpc.aio.AioRpcError as error:
             if not is_failover(error):
                 raise from_rpc_error(error, f"prefill instance {target.instance_id}") from error
+            await _check_decode_alive(ctx, reservation, f"Prefill on {target.instance_id} failed "
+                                                        f"({error.code().name})")
             failed[target.instance_id] = f"{error.code().name}: {error.details()}"
             ctx.view.mark_failed(target.instance_id)
             logger.warning("request %s: Prefill on %s failed (%s); retrying elsewhere",
@@ -114,16 +142,27 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
                        f"prefill failed on every instance tried: {failed or 'none live'}")
 
 
+async def _check_decode_alive(ctx: RelayContext, reservation: Reservation, why: str) -> None:
+    """Raise DecodeLost unless the reservation's decode instance still answers SERVING."""
+    status = await ctx.channels.health(reservation.decode.grpc_address, HEALTH_PROBE_TIMEOUT_S)
+    if status != SERVING:
+        raise DecodeLost(reservation.decode, why, "failure" if status is None else "drain")
+
+
 def _prefill_message(ctx: RelayContext, sub: SubRequest,
-                     reservation: Reservation) -> instance_pb2.PrefillRequest:
-    reply = reservation.reply
+                     reservation: Reservation | None) -> instance_pb2.PrefillRequest:
+    """None: no destination (prompt only, nothing sent)."""
     message = instance_pb2.PrefillRequest(
-        request_id=sub.request_id, prompt_token_ids=sub.parent.prompt_token_ids,
-        sampling=sub.sampling_proto(), decode_ucx_address=reply.ucx_address,
-        dst_block_ids=reply.block_ids,
-        num_skip_blocks=reply.num_cached_prompt_tokens // ctx.block_size)
-    if reply.HasField("transfer_token"):
-        message.transfer_token = reply.transfer_token
+        request_id=sub.request_id, prompt_token_ids=sub.prompt_token_ids, sampling=sub.sampling_proto())
+    if sub.resumed_token_ids:
+        message.num_resumed_output_tokens = len(sub.resumed_token_ids)
+    if reservation is not None:
+        reply = reservation.reply
+        message.decode_ucx_address = reply.ucx_address
+        message.dst_block_ids.extend(reply.block_ids)
+        message.num_skip_blocks = reply.num_cached_prompt_tokens // ctx.block_size
+        if reply.HasField("transfer_token"):
+            message.transfer_token = reply.transfer_token
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
     return message
@@ -175,8 +214,41 @@ async def prefill_under_lease(ctx: RelayContext, sub: SubRequest, candidates: li
 
 async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                             deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
-    """Reserve -> Prefill -> Decode; yields the decode instance's messages, usage fixed up."""
-    reservation = await reserve(ctx, sub, candidates, deadline)
+    """Reserve -> Prefill -> Decode, again on another decode instance whenever the one holding
+    the reservation or running the stream is lost (continuing after the tokens already
+    streamed); yields the decode instance's messages."""
+    lost: dict[str, str] = {}
+    streamed: list[int] = []
+    while True:
+        attempt = continuation(sub, streamed) if streamed else sub
+        reservation = await reserve(ctx, attempt, candidates, deadline, excluded=lost)
+        try:
+            async for message in _prefill_then_decode(ctx, attempt, candidates, reservation, deadline):
+                streamed.extend(message.token_ids)
+                yield message
+            return
+        except DecodeLost as loss:
+            _note_loss(ctx, sub, loss, lost, len(streamed))
+            candidates = await ctx.view.candidates(sub.parent.block_hashes)  # restarts, new ones
+        if is_complete(sub, streamed):
+            yield final_message(sub, streamed)
+            return
+
+
+def _note_loss(ctx: RelayContext, sub: SubRequest, loss: DecodeLost, lost: dict[str, str],
+               num_streamed: int) -> None:
+    lost[loss.decode.instance_id] = loss.why
+    ctx.view.mark_failed(loss.decode.instance_id)
+    ctx.stats.num_decode_failovers += 1
+    if num_streamed:
+        ctx.stats.migrations[loss.reason] += 1
+    logger.warning("request %s: %s; %s on another decode instance", sub.request_id, loss,
+                   f"migrating after {num_streamed} tokens" if num_streamed else "reserving")
+
+
+async def _prefill_then_decode(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                               reservation: Reservation,
+                               deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
     decode_started = False
     try:
         first = await prefill_under_lease(ctx, sub, candidates, reservation, deadline)
@@ -205,8 +277,13 @@ async def _decode_stream(ctx: RelayContext, sub: SubRequest, reservation: Reserv
             is_first = False
             if message.HasField("usage"):
                 message.usage.cached_prompt_tokens = first.num_cached_prompt_tokens
+            fix_usage(sub, message)
             yield message
     except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.UNAVAILABLE and is_handed_back(error.details()):
+            raise DecodeLost(reservation.decode, error.details(), "drain") from error
+        if is_failover(error):
+            await _check_decode_alive(ctx, reservation, f"Decode failed ({error.code().name})")
         raise from_rpc_error(error, f"decode instance {reservation.decode.instance_id}") from error
     finally:
         if not call.done():

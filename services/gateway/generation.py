@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -52,14 +52,15 @@ def require_ready(state: GatewayState) -> tuple[ServedModel, RelayContext]:
 
 
 async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequest,
-                          time_remaining: float | None = None,
+                          time_remaining: float | None = None, is_prompt_only: bool = False,
                           ) -> AsyncIterator[generation_pb2.GenerateResponse]:
-    """Relay one request; `time_remaining` is the client's deadline (None: the default)."""
+    """Relay one request; `time_remaining` is the client's deadline (None: the default);
+    `is_prompt_only`: the caller drops the generated token (see PreparedRequest)."""
     model, relay = require_ready(state)
     relay.stats.num_requests += 1
     request_id = message.request_id or "(unnamed)"
     try:
-        prepared = prepare_request(message, model, state.limits)
+        prepared = replace(prepare_request(message, model, state.limits), is_prompt_only=is_prompt_only)
         request_id = prepared.request_id
         bind_request_id(request_id)
         timer = RequestTimer(state.metrics, model.name, request_id)

@@ -46,6 +46,8 @@ class GatewayCollector(Collector):
         yield make.labelled_counter("pdserve:gateway_failures", "Failed requests by final gRPC status code.",
                                     "code", sorted(stats.failures.items()))
         yield _routing_family(make, stats.routing)
+        yield make.labelled_counter("pdserve:migrations", "Streams moved to another decode instance mid-way "
+                                    "(reason: failure or drain).", "reason", sorted(stats.migrations.items()))
         yield make.counter("pdserve:gateway_prefill_retries", "Prefill attempts after a failed one.",
                            stats.num_prefill_retries)
         yield make.counter("pdserve:gateway_decode_refusals", "Reserve calls refused for lack of room.",
@@ -60,6 +62,10 @@ class GatewayCollector(Collector):
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
         yield _live_instances_family(make, relay.view)
+        yield make.labelled(CounterMetricFamily, "pdserve:gateway_unknown_request_fields",
+                            "HTTP requests carrying a field this server does not know (accepted, "
+                            "ignored), by endpoint and field name.", ("endpoint", "field"),
+                            stats.unknown_fields.rows())
 
 
 def _routing_family(make: FamilyMaker, routing: Counter) -> CounterMetricFamily:

@@ -18,6 +18,7 @@ from services.gateway.deadline import Deadline
 from services.gateway.disaggregated import run_disaggregated
 from services.gateway.errors import no_instances
 from services.gateway.fanout import merge_streams
+from services.gateway.prompt_only import run_prompt_only
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import PreparedRequest, SubRequest, split_request
 
@@ -45,7 +46,10 @@ async def relay_request(ctx: RelayContext, request: PreparedRequest,
 
 async def _sub_stream(ctx: RelayContext, sub: SubRequest, candidates: list[router.Candidate],
                       route: str, deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
-    run = run_colocated if route == router.COLOCATED else run_disaggregated
+    if route == router.COLOCATED:
+        run = run_colocated
+    else:
+        run = run_prompt_only if sub.parent.is_prompt_only else run_disaggregated
     stream = run(ctx, sub, candidates, deadline)
     async with contextlib.aclosing(stream):
         async for message in stream:

@@ -32,6 +32,9 @@ class PreparedRequest:
     params: SamplingParams
     cache_salt: str | None
     block_hashes: list[bytes]
+    # Only the prompt matters (its logprobs, its usage): the generated token is dropped, and the
+    # disaggregated route skips decode (services.gateway.prompt_only).
+    is_prompt_only: bool = False
 
     @property
     def n(self) -> int:
@@ -49,6 +52,13 @@ class SubRequest:
     index: int
     parent: PreparedRequest
     params: SamplingParams
+    # Migration: tokens the client already has; the instances continue after them.
+    resumed_token_ids: tuple[int, ...] = ()
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """What the instances compute: the prompt, then any resumed outputs."""
+        return [*self.parent.prompt_token_ids, *self.resumed_token_ids]
 
     def sampling_proto(self) -> generation_pb2.SamplingParams:
         return sampling_to_proto(self.params)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import redis.asyncio
+from grpc_health.v1 import health
 
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
@@ -26,13 +27,15 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 
 from services.common.grpc_limits import message_size_options
 from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.reflection import enable_reflection
 from services.common.tls import add_port
 from services.gateway.access_interceptor import AccessInterceptor
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
-from services.gateway.health import GatewayHealth
+from services.gateway.health import GATEWAY_SERVICE_NAME, GatewayHealth
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
+from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.limits import RequestLimits, check_fits_internal_hops
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay_context import RelayContext
@@ -66,11 +69,14 @@ class GatewayServer:
         self.server = grpc.aio.server(options=public_server_options(settings.limits), interceptors=interceptors)
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
         self.health.add_to_server(self.server)
+        enable_reflection(self.server, [GATEWAY_SERVICE_NAME, health.SERVICE_NAME])
         self.address: str | None = None
         self.http = None
         if settings.serves_http:
-            self.http = HttpFrontDoor(build_app(self.state, self.health, self.access),
-                                      settings.tls_cert_file, settings.tls_key_file)
+            tool_options = ToolOptions(settings.enable_auto_tool_choice, settings.tool_call_parser)
+            self.http = HttpFrontDoor(build_app(self.state, self.health, self.access, tool_options),
+                                      settings.tls_cert_file, settings.tls_key_file,
+                                      keep_alive_s=settings.http_keep_alive_s)
         self.http_address: str | None = None  # "host:port" of the HTTP API, once bound
         self.redis: redis.asyncio.Redis | None = None
         self.channels = InstanceChannels(instance_channel_credentials(settings))

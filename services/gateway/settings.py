@@ -20,6 +20,9 @@ DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DEPLOYMENT = "default"
+# Longer than the idle timeouts of load balancers in front (AWS ALB: 60 s), so that the gateway
+# never closes a pooled connection at the moment a client reuses it.
+DEFAULT_HTTP_KEEP_ALIVE_S = 75.0
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,13 @@ class GatewaySettings:
     http_host: str = "127.0.0.1"  # the OpenAI-compatible HTTP API
     http_port: int = DEFAULT_HTTP_PORT  # 0: an ephemeral port; negative: no HTTP API
     no_http: bool = False  # no HTTP API, whatever http_port says
+    http_keep_alive_s: float = DEFAULT_HTTP_KEEP_ALIVE_S  # idle HTTP connections are closed after this
+    enable_auto_tool_choice: bool = False  # chat tool_choice "auto" (needs tool_call_parser)
+    tool_call_parser: str | None = None  # how "auto" finds calls in the text: "hermes"
     # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
     # serves /metrics too, whatever this says.
     metrics_port: int = -1
+    drain_timeout_s: float = 20.0  # on SIGTERM: how long open calls and streams get to finish
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one JSON object per line
     limits: RequestLimits = field(default_factory=RequestLimits)  # services.gateway.limits
@@ -72,6 +79,12 @@ class GatewaySettings:
         _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
         _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
+        _check(self.http_keep_alive_s, "http_keep_alive_s", lambda v: v > 0, "must be > 0")
+        _check(self.tool_call_parser, "tool_call_parser", lambda v: v in (None, "hermes"),
+               "must be hermes (the only parser)")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise InvalidRequestError("tool_call_parser", "is required with enable_auto_tool_choice")
+        _check(self.drain_timeout_s, "drain_timeout_s", lambda v: v >= 0, "must be >= 0")
         _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
         validate_name("deployment", self.deployment)
         if self.max_model_len is not None:
@@ -132,8 +145,15 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--http-port", int, f"HTTP API port; 0 binds an ephemeral one, negative turns it off "
                          f"(default: {DEFAULT_HTTP_PORT})"),
     ("--no-http", _env_bool, "serve no HTTP API (default: off)"),
+    ("--http-keep-alive-s", float, f"close idle HTTP connections after this many seconds "
+                                   f"(default: {DEFAULT_HTTP_KEEP_ALIVE_S:g})"),
     ("--metrics-port", int, "Prometheus /metrics port of its own; 0 binds an ephemeral one "
                             "(default: -1, none; the HTTP API serves /metrics anyway)"),
+    ("--enable-auto-tool-choice", _env_bool, "let chat requests use tool_choice \"auto\" (needs "
+                                             "--tool-call-parser; default: off)"),
+    ("--tool-call-parser", str, "how tool calls are found in \"auto\" output: hermes (<tool_call> tags)"),
+    ("--drain-timeout-s", float, "on SIGTERM, seconds open calls and streams get to finish "
+                                 "while new ones are refused (default: 20)"),
     ("--log-level", str, "Python logging level (default: INFO)"),
     ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
     ("--request-read-timeout-s", float, "a gRPC request message must arrive whole within this "

@@ -3,6 +3,8 @@
 from collections import Counter
 from dataclasses import dataclass, field
 
+from services.gateway.unknown_fields import UnknownFields
+
 
 @dataclass
 class GatewayStats:
@@ -19,6 +21,11 @@ class GatewayStats:
     num_colocated_failovers: int = 0
     num_releases: int = 0  # reservations given back because Decode never started
     num_lease_renewals: int = 0  # Renew calls that extended a reservation while prefill ran
+    # HTTP request fields this server does not know, by endpoint and name.
+    unknown_fields: UnknownFields = field(default_factory=UnknownFields)
+    # Reason ("failure": the decode instance died; "drain": it was draining) -> streams moved
+    # mid-way to another decode instance.
+    migrations: Counter = field(default_factory=Counter)
 
     def record_route(self, role: str, reason: str) -> None:
         self.routing[f"{role}:{reason}"] += 1

@@ -3,15 +3,21 @@
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# Linux sends the parent-death signal when the *thread* that forked a child exits, so every
+# child is forked by this one thread, which lives as long as the launcher: restarts and scale-
+# outs may then run on short-lived threads.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
 
 
 def _die_with_parent() -> None:
@@ -28,6 +34,21 @@ def _pin_and_die_with_parent(cpus: tuple[int, ...]) -> Callable[[], None]:
         _die_with_parent()
         os.sched_setaffinity(0, cpus)
     return prepare
+
+
+def _launch_wrappers(cpus: tuple[int, ...] | None) -> tuple[list[str], Callable[[], None] | None]:
+    """(argv prefix, preexec function) that set the parent-death signal and pin the child.
+
+    util-linux's `setpriv --pdeathsig` and `taskset` do it in the child without Python code
+    between fork and exec (which can abort or deadlock in the forked copy of a launcher that
+    runs threads); without them a preexec function does it."""
+    setpriv, taskset = shutil.which("setpriv"), shutil.which("taskset")
+    if setpriv is None or (cpus and taskset is None):
+        return [], _pin_and_die_with_parent(cpus) if cpus else _die_with_parent
+    prefix = [setpriv, "--pdeathsig", "TERM"]
+    if cpus:
+        prefix += [taskset, "-c", ",".join(str(cpu) for cpu in cpus)]
+    return prefix, None
 
 
 class ChildProcess:
@@ -56,13 +77,16 @@ class ChildProcess:
         if self.ready_file is not None:
             self.ready_file.unlink(missing_ok=True)
         self.expected_exit = False
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True,
-                preexec_fn=_pin_and_die_with_parent(self.cpus) if self.cpus else _die_with_parent,
-            )
+        self.process = _SPAWNER.submit(self._spawn).result()
         logger.info("started %s (pid %d): %s", self.name, self.process.pid, " ".join(self.argv))
+
+    def _spawn(self) -> subprocess.Popen:
+        prefix, preexec_fn = _launch_wrappers(self.cpus)
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
+                prefix + self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True, preexec_fn=preexec_fn,
+            )
 
     def exit_code(self) -> int | None:
         """None while running (or never started); the exit status once it has exited."""

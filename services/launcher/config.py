@@ -4,6 +4,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.launcher.supervisor import RestartPolicy
+
 DEFAULT_GATEWAY_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
@@ -37,7 +39,8 @@ class StackConfig:
     # Logs and ready files go here (None: a fresh temporary folder, kept after the stop).
     run_dir: Path | None = None
     ready_timeout_s: float = 600.0
-    stop_grace_s: float = 10.0
+    # SIGTERM makes instances and the gateway drain (20 s by default); SIGKILL after this.
+    stop_grace_s: float = 30.0
     python: str = sys.executable
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     # Extra environment variables for every child (on top of the launcher's own).
@@ -49,6 +52,10 @@ class StackConfig:
     decode_cpus: tuple[int, ...] | None = None
     # CPU ids the gateway and the stack's redis-server are pinned to (None: not pinned).
     gateway_cpus: tuple[int, ...] | None = None
+    # How `supervise` restarts children that die (backoff, crash-loop limit).
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # Deployment name the restart board is published under (as the services' --deployment).
+    deployment: str = "default"
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:

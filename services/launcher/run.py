@@ -26,8 +26,10 @@ def _install_stop_handlers(stop_event: threading.Event) -> dict:
 
 
 def run_stack(config: StackConfig, out: TextIO = sys.stdout) -> int:
-    """0 after a requested stop, 1 if a child failed to start or died, 130 if interrupted
-    while starting. Everything started is stopped before returning."""
+    """0 after a requested stop, 1 if a child failed to start, 130 if interrupted while
+    starting. Children that die later are restarted (services.launcher.supervisor); only
+    a stop request ends the stack, and then every child drains. Everything started is
+    stopped before returning."""
     logging.getLogger("services.launcher").setLevel(logging.INFO)
     stop_event = threading.Event()
     previous = _install_stop_handlers(stop_event)
@@ -36,7 +38,7 @@ def run_stack(config: StackConfig, out: TextIO = sys.stdout) -> int:
     try:
         stack.start(should_abort=stop_event.is_set)
         print(describe(stack), file=out, flush=True)
-        dead = stack.watch(stop_event)
+        stack.supervise(stop_event)
     except StackAborted as error:
         logger.warning("%s", error)
         return 130
@@ -48,4 +50,4 @@ def run_stack(config: StackConfig, out: TextIO = sys.stdout) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     logger.info("stack stopped; logs kept in %s", stack.run_dir / "logs")
-    return 0 if dead is None else 1
+    return 0

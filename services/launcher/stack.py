@@ -14,10 +14,13 @@ from services.launcher.errors import StackError
 from services.launcher.ports import find_free_port
 from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_serving
 from services.launcher.redis_child import RedisChild
+from services.launcher.supervision_board import publish_records
+from services.launcher.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.2
+BOARD_INTERVAL_S = 1.0
 
 
 def _never() -> bool:
@@ -25,7 +28,10 @@ def _never() -> bool:
 
 
 class LocalStack:
-    """Usage: `with LocalStack(config) as stack: stack.start(); stack.watch(stop_event)`."""
+    """Usage: `with LocalStack(config) as stack: stack.start(); stack.supervise(stop_event)`.
+
+    Scaling while supervised (any thread): `start_instances([(name, role)], deadline)` adds
+    instances, `remove_instance(name)` drains one away."""
 
     def __init__(self, config: StackConfig):
         self.config = config
@@ -38,6 +44,7 @@ class LocalStack:
         # Ready-file JSON and bound gRPC address of every service child, by name.
         self.ready_info: dict[str, dict] = {}
         self.addresses: dict[str, str] = {}
+        self.supervisor = Supervisor(config.restart_policy, self.restart_child)
 
     # ---- starting ------------------------------------------------------------------------
 
@@ -84,6 +91,24 @@ class LocalStack:
         for child in children:
             self._await_serving(child, deadline, should_abort)
         return children
+
+    def remove_instance(self, name: str, grace_s: float | None = None) -> ChildProcess:
+        """Scale in: SIGTERM one instance (it drains), wait for its exit, stop supervising it."""
+        child = next(child for child in self.instances if child.name == name)
+        stop_children([child], self.config.stop_grace_s if grace_s is None else grace_s)
+        self.instances = [other for other in self.instances if other is not child]
+        self.supervisor.forget(name)
+        return child
+
+    def restart_child(self, child: ChildProcess) -> None:
+        """Start a dead child again with the same command line; wait until it serves."""
+        should_abort = self.supervisor.is_stopping
+        if child is self.redis:
+            self.redis.start()
+            self.redis.wait_ready(should_abort=should_abort)
+            return
+        child.start()
+        self._await_serving(child, time.monotonic() + self.config.ready_timeout_s, should_abort)
 
     def _start_gateway(self, deadline: float, should_abort: Callable[[], bool]) -> None:
         ready_file = self._ready_file("gateway")
@@ -136,9 +161,20 @@ class LocalStack:
                 return dead
         return None
 
+    def supervise(self, stop_event: threading.Event) -> None:
+        """Block until `stop_event` is set, restarting children that die (see Supervisor) and
+        publishing their restart counts to Redis for `pdserve status`."""
+        published_at = 0.0
+        while not stop_event.wait(WATCH_INTERVAL_S):
+            self.supervisor.check(self.children())
+            if time.monotonic() - published_at >= BOARD_INTERVAL_S:
+                publish_records(self.redis_url, self.config.deployment, self.supervisor.records())
+                published_at = time.monotonic()
+
     def stop(self) -> None:
         """Gateway first, then all instances together, then Redis (so instances deregister)."""
         grace_s = self.config.stop_grace_s
+        self.supervisor.stop()
         if self.gateway is not None:
             stop_children([self.gateway], grace_s)
         stop_children(self.instances, grace_s)

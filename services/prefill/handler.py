@@ -5,6 +5,9 @@ into its own reservation of `<request_id>`) with max_tokens=1 and no stop string
 its blocks are held past the request's end so they can be shipped; they are released in a
 `finally` whatever happens: success, a failed transfer, cancellation or deadline. Blocks the
 decode instance already holds (its prefix cache: the first `num_skip_blocks`) are not sent.
+A request with no destination (no decode address, no block ids) is prompt-only: the prompt is
+scored (first token, prompt logprobs) and nothing is sent, e.g. for an OpenAI echo with
+max_tokens 0.
 """
 
 import dataclasses
@@ -29,11 +32,14 @@ ENGINE_ID_SUFFIX = ":prefill"
 MIB = 1 << 20
 
 
-def prefill_params(params: SamplingParams) -> SamplingParams:
-    """The user's parameters for the first token only."""
+def prefill_params(params: SamplingParams, num_resumed: int = 0) -> SamplingParams:
+    """The user's parameters for the first token only (the first after `num_resumed` outputs
+    generated elsewhere, for a migrated request)."""
     if params.n != 1:
         raise InvalidRequestError("n", "disaggregated requests generate one completion each")
-    return dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=[])
+    num_outputs = num_resumed + 1
+    return dataclasses.replace(params, max_tokens=num_outputs, min_tokens=min(params.min_tokens, num_outputs),
+                               stop=[])
 
 
 def check_transfer_request(request: pb.PrefillRequest, block_size: int) -> None:
@@ -42,6 +48,8 @@ def check_transfer_request(request: pb.PrefillRequest, block_size: int) -> None:
         raise InvalidRequestError("request_id", "must not be empty")
     if not request.prompt_token_ids:
         raise InvalidRequestError("prompt_token_ids", "must not be empty")
+    if is_prompt_only(request):
+        return
     try:
         parse_address(request.decode_ucx_address)
     except InvalidRequestError as error:
@@ -53,6 +61,11 @@ def check_transfer_request(request: pb.PrefillRequest, block_size: int) -> None:
     if request.num_skip_blocks >= num_blocks:
         raise InvalidRequestError("num_skip_blocks", f"{request.num_skip_blocks} leaves none of the "
                                                      f"{num_blocks} prompt blocks to send")
+
+
+def is_prompt_only(request: pb.PrefillRequest) -> bool:
+    """No destination: score the prompt, send nothing."""
+    return not request.decode_ucx_address and not request.dst_block_ids
 
 
 def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: TransferResult) -> pb.PrefillResponse:
@@ -86,11 +99,13 @@ class PrefillHandler(RoleHandler):
     async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
         engine = self.async_engine.engine
         check_transfer_request(request, engine.kv_manager.block_size)
-        params = prefill_params(sampling_from_proto(request.sampling))
+        num_resumed = request.num_resumed_output_tokens
+        params = prefill_params(sampling_from_proto(request.sampling), num_resumed)
         engine_request_id = f"{request.request_id}{ENGINE_ID_SUFFIX}"
         try:
-            output = await self._run_prompt(request, engine_request_id, params)
-            sent = await self._push_blocks(request, engine_request_id)
+            output = await self._run_prompt(request, engine_request_id, params, num_resumed)
+            sent = (TransferResult(request.request_id, 0, 0.0) if is_prompt_only(request)
+                    else await self._push_blocks(request, engine_request_id))
         finally:
             self.async_engine.submit(engine.release_request, engine_request_id)
         logger.info("prefill %s: %d prompt tokens (%d cached), %d KV bytes to %s in %.1f ms", request.request_id,
@@ -99,14 +114,14 @@ class PrefillHandler(RoleHandler):
         return prefill_response(request, output, sent)
 
     async def _run_prompt(self, request: pb.PrefillRequest, engine_request_id: str,
-                          params: SamplingParams) -> RequestOutput:
+                          params: SamplingParams, num_resumed: int) -> RequestOutput:
         engine = self.async_engine.engine
         salt = request.cache_salt if request.HasField("cache_salt") else None
         await self.async_engine.prepare(params)
 
         def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
             engine.add_request(list(request.prompt_token_ids), params, engine_request_id, salt,
-                               hold_blocks_on_finish=True)
+                               hold_blocks_on_finish=True, num_resumed_output_tokens=num_resumed)
 
         output = None
         async for output in self.async_engine.generate(engine_request_id, add):

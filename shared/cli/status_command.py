@@ -48,14 +48,15 @@ def run(args: argparse.Namespace) -> int:
 
     namespace = ClusterNamespace(args.deployment, namespace_model_name(args.model))
     try:
-        instances, leases = asyncio.run(_read(args.redis_url, namespace))
+        instances, leases, board = asyncio.run(_read(args.redis_url, namespace))
     except OSError as error:  # redis ConnectionError/TimeoutError derive from OSError here
         print(f"pdserve status: error: cannot read {args.redis_url}: {error}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(_as_json(namespace, instances, leases), indent=2))
+        print(json.dumps({**_as_json(namespace, instances, leases), "supervised": board}, indent=2))
     else:
         print_table(namespace, instances, leases)
+        print_board(board)
     return 0
 
 
@@ -63,17 +64,20 @@ async def _read(redis_url: str, namespace):
     import redis.asyncio
 
     from shared.cluster.instances import InstanceRegistry
+    from shared.cluster.keys import supervisor_key
     from shared.cluster.lease_mirror import list_mirrored_leases
+    from services.launcher.supervision_board import parse_board
 
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=3.0, socket_connect_timeout=3.0)
     try:
         instances = await InstanceRegistry(client, namespace).list_live()
         leases = await list_mirrored_leases(client, namespace)
+        board = parse_board(await client.hgetall(supervisor_key(namespace.deployment)))
     except redis.exceptions.RedisError as error:
         raise OSError(str(error)) from error
     finally:
         await client.aclose()
-    return instances, leases
+    return instances, leases, board
 
 
 def _as_json(namespace, instances, leases) -> dict:
@@ -98,6 +102,16 @@ def print_table(namespace, instances, leases) -> None:
         _print_rows(("INSTANCE", "REQUEST", "BLOCKS", "EXPIRES IN"),
                     [(lease.instance_id, lease.request_id, str(len(lease.block_ids)),
                       f"{lease.remaining_s:.1f}s") for lease in leases])
+
+
+def print_board(board: dict[str, dict]) -> None:
+    """The children `pdserve up` supervises, with their restart counts (nothing without one)."""
+    if not board:
+        return
+    print(f"\n{len(board)} children supervised by pdserve up")
+    _print_rows(("CHILD", "ROLE", "STATE", "RESTARTS", "LAST EXIT"),
+                [(name, entry.get("role", "?"), entry.get("state", "?"), str(entry.get("restarts", 0)),
+                  str(entry.get("last_exit_code", "-"))) for name, entry in board.items()])
 
 
 def _print_rows(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "up", help="run a local stack: redis, prefill, decode and a gateway",
         description="Starts redis-server, the engine instances and a gateway as separate "
                     "processes, waits until all are healthy, prints where to send requests, "
-                    "and stops everything on Ctrl-C or SIGTERM.")
+                    "restarts any that dies (with backoff, up to a crash-loop limit), and stops "
+                    "everything on Ctrl-C or SIGTERM, draining each service first.")
     add_stack_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -61,8 +62,9 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for logs and ready files (default: a new temp folder; env PDSERVE_UP_RUN_DIR)")
     parser.add_argument("--ready-timeout", type=float, default=_env("PDSERVE_UP_READY_TIMEOUT", 600.0, float),
                         help="seconds to wait for every service to be SERVING (default 600)")
-    parser.add_argument("--stop-grace", type=float, default=_env("PDSERVE_UP_STOP_GRACE", 10.0, float),
-                        help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    parser.add_argument("--stop-grace", type=float, default=_env("PDSERVE_UP_STOP_GRACE", 30.0, float),
+                        help="seconds between SIGTERM (instances and gateway drain) and SIGKILL "
+                             "when stopping (default 30)")
     parser.add_argument("--prefill-cpus", type=_cpu_list, default=_env("PDSERVE_UP_PREFILL_CPUS", None, _cpu_list),
                         help="pin every prefill process to these CPU ids, e.g. 0 or 0,1 "
                              "(default: not pinned; env PDSERVE_UP_PREFILL_CPUS)")

@@ -4,7 +4,8 @@ The instance's service creates one at startup (`start()`), and `await stop()` at
 Every `interval_s` it registers/heartbeats through InstanceRegistry with the load that
 `read_load()` reports. It never dies of Redis trouble: a failed beat is logged and retried
 with exponential backoff (capped at `max_backoff_s`). After Redis comes back - or when a
-beat finds the instance key gone (TTL lapse, Redis restarted empty) - it calls
+beat finds the instance key gone (TTL lapse, Redis restarted empty) or Redis's run id changed
+(a restart that kept some keys) - it calls
 `on_reconnect()` so the instance republishes state Redis may have lost (its prefix index,
 via PrefixIndex.replace_all); a failing `on_reconnect` is retried on the next beat.
 """
@@ -49,6 +50,7 @@ class Heartbeater:
         self.num_reconnects = 0  # on_reconnect calls that succeeded
         self.num_failed_beats = 0
         self._is_registered = False
+        self._redis_run_id: str | None = None
         self._needs_resync = False
         self._stop_event = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -107,8 +109,16 @@ class Heartbeater:
         if not self._is_registered:
             await self.registry.register(self.info, load)
             self._is_registered = True
+            self._redis_run_id = await self.registry.server_run_id()
             return False
-        return await self.registry.heartbeat(self.info.instance_id, load)
+        is_key_recreated = await self.registry.heartbeat(self.info.instance_id, load)
+        return await self._is_redis_restarted() or is_key_recreated
+
+    async def _is_redis_restarted(self) -> bool:
+        run_id = await self.registry.server_run_id()
+        is_restarted = self._redis_run_id is not None and run_id != self._redis_run_id
+        self._redis_run_id = run_id
+        return is_restarted
 
     async def _resync_if_needed(self) -> bool:
         if not self._needs_resync:

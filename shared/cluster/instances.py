@@ -91,6 +91,10 @@ class InstanceRegistry:
         await self._forget_vanished(vanished_ids)
         return live
 
+    async def server_run_id(self) -> str:
+        """Redis's run id: it changes when the server restarts (state possibly lost)."""
+        return as_text((await self.redis.info("server")).get("run_id", ""))
+
     async def live_instance_ids(self, role: str | None = None) -> set[str]:
         """Ids of live instances (what PrefixIndex.longest_prefix wants)."""
         return {info.instance_id for info, _ in await self.list_live(role)}

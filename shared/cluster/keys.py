@@ -11,6 +11,9 @@ Layout (all under the namespace prefix):
     prefix:held:{instance_id}      set of raw 32-byte block hashes the instance holds
     ownership:{instance_id}:{request_id}
                                    JSON lease record (request -> blocks), with a TTL
+
+Per deployment (not per model): `pdserve:{deployment}:supervisor`, the hash `pdserve up`'s
+supervisor publishes its children's restart counts in (services.launcher.supervision_board).
 """
 
 import re
@@ -82,3 +85,8 @@ class ClusterNamespace:
     def ownership_pattern(self) -> str:
         """SCAN pattern matching every ownership key of this namespace."""
         return f"{self.prefix}:ownership:*"
+
+
+def supervisor_key(deployment: str) -> str:
+    """The restart board of the `pdserve up` supervising this deployment."""
+    return f"{KEY_ROOT}:{validate_name('deployment', deployment)}:supervisor"

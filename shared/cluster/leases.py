@@ -115,6 +115,17 @@ class LeaseTable:
         found = [record for record in self._leases.values() if record.expires_at <= now]
         return sorted(found, key=lambda record: (record.expires_at, record.request_id))
 
+    def republish(self) -> int:
+        """Queue every current lease to the mirror again with its remaining TTL (after Redis
+        lost them: a restart); returns how many."""
+        if self.mirror is None:
+            return 0
+        now = self.clock()
+        live = [record for record in self._leases.values() if record.expires_at > now]
+        for record in live:
+            self.mirror.publish(record, record.expires_at - now)
+        return len(live)
+
     def get(self, request_id: str) -> BlockLeaseRecord | None:
         return self._leases.get(request_id)
 

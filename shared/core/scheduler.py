@@ -94,7 +94,7 @@ class Scheduler:
             return False
         prefix_blocks = self.kv.find_cached_prefix(request)
         num_reused = len(prefix_blocks) * self.kv.block_size
-        if not self.kv.allocate(request, request.num_prompt_tokens - num_reused, prefix_blocks):
+        if not self.kv.allocate(request, request.num_tokens - num_reused, prefix_blocks):
             return False
         request.num_cached_prompt_tokens = num_reused
         request.status = RequestStatus.RESERVED
@@ -106,7 +106,7 @@ class Scheduler:
         """The prompt's KV has arrived: the request joins the running decodes with the first
         token that the prefill instance sampled."""
         request = self.reserved.pop(request_id)
-        request.num_computed_tokens = request.num_prompt_tokens
+        request.num_computed_tokens = request.num_tokens
         self.kv.cache_computed_blocks(request)
         request.append_output_token(first_token_id)
         request.status = RequestStatus.RUNNING

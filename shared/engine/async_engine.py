@@ -130,6 +130,14 @@ class AsyncEngine:
             if self.observer is not None:
                 self.submit(self.observer.on_stop, request_id)
 
+    async def abort(self, request_id: str) -> None:
+        """Abort a streamed request: its stream gets the final (aborted) output and ends."""
+        await self.call(self._abort_and_dispatch, request_id)
+
+    def _abort_and_dispatch(self, request_id: str) -> None:
+        output = self.engine.abort_request(request_id)
+        self._dispatch([output] if output is not None else [])
+
     def load(self) -> EngineLoad:
         """A racy but harmless snapshot for heartbeats and routing."""
         scheduler, pool = self.engine.scheduler, self.engine.block_pool

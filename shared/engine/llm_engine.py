@@ -15,6 +15,7 @@ from shared.core.scheduler import Scheduler
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
 from shared.engine.outputs import RequestOutput
 from shared.engine.output_processor import OutputProcessor
+from shared.engine.resume import resume_request, split_resumed
 from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
@@ -81,18 +82,22 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, cache_salt: str | None = None,
-                    hold_blocks_on_finish: bool = False) -> str:
+                    hold_blocks_on_finish: bool = False, num_resumed_output_tokens: int = 0) -> str:
         """Validate and queue a request; returns its id. Raises InvalidRequestError.
 
         With `hold_blocks_on_finish` (prefill role) the request's blocks outlive it until
-        `release_request`, so its KV can be shipped first."""
+        `release_request`, so its KV can be shipped first. With `num_resumed_output_tokens`
+        (migration) the prompt's last tokens are outputs generated elsewhere already: they
+        count toward max_tokens, min_tokens and penalties, advance the grammar and the seeded
+        generator, and are not emitted again."""
         request_id = request_id if request_id is not None else str(next(self._request_counter))
-        for child in self._new_request(prompt, params, request_id, cache_salt):
+        for child in self._new_request(prompt, params, request_id, cache_salt, num_resumed_output_tokens):
             child.hold_blocks_on_finish = hold_blocks_on_finish
             self.scheduler.add_request(child)
         return request_id
 
-    def _new_request(self, prompt, params, request_id: str, cache_salt) -> list[Request]:
+    def _new_request(self, prompt, params, request_id: str, cache_salt,
+                     num_resumed_output_tokens: int = 0) -> list[Request]:
         params = params or SamplingParams()
         if request_id in self._children:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -101,10 +106,13 @@ class LLMEngine:
         params.validate(self.model_config.vocab_size)
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        token_ids, resumed = split_resumed(token_ids, num_resumed_output_tokens, params)
         layout = self.executor.kv_cache_layout
         max_out = max_output_tokens(len(token_ids), params, self.max_model_len, layout.num_blocks, layout.block_size)
         children = self._make_children(request_id, token_ids, params, max_out, cache_salt)
         self.guided.admit(children)
+        if resumed:
+            resume_request(children[0], resumed)
         self._children[request_id] = children
         self.output_processor.add_group(request_id, children)
         return children
@@ -112,12 +120,14 @@ class LLMEngine:
     # ---- disaggregation: prefill ships KV, decode receives it ------------------------------
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                        cache_salt: str | None = None) -> Reservation:
-        """Decode role: reserve blocks for a prompt whose KV a prefill instance will send.
+                        cache_salt: str | None = None, num_resumed_output_tokens: int = 0) -> Reservation:
+        """Decode role: reserve blocks for a prompt whose KV a prefill instance will send (its
+        last `num_resumed_output_tokens` generated elsewhere already: see add_request).
         Raises CapacityError when there is no room (the caller tries another instance)."""
         if params.n != 1:
             raise InvalidRequestError("n", "disaggregated requests generate one completion each")
-        [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt)
+        [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt,
+                                      num_resumed_output_tokens)
         if not self.scheduler.reserve(request):
             self._forget(request_id)
             raise CapacityError(f"no room for {request.num_prompt_tokens} prompt tokens")

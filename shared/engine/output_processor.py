@@ -22,7 +22,9 @@ class CompletionState:
     def __init__(self, index: int, request: Request, tokenizer):
         params = request.sampling_params
         self.output = CompletionOutput(index=index, logprobs=[] if params.logprobs is not None else None)
-        self.detokenizer = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+        # A resumed request's earlier outputs are context for its text, never emitted again.
+        self.num_resumed = request.num_resumed_output_tokens
+        self.detokenizer = (IncrementalDetokenizer(tokenizer, request.all_token_ids, params.skip_special_tokens)
                             if tokenizer is not None else None)
         self.matcher = StopStringMatcher(list(params.stop), params.include_stop_str_in_output)
 
@@ -133,7 +135,7 @@ class OutputProcessor:
     def _add_new_tokens(state: CompletionState, request: Request, runner_output: ModelRunnerOutput) -> bool:
         """Add the request's tokens the completion lacks, up to a stop string; True when the
         stop string ended it before the step's last token (the later tokens are dropped)."""
-        new_token_ids = request.output_token_ids[len(state.output.token_ids):]
+        new_token_ids = request.output_token_ids[state.num_resumed + len(state.output.token_ids):]
         for position, token_id in enumerate(new_token_ids):
             state.add_token(token_id, runner_output.logprobs.get(request.request_id))
             if state.stop_string is not None:

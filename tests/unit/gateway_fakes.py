@@ -5,6 +5,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.prefix_index import PrefixIndex
@@ -12,6 +13,7 @@ from shared.errors import REQUEST_FAILED_METADATA_KEY
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.pb.pdserve.v1 import instance_pb2 as inst
 from shared.pb.pdserve.v1 import instance_pb2_grpc
+from shared.wire.handback import handed_back_message
 
 FIRST_TOKEN_ID = 42
 DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
@@ -24,8 +26,11 @@ class Behaviour:
     prefill_error: grpc.StatusCode | None = None
     prefill_request_failed: bool = False  # Prefill answers INTERNAL marked as the request's own failure
     prefill_blocks: bool = False  # Prefill waits until cancelled
+    prefill_fails_toward: str = ""  # Prefill toward this UCX address fails (ABORTED): a dead decode
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
     decode_blocks_after_first: bool = False  # Decode sends one message, then waits
+    # Decode sends one message, turns NOT_SERVING and fails the call (a decode draining away).
+    decode_drains_after_first: bool = False
     num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
     block_ids: list[int] = field(default_factory=lambda: [7, 8, 9, 10])
 
@@ -50,12 +55,18 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
     async def start(self) -> None:
         self.server = grpc.aio.server()
         instance_pb2_grpc.add_InstanceServicer_to_server(self, self.server)
+        self.health = health.aio.HealthServicer()  # SERVING by default, like a live instance
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.address = f"127.0.0.1:{port}"
 
     async def stop(self) -> None:
         await self.server.stop(0)
+
+    async def set_serving(self, is_serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set("", status)
 
     async def Reserve(self, request, context):
         self.calls.append(("Reserve", request))
@@ -71,6 +82,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.started.set()
         if self.behaviour.prefill_error is not None:
             await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
+        if request.decode_ucx_address == self.behaviour.prefill_fails_toward:
+            await context.abort(grpc.StatusCode.ABORTED, f"KV transfer to {request.decode_ucx_address} failed")
         if self.behaviour.prefill_request_failed:
             await context.abort(grpc.StatusCode.INTERNAL, "request failed in the engine: sampling failed",
                                 trailing_metadata=((REQUEST_FAILED_METADATA_KEY, "1"),))
@@ -91,6 +104,9 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
                 message.finish_reason = gen.FINISH_REASON_STOP
                 message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=3, cached_prompt_tokens=999))
             yield message
+            if self.behaviour.decode_drains_after_first:
+                await self.set_serving(False)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, handed_back_message(request.request_id))
             if self.behaviour.decode_blocks_after_first:
                 await self._wait_for_cancel()
 

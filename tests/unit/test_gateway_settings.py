@@ -33,3 +33,11 @@ def test_bad_values_name_the_setting():
     with pytest.raises(InvalidRequestError, match="PDSERVE_BLOCK_SIZE"):
         parse([], {"PDSERVE_BLOCK_SIZE": "sixteen"})
     assert env_name("--max-prefill-retries") == "PDSERVE_MAX_PREFILL_RETRIES"
+
+
+def test_http_keep_alive_is_a_setting_with_a_long_default():
+    assert GatewaySettings().http_keep_alive_s == 75.0
+    assert parse([], {"PDSERVE_HTTP_KEEP_ALIVE_S": "120"}).http_keep_alive_s == 120.0
+    assert parse(["--http-keep-alive-s", "30"], {"PDSERVE_HTTP_KEEP_ALIVE_S": "120"}).http_keep_alive_s == 30.0
+    with pytest.raises(InvalidRequestError, match="^http_keep_alive_s:"):
+        parse(["--http-keep-alive-s", "0"], {})

@@ -236,6 +236,25 @@ def test_decode_prefix_cache_hits_are_not_sent_again(redis_server, tiny_llama_fo
     asyncio.run(scenario())
 
 
+def test_a_prefill_with_no_destination_scores_the_prompt_and_sends_nothing(redis_server, tiny_llama_folder,
+                                                                          offline):
+    prompt = prompt_ids(37, 8)
+
+    async def scenario():
+        async with running(make_settings("prefill", tiny_llama_folder, redis_server.url)) as prefill:
+            request = pb.PrefillRequest(request_id="scored", prompt_token_ids=prompt,
+                                        sampling=greedy(1, prompt_logprobs=1))
+            prefilled = await prefill.stub.Prefill(request, timeout=TIMEOUT_S)
+            expected = offline_output(offline, prompt, temperature=0.0, max_tokens=1, ignore_eos=True,
+                                      prompt_logprobs=1)
+            assert [e.token_id for e in prefilled.prompt_logprobs] == prompt[1:]
+            assert [e.logprob for e in prefilled.prompt_logprobs] == pytest.approx(
+                [e.logprob for e in expected.prompt_logprobs], abs=1e-4)
+            assert (prefilled.first_token_id, prefilled.kv_bytes_sent) == (expected.token_ids[0], 0)
+            await assert_everything_freed(prefill)
+    asyncio.run(scenario())
+
+
 def test_a_failed_transfer_re_arms_the_receiver_for_a_retried_prefill(redis_server, tiny_llama_folder, offline):
     prompt = prompt_ids(35, 6)
 

@@ -27,7 +27,9 @@ from services.gateway.http.error_handlers import install_error_handlers
 from services.gateway.http.errors import from_gateway_error, from_invalid_request
 from services.gateway.http.flow import respond
 from services.gateway.http.logprobs import TokenTexts
+from services.gateway.http.prompt_tokens import echoed, tokenized
 from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
 from services.gateway.http.unicode_check import check_encodable
 
@@ -37,36 +39,45 @@ OWNER = "pdserve"
 class OpenAIEndpoints:
     """The route handlers; each turns every failure into OpenAI's error shape."""
 
-    def __init__(self, state: GatewayState, health: GatewayHealth):
+    def __init__(self, state: GatewayState, health: GatewayHealth, tool_options: ToolOptions):
         self.state = state
         self.health = health
+        self.tool_options = tool_options
         self.created = int(time.time())
 
     async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
         response_id = f"cmpl-{uuid.uuid4().hex}"
         try:
-            model, _ = require_ready(self.state)
+            model, relay = require_ready(self.state)
             check_encodable(body)
+            relay.stats.unknown_fields.record("completions", body.model_extra or {})
             internal = completion_to_internal(body, response_id, self.state.limits.max_prompts)
+            token_ids = (tokenized(internal.messages, model, internal.renamed)
+                         if body.echo or internal.continuous_usage else [])
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
-        builder = CompletionBuilder(response_id, model.name, int(time.time()), internal.n,
-                                    TokenTexts(model.tokenizer), internal.include_usage,
-                                    wants_logprobs=body.logprobs is not None)
+        builder = CompletionBuilder(
+            response_id, model.name, int(time.time()), internal.n, TokenTexts(model.tokenizer),
+            internal.include_usage, internal.continuous_usage, sum(map(len, token_ids)),
+            num_logprobs=body.logprobs, echo=echoed(internal.messages, token_ids, model) if body.echo else None,
+            is_echo_only=internal.is_echo_only, num_prompt_logprobs=body.prompt_logprobs)
         return await respond(request, self.state, internal, builder)
 
     async def create_chat_completion(self, body: ChatCompletionRequest, request: Request) -> Response:
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
-            model, _ = require_ready(self.state)
+            model, relay = require_ready(self.state)
             check_encodable(body)
-            internal = chat_to_internal(body, response_id)
+            relay.stats.unknown_fields.record("chat.completions", body.model_extra or {})
+            internal = chat_to_internal(body, response_id, self.tool_options)
+            token_ids = tokenized(internal.messages, model, internal.renamed) if internal.continuous_usage else []
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
         num_top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         builder = ChatBuilder(response_id, model.name, int(time.time()), internal.n,
-                              TokenTexts(model.tokenizer), internal.include_usage,
-                              num_top_logprobs=num_top_logprobs)
+                              TokenTexts(model.tokenizer), internal.include_usage, internal.continuous_usage,
+                              sum(map(len, token_ids)), num_top_logprobs=num_top_logprobs,
+                              num_prompt_logprobs=body.prompt_logprobs, tools=internal.tools)
         return await respond(request, self.state, internal, builder)
 
     async def list_models(self) -> Response:
@@ -97,8 +108,9 @@ def _error_response(error: InvalidRequestError | GatewayError) -> Response:
     return from_gateway_error(error, {}).response()
 
 
-def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl | None = None) -> FastAPI:
-    endpoints = OpenAIEndpoints(state, health)
+def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl | None = None,
+              tool_options: ToolOptions = ToolOptions()) -> FastAPI:
+    endpoints = OpenAIEndpoints(state, health, tool_options)
     app = FastAPI(title="pdserve gateway", summary="OpenAI-compatible API of the pdserve gateway")
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_request_bytes)

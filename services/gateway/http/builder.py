@@ -1,9 +1,12 @@
 """The state of one OpenAI response while the gateway's messages arrive, and its JSON.
 
 `ResponseBuilder` is fed (prompt index, GenerateResponse) pairs as they come from the relay.
-Streaming, `chunk()` turns each into one SSE chunk; otherwise `add()` accumulates and
-`response()` builds the whole answer. Choice index = prompt index * n + completion index.
-Subclasses (completions, chat) shape the choices; this class owns the envelope and usage.
+Streaming, `chunks()` turns each into SSE chunks (usually one; a subclass may hold a message
+back until what it needs has arrived, and `closing_chunks()` flushes what is held);
+otherwise `add()` accumulates and `response()` builds the whole answer. Choice index =
+prompt index * n + completion index. Subclasses (completions, chat) shape the choices; this
+class owns the envelope and usage (in every chunk with `continuous_usage`: the request's
+running totals, which end equal to the final usage).
 """
 
 from dataclasses import dataclass, field
@@ -61,22 +64,35 @@ class ResponseBuilder:
     chunk_object_name = ""
 
     def __init__(self, response_id: str, model_name: str, created: int, n: int, texts: TokenTexts,
-                 include_usage: bool = False):
+                 include_usage: bool = False, continuous_usage: bool = False, num_prompt_tokens: int = 0):
+        """`num_prompt_tokens`: of all prompts, for the running usage of `continuous_usage`."""
         self.response_id = response_id
         self.model_name = model_name
         self.created = created
         self.n = n
         self.texts = texts
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
         self.choices: dict[int, ChoiceState] = {}
         self.usage = UsageTotal()
+        self.running = UsageTotal(prompt_tokens=num_prompt_tokens)
 
     def add(self, prompt_index: int, message: generation_pb2.GenerateResponse) -> tuple[ChoiceState, int]:
         index = prompt_index * self.n + message.index
-        choice = self.choices.setdefault(index, ChoiceState(index))
+        if index not in self.choices:
+            self.choices[index] = self.new_choice(prompt_index, index)
+        choice = self.choices[index]
         if message.HasField("usage"):
             self.usage.add(message.usage)
+        self.running.completion_tokens += len(message.token_ids)
         return choice, choice.add(message)
+
+    def new_choice(self, prompt_index: int, index: int) -> ChoiceState:
+        return ChoiceState(index)
+
+    def chunks(self, prompt_index: int, message: generation_pb2.GenerateResponse) -> list[dict]:
+        """The SSE chunks to send for this message (none while it is held back)."""
+        return [self.chunk(prompt_index, message)]
 
     def chunk(self, prompt_index: int, message: generation_pb2.GenerateResponse) -> dict:
         choice, offset = self.add(prompt_index, message)
@@ -84,6 +100,10 @@ class ResponseBuilder:
 
     def opening_chunks(self) -> list[dict]:
         """Chunks sent before the first token (chat: each choice's role)."""
+        return []
+
+    def closing_chunks(self) -> list[dict]:
+        """Chunks still held back when the last message has arrived."""
         return []
 
     def usage_chunk(self) -> dict:
@@ -101,7 +121,9 @@ class ResponseBuilder:
     def envelope(self, object_name: str, choices: list[dict]) -> dict:
         body = {"id": self.response_id, "object": object_name, "created": self.created,
                 "model": self.model_name, "choices": choices}
-        if self.include_usage:
+        if self.continuous_usage:  # (streaming only; whole responses set their final usage)
+            body["usage"] = self.running.to_json()
+        elif self.include_usage:
             body["usage"] = None
         return body
 

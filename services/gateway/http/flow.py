@@ -37,7 +37,7 @@ class ClientDisconnected(Exception):
 
 async def respond(request: Request, state: GatewayState, internal: InternalRequest,
                   builder: ResponseBuilder) -> Response:
-    stream = open_stream(state, internal.messages)
+    stream = open_stream(state, internal.messages, internal.is_echo_only)
     is_handed_over = False
     try:
         if not internal.stream:
@@ -55,16 +55,16 @@ async def respond(request: Request, state: GatewayState, internal: InternalReque
             await stream.aclose()
 
 
-def open_stream(state: GatewayState,
-                messages: list[gateway_pb2.GenerateRequest]) -> AsyncIterator[Tagged]:
+def open_stream(state: GatewayState, messages: list[gateway_pb2.GenerateRequest],
+                is_prompt_only: bool = False) -> AsyncIterator[Tagged]:
     """One relay stream per prompt, merged; items are (prompt index, message)."""
-    streams = [_tagged(state, index, message) for index, message in enumerate(messages)]
+    streams = [_tagged(state, index, message, is_prompt_only) for index, message in enumerate(messages)]
     return streams[0] if len(streams) == 1 else merge_streams(streams)
 
 
-async def _tagged(state: GatewayState, prompt_index: int,
-                  message: gateway_pb2.GenerateRequest) -> AsyncIterator[Tagged]:
-    stream = generate_stream(state, message)
+async def _tagged(state: GatewayState, prompt_index: int, message: gateway_pb2.GenerateRequest,
+                  is_prompt_only: bool) -> AsyncIterator[Tagged]:
+    stream = generate_stream(state, message, is_prompt_only=is_prompt_only)
     async with contextlib.aclosing(stream):
         async for response in stream:
             yield prompt_index, response

@@ -2,8 +2,10 @@
 
 Only types are checked here (a wrong type is a 400 naming the field); ranges and meaning
 are checked by the same validation as the gRPC API, once the body is converted to a
-GenerateRequest (`to_internal`). Unknown fields are ignored, as OpenAI-compatible servers
-do; fields we know but cannot honour are declared so that `to_internal` can refuse them.
+GenerateRequest (`to_internal`). Unknown top-level fields are accepted, as OpenAI-compatible
+servers do, and kept in `model_extra` so that the endpoints log and count them
+(services.gateway.unknown_fields); fields we know but cannot honour are declared so that
+`to_internal` can refuse them.
 """
 
 from typing import Any
@@ -31,14 +33,16 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: running usage in every chunk
 
 
 class SamplingFields(BaseModel):
     """Fields both endpoints share: OpenAI's and the extras vLLM users send."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = ""  # empty: the served model
+    user: str | None = None  # OpenAI's end-user id: accepted, not used
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = None
@@ -59,6 +63,8 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool | None = None
     # pdserve: false keeps this request out of speculative decoding.
     use_speculation: bool | None = None
+    # vLLM's: logprobs of every prompt token after the first, with this many alternatives.
+    prompt_logprobs: int | None = None
     # vLLM's tenant isolation: requests with different salts never share prefix-cache blocks.
     cache_salt: str | None = None
     # Guided decoding (`guided_fields`): OpenAI's response_format, or vLLM's extras.
@@ -80,7 +86,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions; null: up to the model's length
     logprobs: int | None = None  # top alternatives per token (0: the sampled token only)
-    echo: bool | None = None  # not supported
+    echo: bool | None = None  # the prompt starts each choice's text (and logprobs)
     suffix: str | None = None  # not supported
 
 
@@ -91,11 +97,47 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message of the conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
+    name: str | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: any object
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -106,5 +148,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    # Known but not supported: refused when set.
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call with "required"

@@ -40,11 +40,13 @@ def reachable_address(host: str, port: int) -> str:
 
 
 class HttpFrontDoor:
-    def __init__(self, app, tls_cert_file: str | None = None, tls_key_file: str | None = None):
-        """With a certificate and key, HTTPS."""
+    def __init__(self, app, tls_cert_file: str | None = None, tls_key_file: str | None = None,
+                 keep_alive_s: float = 75.0):
+        """With a certificate and key, HTTPS; idle keep-alive connections close after keep_alive_s."""
         self.app = app
         self.tls_cert_file = tls_cert_file
         self.tls_key_file = tls_key_file
+        self.keep_alive_s = keep_alive_s
         self.address: str | None = None
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task | None = None
@@ -54,7 +56,8 @@ class HttpFrontDoor:
         sock = bind_socket(host, port)
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
                                 http="h11", timeout_graceful_shutdown=5,
-                                ssl_certfile=self.tls_cert_file, ssl_keyfile=self.tls_key_file)
+                                ssl_certfile=self.tls_cert_file, ssl_keyfile=self.tls_key_file,
+                                timeout_keep_alive=self.keep_alive_s)
         self._server = _EmbeddedServer(config)
         self._task = asyncio.get_running_loop().create_task(
             self._server.serve(sockets=[sock]), name="gateway-http")

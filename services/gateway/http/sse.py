@@ -36,9 +36,13 @@ async def sse_events(first: Tagged, rest: AsyncIterator[Tagged], builder: Respon
         try:
             for chunk in builder.opening_chunks():
                 yield encode_event(chunk)
-            yield encode_event(builder.chunk(*first))
+            for chunk in builder.chunks(*first):
+                yield encode_event(chunk)
             async for prompt_index, message in rest:
-                yield encode_event(builder.chunk(prompt_index, message))
+                for chunk in builder.chunks(prompt_index, message):
+                    yield encode_event(chunk)
+            for chunk in builder.closing_chunks():
+                yield encode_event(chunk)
             if builder.include_usage:
                 yield encode_event(builder.usage_chunk())
         except GatewayError as error:

@@ -7,13 +7,15 @@ shared validation uses to the OpenAI names, so its errors name what the client s
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.wire.guided import guided_to_proto
 
 from services.gateway.http.guided_fields import guided_from_body
+from services.gateway.http.tool_choice import ToolOptions, ToolPlan, plan_tools
+from services.gateway.http.tool_prompt import with_tool_turns
 from services.gateway.http.schemas import (
     ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields)
 
@@ -22,7 +24,7 @@ MAX_PROMPTS = 64  # prompts in one /v1/completions request (the default of --max
 _SAME_NAME_FIELDS = (
     "n", "seed", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
     "min_tokens", "ignore_eos", "repetition_penalty", "skip_special_tokens", "include_stop_str_in_output",
-    "use_speculation",
+    "use_speculation", "prompt_logprobs",
 )
 _COMPLETION_RENAMES = {"text": "prompt", "token_ids": "prompt"}
 _CHAT_RENAMES = {"chat.messages": "messages", "chat": "messages", "prompt": "messages"}
@@ -37,17 +39,23 @@ class InternalRequest:
     stream: bool
     include_usage: bool
     renamed: dict[str, str] = field(default_factory=dict)  # internal field -> OpenAI field
+    continuous_usage: bool = False  # running usage in every streamed chunk
+    is_echo_only: bool = False  # echo with max_tokens 0: the engine's one token is dropped
+    tools: ToolPlan = ToolPlan("none", [])  # chat: what tool calling asks for
 
 
 def completion_to_internal(body: CompletionRequest, request_id: str,
                            max_prompts: int = MAX_PROMPTS) -> InternalRequest:
     _refuse_unsupported(body)
-    if body.echo:
-        raise InvalidRequestError("echo", "is not supported by this server")
     if body.suffix:
         raise InvalidRequestError("suffix", "is not supported by this server")
-    sampling = sampling_proto(body, body.max_tokens, body.logprobs)
+    is_echo_only = bool(body.echo) and body.max_tokens == 0
+    sampling = sampling_proto(body, 1 if is_echo_only else body.max_tokens, body.logprobs)
     renamed = dict(_COMPLETION_RENAMES, **add_guided(sampling, body))
+    if body.echo and body.logprobs is not None:  # the echoed prompt's logprobs come from the engine
+        _set_scalar(sampling, "prompt_logprobs", max(body.logprobs, body.prompt_logprobs or 0))
+        if body.prompt_logprobs is None:
+            renamed["prompt_logprobs"] = "logprobs"
     prompts = split_prompts(body.prompt, max_prompts)
     messages = []
     for index, prompt in enumerate(prompts):
@@ -58,13 +66,13 @@ def completion_to_internal(body: CompletionRequest, request_id: str,
         else:
             message.token_ids.ids.extend(_checked_token_ids(prompt))
         messages.append(message)
-    return _internal(body, messages, renamed)
+    return _internal(body, messages, renamed, is_echo_only=is_echo_only)
 
 
-def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRequest:
+def chat_to_internal(body: ChatCompletionRequest, request_id: str,
+                     tool_options: ToolOptions = ToolOptions()) -> InternalRequest:
     _refuse_unsupported(body)
-    if body.tools:
-        raise InvalidRequestError("tools", "tool calling is not supported by this server")
+    tools = plan_tools(body, tool_options)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs", "requires logprobs to be true")
     renamed = dict(_CHAT_RENAMES, logprobs="top_logprobs")
@@ -75,20 +83,36 @@ def chat_to_internal(body: ChatCompletionRequest, request_id: str) -> InternalRe
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     sampling = sampling_proto(body, max_tokens, logprobs)
     renamed.update(add_guided(sampling, body))
-    message = gateway_pb2.GenerateRequest(
-        request_id=request_id, model=body.model, sampling=sampling,
-        chat=gateway_pb2.ChatMessages(messages=[_chat_message(m, i) for i, m in enumerate(body.messages)]))
-    return _internal(body, [message], renamed)
+    _add_tool_guide(sampling, tools, renamed)
+    rendered = with_tool_turns([_chat_message(m, i) for i, m in enumerate(body.messages)], body.messages,
+                               tools.tools)
+    message = gateway_pb2.GenerateRequest(request_id=request_id, model=body.model, sampling=sampling,
+                                          chat=gateway_pb2.ChatMessages(messages=rendered))
+    return replace(_internal(body, [message], renamed), tools=tools)
+
+
+def _add_tool_guide(message: generation_pb2.SamplingParams, tools: ToolPlan, renamed: dict[str, str]) -> None:
+    """A named function or "required": the output constrained to the call(s)."""
+    guided = tools.guided
+    if guided is None:
+        return
+    if message.HasField("guided"):
+        raise InvalidRequestError("tool_choice", f"{tools.mode!r} cannot be combined with another "
+                                                 "guided-decoding constraint")
+    message.guided.CopyFrom(guided_to_proto(guided))
+    renamed.update({"guided": "tool_choice", "guided.json_schema": "tools"})
 
 
 def _internal(body: SamplingFields, messages: list[gateway_pb2.GenerateRequest],
-              renamed: dict[str, str]) -> InternalRequest:
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+              renamed: dict[str, str], is_echo_only: bool = False) -> InternalRequest:
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
     if body.cache_salt is not None:
         for message in messages:
             message.cache_salt = body.cache_salt
-    return InternalRequest(messages, n=body.n or 1, stream=bool(body.stream),
-                           include_usage=include_usage, renamed=renamed)
+    return InternalRequest(messages, n=body.n or 1, stream=bool(body.stream), include_usage=include_usage,
+                           renamed=renamed, continuous_usage=include_usage and options.continuous_usage_stats,
+                           is_echo_only=is_echo_only)
 
 
 def _refuse_unsupported(body: SamplingFields) -> None:

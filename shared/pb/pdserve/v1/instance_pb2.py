@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shared.pb.pdserve.v1 import generation_pb2 as pdserve_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/instance.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\x90\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x63ode_ucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x17\n\x0fnum_skip_blocks\x18\x07 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x08 \x01(\x0cH\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x11\n\x0f_transfer_token\"\xa8\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x12\x35\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\"\n\x1anum_computed_prompt_tokens\x18\x04 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x05 \x01(\r\x12\x15\n\rkv_bytes_sent\x18\x06 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x07 \x01(\x01\x42\x11\n\x0f_first_logprobs\"\xa6\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08lease_ms\x18\x05 \x01(\rB\r\n\x0b_cache_salt\"\x8b\x01\n\x0fReserveResponse\x12\x13\n\x0bucx_address\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x42\x11\n\x0f_transfer_token\"\x89\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x42\x11\n\x0f_first_logprobs\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"4\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\" \n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\"\x9d\x01\n\x17InstanceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x0f\n\rStatusRequest\"\x93\x03\n\x0eInstanceStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\"\n\x1anum_prompt_tokens_computed\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x1d\n\x15num_generation_tokens\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x1a\n\x12num_lease_expiries\x18\x0c \x01(\x04\x12\x1c\n\x14kv_bytes_transferred\x18\r \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x0e \x01(\x01\x12\x10\n\x08num_held\x18\x0f \x01(\r2\xee\x03\n\x08Instance\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponse\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12O\n\x08Generate\x12#.pdserve.v1.InstanceGenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\tGetStatus\x12\x19.pdserve.v1.StatusRequest\x1a\x1a.pdserve.v1.InstanceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/instance.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\xd6\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x63ode_ucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x17\n\x0fnum_skip_blocks\x18\x07 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x08 \x01(\x0cH\x01\x88\x01\x01\x12&\n\x19num_resumed_output_tokens\x18\t \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_cache_saltB\x11\n\x0f_transfer_tokenB\x1c\n\x1a_num_resumed_output_tokens\"\xa8\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x12\x35\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\"\n\x1anum_computed_prompt_tokens\x18\x04 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x05 \x01(\r\x12\x15\n\rkv_bytes_sent\x18\x06 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x07 \x01(\x01\x42\x11\n\x0f_first_logprobs\"\xec\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12&\n\x19num_resumed_output_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x1c\n\x1a_num_resumed_output_tokens\"\x8b\x01\n\x0fReserveResponse\x12\x13\n\x0bucx_address\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x42\x11\n\x0f_transfer_token\"\x89\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x42\x11\n\x0f_first_logprobs\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"4\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\" \n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\"\x9d\x01\n\x17InstanceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x0f\n\rStatusRequest\"\x93\x03\n\x0eInstanceStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\"\n\x1anum_prompt_tokens_computed\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x1d\n\x15num_generation_tokens\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x1a\n\x12num_lease_expiries\x18\x0c \x01(\x04\x12\x1c\n\x14kv_bytes_transferred\x18\r \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x0e \x01(\x01\x12\x10\n\x08num_held\x18\x0f \x01(\r2\xee\x03\n\x08Instance\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponse\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12O\n\x08Generate\x12#.pdserve.v1.InstanceGenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\tGetStatus\x12\x19.pdserve.v1.StatusRequest\x1a\x1a.pdserve.v1.InstanceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.instance_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=71
-  _globals['_PREFILLREQUEST']._serialized_end=343
-  _globals['_PREFILLRESPONSE']._serialized_start=346
-  _globals['_PREFILLRESPONSE']._serialized_end=642
-  _globals['_RESERVEREQUEST']._serialized_start=645
-  _globals['_RESERVEREQUEST']._serialized_end=811
-  _globals['_RESERVERESPONSE']._serialized_start=814
-  _globals['_RESERVERESPONSE']._serialized_end=953
-  _globals['_DECODEREQUEST']._serialized_start=956
-  _globals['_DECODEREQUEST']._serialized_end=1093
-  _globals['_RELEASEREQUEST']._serialized_start=1095
-  _globals['_RELEASEREQUEST']._serialized_end=1131
-  _globals['_RELEASERESPONSE']._serialized_start=1133
-  _globals['_RELEASERESPONSE']._serialized_end=1168
-  _globals['_RENEWREQUEST']._serialized_start=1170
-  _globals['_RENEWREQUEST']._serialized_end=1222
-  _globals['_RENEWRESPONSE']._serialized_start=1224
-  _globals['_RENEWRESPONSE']._serialized_end=1256
-  _globals['_INSTANCEGENERATEREQUEST']._serialized_start=1259
-  _globals['_INSTANCEGENERATEREQUEST']._serialized_end=1416
-  _globals['_STATUSREQUEST']._serialized_start=1418
-  _globals['_STATUSREQUEST']._serialized_end=1433
-  _globals['_INSTANCESTATUS']._serialized_start=1436
-  _globals['_INSTANCESTATUS']._serialized_end=1839
-  _globals['_INSTANCE']._serialized_start=1842
-  _globals['_INSTANCE']._serialized_end=2336
+  _globals['_PREFILLREQUEST']._serialized_end=413
+  _globals['_PREFILLRESPONSE']._serialized_start=416
+  _globals['_PREFILLRESPONSE']._serialized_end=712
+  _globals['_RESERVEREQUEST']._serialized_start=715
+  _globals['_RESERVEREQUEST']._serialized_end=951
+  _globals['_RESERVERESPONSE']._serialized_start=954
+  _globals['_RESERVERESPONSE']._serialized_end=1093
+  _globals['_DECODEREQUEST']._serialized_start=1096
+  _globals['_DECODEREQUEST']._serialized_end=1233
+  _globals['_RELEASEREQUEST']._serialized_start=1235
+  _globals['_RELEASEREQUEST']._serialized_end=1271
+  _globals['_RELEASERESPONSE']._serialized_start=1273
+  _globals['_RELEASERESPONSE']._serialized_end=1308
+  _globals['_RENEWREQUEST']._serialized_start=1310
+  _globals['_RENEWREQUEST']._serialized_end=1362
+  _globals['_RENEWRESPONSE']._serialized_start=1364
+  _globals['_RENEWRESPONSE']._serialized_end=1396
+  _globals['_INSTANCEGENERATEREQUEST']._serialized_start=1399
+  _globals['_INSTANCEGENERATEREQUEST']._serialized_end=1556
+  _globals['_STATUSREQUEST']._serialized_start=1558
+  _globals['_STATUSREQUEST']._serialized_end=1573
+  _globals['_INSTANCESTATUS']._serialized_start=1576
+  _globals['_INSTANCESTATUS']._serialized_end=1979
+  _globals['_INSTANCE']._serialized_start=1982
+  _globals['_INSTANCE']._serialized_end=2476
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,183 @@
+"""Faults under load (`make bench-faults`): components killed or stopped while streams run.
+
+Starts a supervised stack (Redis, 2 prefill + 2 decode instances, a gateway; a child that exits
+unasked is restarted, as under `pdserve up`), then per scenario runs greedy streaming requests
+(random prompts of 100-300 tokens, 64 output tokens, EOS ignored) and injects the fault once
+some streams are running. Prints one row per scenario: requests ok / failed, streams migrated
+(the gateway's `pdserve:migrations_total`), recovery time (fault until the victim is back,
+SERVING and registered, or for Redis until every instance is registered again), and p99 TTFT
+of the requests that started in the fault window and p99 inter-token latency inside it.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import grpc  # noqa: E402
+import redis.asyncio  # noqa: E402
+
+from benchmarks.fault_load import StreamingLoad, StreamResult  # noqa: E402
+from services.launcher import LocalStack, StackConfig  # noqa: E402
+from services.launcher.supervisor import RestartPolicy  # noqa: E402
+from shared.cluster.instances import InstanceRegistry  # noqa: E402
+from shared.cluster.keys import ClusterNamespace  # noqa: E402
+from shared.model.default_model import resolve_model  # noqa: E402
+from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
+
+logger = logging.getLogger("benchmarks.faults")
+
+# (scenario, victim, signal); the first row is the same load without a fault.
+SCENARIOS = (
+    ("none (baseline)", None, None),
+    ("redis kill -9", "redis", signal.SIGKILL),
+    ("prefill kill -9", "prefill-0", signal.SIGKILL),
+    ("decode kill -9 (migration)", "decode-0", signal.SIGKILL),
+    ("decode SIGTERM (drain)", "decode-1", signal.SIGTERM),
+    ("prefill SIGTERM (drain)", "prefill-1", signal.SIGTERM),
+)
+
+
+@dataclass
+class Row:
+    scenario: str
+    num_ok: int
+    num_failed: int
+    num_migrated: int
+    recovery_s: float
+    ttft_p99_ms: float
+    itl_p99_ms: float
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-requests", type=int, default=24, help="requests per scenario")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--scenario", action="append", help="run only scenarios containing this text")
+    return parser.parse_args()
+
+
+def start_stack(dtype: str) -> LocalStack:
+    config = StackConfig(num_prefill=2, num_decode=2, model=str(resolve_model(None)), dtype=dtype, num_threads=1,
+                         gateway_port=0, gateway_http_port=0, run_dir=Path(tempfile.mkdtemp(prefix="bench-faults-")),
+                         extra_args={"instance": ["--heartbeat-interval-s", "0.5", "--heartbeat-ttl-s", "2"]},
+                         restart_policy=RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0))
+    stack = LocalStack(config)
+    stack.start()
+    return stack
+
+
+def registered_ids(stack: LocalStack) -> set[str]:
+    namespace = ClusterNamespace(stack.config.deployment, Path(stack.config.model).name)
+
+    async def read() -> set[str]:
+        async with redis.asyncio.Redis.from_url(stack.redis_url, socket_timeout=1) as client:
+            return await InstanceRegistry(client, namespace).live_instance_ids()
+    try:
+        return asyncio.run(read())
+    except (OSError, redis.RedisError):
+        return set()
+
+
+def num_restarts(stack: LocalStack, name: str) -> int:
+    return next((r.num_restarts for r in stack.supervisor.records() if r.name == name), 0)
+
+
+def wait_recovered(stack: LocalStack, victim: str, restarts_before: int, timeout_s: float = 300.0) -> float:
+    """Seconds until the victim was restarted and every instance is registered."""
+    started = time.monotonic()
+    names = {child.name for child in stack.instances}
+    while time.monotonic() - started < timeout_s:
+        if num_restarts(stack, victim) > restarts_before and registered_ids(stack) == names:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    return float("nan")
+
+
+def migrations(stack: LocalStack) -> int:
+    http_address = stack.ready_info["gateway"]["http_address"]
+    text = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
+    return sum(int(float(value)) for value in re.findall(r"^pdserve:migrations_total\{[^}]*\} (\S+)", text, re.M))
+
+
+def p99_ms(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def window_latencies(results: list[StreamResult], start: float, end: float) -> tuple[float, float]:
+    ttfts = [r.ttft_s for r in results if r.ttft_s is not None and start <= r.started_at + r.ttft_s <= end + 30]
+    gaps = [gap for r in results for at, gap in r.gaps if start <= at <= end]
+    return p99_ms(ttfts), p99_ms(gaps)
+
+
+def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namespace, seed: int) -> Row:
+    name, victim, signum = scenario
+    restarts_before, migrated_before = num_restarts(stack, victim), migrations(stack)
+    with StreamingLoad(stub, args.num_requests, args.concurrency, prompt_tokens=(100, 300),
+                       max_tokens=args.output_len, seed=seed, timeout_s=600) as load:
+        load.wait_in_flight(min(4, args.concurrency), timeout_s=300)
+        fault_at = time.monotonic()
+        recovery_s = 0.0
+        if victim is not None:
+            os.kill(next(child for child in stack.children() if child.name == victim).pid, signum)
+            recovery_s = wait_recovered(stack, victim, restarts_before)
+        results = load.results()
+    window_end = fault_at + recovery_s if victim is not None else max(r.ended_at for r in results)
+    ttft, itl = window_latencies(results, fault_at, window_end)
+    num_ok = sum(result.is_ok for result in results)
+    return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s, ttft, itl)
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = ["| fault | requests ok | failed | migrated | recovery s | TTFT p99 ms | ITL p99 ms |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r.scenario} | {r.num_ok} | {r.num_failed} | {r.num_migrated} | {r.recovery_s:.1f} | "
+              f"{r.ttft_p99_ms:.0f} | {r.itl_p99_ms:.0f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def supervise_in_background(stack: LocalStack) -> threading.Event:
+    stop_event = threading.Event()
+    threading.Thread(target=stack.supervise, args=(stop_event,), daemon=True).start()
+    return stop_event
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args()
+    scenarios = [s for s in SCENARIOS if not args.scenario or any(text in s[0] for text in args.scenario)]
+    stack = start_stack(args.dtype)
+    stop_event = supervise_in_background(stack)
+    rows = []
+    try:
+        with grpc.insecure_channel(stack.gateway_address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            for seed, scenario in enumerate(scenarios, start=1):
+                rows.append(run_scenario(stack, stub, scenario, args, seed))
+                print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    finally:
+        stop_event.set()
+        stack.stop()
+    print(f"\n{args.num_requests} streaming requests per scenario at concurrency {args.concurrency}, "
+          f"{args.output_len} output tokens, {args.dtype}; logs in {stack.run_dir / 'logs'}\n")
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()

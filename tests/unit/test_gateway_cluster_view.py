@@ -1,0 +1,89 @@
+"""ClusterView through a Redis restart (a fake registry, a fake clock): a partial or empty
+listing right after Redis comes back (a failed listing before, or a new run id) adds to the
+last view instead of replacing it, until the grace period ends; outside it a listing is the
+truth (a dead instance drops out)."""
+
+import asyncio
+
+from services.gateway.cluster_view import ClusterView
+from shared.cluster.instances import InstanceInfo, InstanceLoad
+
+LOAD = InstanceLoad(0, 0, 10, 10)
+
+
+def record(instance_id: str, role: str = "decode"):
+    return InstanceInfo(instance_id, role, f"{instance_id}:1", "", "m"), LOAD
+
+
+class FakeRegistry:
+    def __init__(self):
+        self.listing = []
+        self.run_id = "run-1"
+        self.is_down = False
+
+    async def list_live(self):
+        if self.is_down:
+            raise ConnectionError("redis is down")
+        return list(self.listing)
+
+    async def server_run_id(self):
+        return self.run_id
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def ids(listing) -> list[str]:
+    return [info.instance_id for info, _ in listing]
+
+
+def make_view():
+    registry, clock = FakeRegistry(), Clock()
+    view = ClusterView(registry, prefix_index=None, cache_s=0.0, reconnect_grace_s=5.0, clock=clock)
+    return view, registry, clock
+
+
+def test_a_restarted_redis_does_not_empty_the_view_until_the_grace_ends():
+    async def scenario():
+        view, registry, clock = make_view()
+        registry.listing = [record("d0"), record("d1"), record("p0", "prefill")]
+        assert ids(await view.live()) == ["d0", "d1", "p0"]
+        registry.listing, registry.run_id = [], "run-2"  # restarted empty
+        clock.now += 1
+        assert ids(await view.live()) == ["d0", "d1", "p0"] and view.is_reconnecting()
+        registry.listing = [record("d1")]  # the first re-registration
+        clock.now += 1
+        assert ids(await view.live()) == ["d0", "d1", "p0"]
+        clock.now += 5  # grace over: the listing is the truth again
+        assert ids(await view.live()) == ["d1"] and not view.is_reconnecting()
+    asyncio.run(scenario())
+
+
+def test_an_outage_keeps_the_last_view_and_the_first_listing_after_it_only_adds():
+    async def scenario():
+        view, registry, clock = make_view()
+        registry.listing = [record("d0"), record("p0", "prefill")]
+        await view.live()
+        registry.is_down = True
+        clock.now += 1
+        assert ids(await view.live()) == ["d0", "p0"]
+        registry.is_down, registry.listing = False, [record("d2")]
+        clock.now += 1
+        assert ids(await view.live()) == ["d0", "d2", "p0"]
+    asyncio.run(scenario())
+
+
+def test_without_a_reconnect_a_listing_replaces_the_view():
+    async def scenario():
+        view, registry, clock = make_view()
+        registry.listing = [record("d0"), record("d1")]
+        await view.live()
+        registry.listing = [record("d1")]  # d0's registration lapsed
+        clock.now += 1
+        assert ids(await view.live()) == ["d1"]
+    asyncio.run(scenario())
