@@ -15,6 +15,7 @@ BENCH_ARGS ?=
 # `make run` flags for `pdserve up` (e.g. UP_ARGS="--num-prefill 2 --num-decode 2").
 UP_ARGS ?=
 GATEWAY_PORT ?= 50051
+SOAK_MINUTES ?= 30
 
 # Tests never depend on `proto`: the drift test checks the committed stubs, and
 # regenerating them before testing would hide drift.
@@ -25,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -42,6 +43,7 @@ help:
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-faults   kills and SIGTERMs under streaming load: ok/failed/migrated, recovery, p99 (BENCH_ARGS=...)"
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
+	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -89,6 +91,9 @@ bench-hol: setup
 # On a machine with an NVIDIA GPU (no venv needed there): scripts/gpu_check.sh directly.
 gpu-check:
 	PYTHON=$(if $(wildcard $(PYTHON)),$(PYTHON),python3) scripts/gpu_check.sh $(BENCH_ARGS)
+
+bench-soak: setup
+	$(PYTHON) -m benchmarks.soak --minutes $(SOAK_MINUTES) $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 
 import torch
 
@@ -9,6 +10,8 @@ from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.guided.limits import GuidedLimits
+from shared.memory.idle_trim import IdleTrimmer
+from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
 logger = logging.getLogger(__name__)
@@ -36,8 +39,11 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
 
 async def start_engine(settings: InstanceSettings) -> AsyncEngine:
     """Load the model off the event loop (health stays NOT_SERVING meanwhile), start the engine thread."""
+    os.environ[ONEDNN_CACHE_CAPACITY_VARIABLE] = str(settings.onednn_cache_capacity)  # before the model loads
     engine = await asyncio.to_thread(LLMEngine.from_config, engine_config(settings))
     async_engine = AsyncEngine(engine)
+    if settings.idle_trim_interval_s > 0:
+        async_engine.on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle
     async_engine.start()
     if settings.num_threads:
         # OpenMP thread counts are per calling thread: set it where the steps run too.

@@ -18,6 +18,7 @@ from shared.metrics.http_server import MetricsServer
 from shared.metrics.registry import new_registry
 from shared.metrics.request_latency import RequestLatencyTracker
 from shared.transfer.stats import TransferCounters
+from services.common.memory_metrics import InstanceMemory
 
 METRICS_OFF = -1
 
@@ -73,6 +74,7 @@ class InstanceMetrics:
         self.registry = new_registry()
         self.registry.register(EngineCollector(runtime.engine, self.labels))
         self.registry.register(RoleCollector(runtime, self.labels))
+        self.registry.register(InstanceMemory(runtime).collector(self.labels))
         self.tracker = RequestLatencyTracker(self.registry, self.labels)
         self.server = MetricsServer(self.registry)
 

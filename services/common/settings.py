@@ -80,6 +80,11 @@ class InstanceSettings:
                                             "reservations, running decodes) before stopping")
     shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish after the drain")
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
+    kv_staging_max_mb: float = _setting(128.0, "free KV-transfer staging buffers kept for reuse, MiB "
+                                               "(sender and receiver each)")
+    onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches")
+    idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
+                                                 "at most this often (0 = never)")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
     tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")
@@ -125,7 +130,8 @@ def validate_settings(settings: InstanceSettings) -> None:
                                "prefix_publish_interval_s"))
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s",
                                    "drain_timeout_s"))
-    _check_non_negative(settings, ("draft_num_layers",))
+    _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s"))
+    _check_positive(settings, ("onednn_cache_capacity",))
     speculative_config(settings)
     parallel_config(settings)
     if bool(settings.tls_cert_file) != bool(settings.tls_key_file):

@@ -38,7 +38,8 @@ class DecodeHandler(RoleHandler):
         self.async_engine = runtime.async_engine
         self.default_lease_ms = settings.lease_ms
         self.receiver = KVReceiver(engine.executor.kv_cache, engine.executor.kv_cache_layout,
-                                   host=settings.ucx_host, port=settings.ucx_port)
+                                   host=settings.ucx_host, port=settings.ucx_port,
+                                   max_staging_bytes=int(settings.kv_staging_max_mb * (1 << 20)))
         leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
         runtime.presence.resync_hooks.append(leases.republish)
         self.book = ReservationBook(runtime.async_engine, self.receiver, leases)

@@ -29,6 +29,7 @@ from services.common.role import RoleHandler
 logger = logging.getLogger(__name__)
 
 ENGINE_ID_SUFFIX = ":prefill"
+MIB = 1 << 20
 
 
 def prefill_params(params: SamplingParams, num_resumed: int = 0) -> SamplingParams:
@@ -86,7 +87,7 @@ def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: Tr
 class PrefillHandler(RoleHandler):
     def __init__(self, runtime, sender: KVSender | None = None):
         self.async_engine = runtime.async_engine
-        self.sender = sender or KVSender()
+        self.sender = sender or KVSender(max_staging_bytes=int(runtime.settings.kv_staging_max_mb * MIB))
 
     async def stop(self) -> None:
         await self.sender.close()

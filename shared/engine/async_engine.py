@@ -71,6 +71,8 @@ class AsyncEngine:
         self.on_failure = on_failure
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
+        # Called on the engine thread when it has nothing to run (memory trimming).
+        self.on_idle: Callable[[], Any] | None = None
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = threading.Event()
         self.error: BaseException | None = None
@@ -152,7 +154,10 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                self._run_commands(block=not self.engine.scheduler.num_unfinished)
+                is_idle = not self.engine.scheduler.num_unfinished
+                if is_idle and self.on_idle is not None:
+                    self._notify(self.on_idle)
+                self._run_commands(block=is_idle)
                 if self.engine.scheduler.num_unfinished:
                     self._dispatch(self.engine.step())
         except BaseException as error:  # noqa: BLE001 - fail every stream, then stop

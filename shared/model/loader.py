@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from shared.attention.backend import AttentionBackend
 from shared.errors import InvalidRequestError
 from shared.model.config import ModelConfig
-from shared.model.cpu_runtime import keep_freed_memory_in_process
+from shared.model.cpu_runtime import bound_onednn_caches, keep_freed_memory_in_process
 from shared.model.llama import LlamaForCausalLM
 from shared.model.packed_linear import pack_for_cpu
 
@@ -44,6 +44,7 @@ def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16, num_laye
     defaults to the CPU's torch paged attention."""
     if dtype not in SUPPORTED_DTYPES:
         raise InvalidRequestError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
+    bound_onednn_caches()  # before the first oneDNN primitive (packing below creates some)
     folder = Path(folder)
     config = _truncated(ModelConfig.from_folder(folder), num_layers)
     device = torch.device(device)

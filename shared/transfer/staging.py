@@ -1,49 +1,95 @@
-"""Reusable byte buffers for packing and receiving payloads.
+"""Reusable byte buffers for packing and receiving KV payloads, bounded in bytes.
 
 KVSender packs each payload into a buffer from its pool, KVReceiver receives each payload into
-one from its pool (page-locked when a GPU is present). Reusing buffers matters: writing into freshly allocated memory page-faults
-and runs ~10x slower than writing into memory that has been touched before.
+one from its pool (page-locked when a GPU is present). Reusing buffers matters: writing into
+fresh memory page-faults and runs ~10x slower than writing into memory touched before. Two
+rules keep the pool from growing the process:
+  * sizes are rounded up to size classes (powers of two in quarter steps, >= 64 KiB, at most
+    25% waste), so payloads of many lengths share a few buffers;
+  * every buffer is its own anonymous mmap, outside glibc's heaps: a buffer dropped from the
+    pool goes back to the kernel at once instead of leaving a hole in a heap that the raised
+    malloc thresholds (shared.model.cpu_runtime) would keep resident.
+Free buffers are kept up to `max_free_bytes`; past that the least recently released go.
 """
+
+import mmap
+from collections import OrderedDict
 
 import torch
 
 from shared.transfer.device_copy import new_staging_buffer
 
+MIN_CLASS_BYTES = 64 << 10
+DEFAULT_MAX_FREE_BYTES = 256 << 20
+
+
+def size_class(num_bytes: int) -> int:
+    """The smallest class >= num_bytes: 2^k, 1.25 * 2^k, 1.5 * 2^k or 1.75 * 2^k bytes."""
+    if num_bytes <= MIN_CLASS_BYTES:
+        return MIN_CLASS_BYTES
+    quarter = 1 << max(0, (num_bytes - 1).bit_length() - 3)  # a quarter of the power of two below
+    return -(-num_bytes // quarter) * quarter
+
+
+def _new_buffer(num_bytes: int) -> torch.Tensor:
+    """Page-locked where a GPU is present; else a 1-D uint8 tensor over an anonymous mmap,
+    unmapped when the last view goes."""
+    if torch.cuda.is_available():
+        return new_staging_buffer(num_bytes)
+    return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.uint8)
+
 
 class StagingPool:
-    """Hands out 1-D uint8 tensors of an exact size, backed by retained buffers.
+    """Hands out 1-D uint8 tensors of an exact size, views of retained size-class buffers.
 
-    `acquire(num_bytes)` returns a view of the smallest free buffer that is large enough (or a
-    new one); `release(view)` gives it back. Up to `max_free_buffers` free buffers are kept;
-    beyond that the smallest are dropped. Not thread-safe: use from one event loop.
+    `acquire(num_bytes)` returns a view of a free buffer of its class (or a new one);
+    `release(view)` gives it back; `discard(view)` forgets it (UCX may still touch it).
+    Not thread-safe: use from one event loop.
     """
 
-    def __init__(self, max_free_buffers: int = 4):
-        self._max_free_buffers = max_free_buffers
-        self._free_buffers: list[torch.Tensor] = []
+    def __init__(self, max_free_bytes: int = DEFAULT_MAX_FREE_BYTES):
+        self.max_free_bytes = max_free_bytes
+        self._free: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()  # id(buffer) -> (class, buffer)
         self._in_use: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(view) -> (view, buffer)
 
     def acquire(self, num_bytes: int) -> torch.Tensor:
-        fitting = [i for i, b in enumerate(self._free_buffers) if b.numel() >= num_bytes]
-        if fitting:
-            smallest = min(fitting, key=lambda i: self._free_buffers[i].numel())
-            buffer = self._free_buffers.pop(smallest)
-        else:
-            buffer = new_staging_buffer(num_bytes)
+        buffer = self._take_free(size_class(num_bytes))
+        if buffer is None:
+            buffer = _new_buffer(size_class(num_bytes))
         view = buffer[:num_bytes]
         self._in_use[id(view)] = (view, buffer)
         return view
 
     def release(self, view: torch.Tensor) -> None:
         _, buffer = self._in_use.pop(id(view))
-        self._free_buffers.append(buffer)
-        self._free_buffers.sort(key=torch.Tensor.numel, reverse=True)
-        del self._free_buffers[self._max_free_buffers:]
-
-    @property
-    def num_free_buffers(self) -> int:
-        return len(self._free_buffers)
+        self._free[id(buffer)] = (buffer.numel(), buffer)
+        while self.free_bytes > self.max_free_bytes:
+            self._free.popitem(last=False)
 
     def discard(self, view: torch.Tensor) -> None:
         """Forget a buffer that must not be reused (e.g. a failed receive may still write to it)."""
         self._in_use.pop(id(view))
+
+    @property
+    def num_free_buffers(self) -> int:
+        return len(self._free)
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(size for size, _ in self._free.values())
+
+    @property
+    def in_use_bytes(self) -> int:
+        return sum(buffer.numel() for _, buffer in self._in_use.values())
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of every buffer the pool holds, free or handed out."""
+        return self.free_bytes + self.in_use_bytes
+
+    def _take_free(self, class_bytes: int) -> torch.Tensor | None:
+        for key, (size, buffer) in self._free.items():
+            if size == class_bytes:
+                del self._free[key]
+                return buffer
+        return None

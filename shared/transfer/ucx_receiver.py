@@ -39,7 +39,7 @@ from shared.transfer.chunks import (
 from shared.transfer.errors import KVTransferError
 from shared.transfer.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.inflight import keep_until_done
-from shared.transfer.staging import StagingPool
+from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
 from shared.transfer.wire import as_numpy_bytes, check_kv_cache, find_block_id_problem, validate_header
@@ -72,12 +72,13 @@ class KVReceiver:
 
     `host` is the address advertised to senders (ucxx listeners accept on all interfaces);
     `port=0` lets the OS pick a free port. `verify_checksum=False` skips the per-chunk CRC-32
-    check even when the sender supplies one.
+    check even when the sender supplies one. `max_staging_bytes` bounds the free staging
+    buffers kept for reuse.
     """
 
     def __init__(
         self, kv_cache: torch.Tensor, layout: KVCacheLayout, host: str = "127.0.0.1", port: int = 0,
-        verify_checksum: bool = True,
+        verify_checksum: bool = True, max_staging_bytes: int = DEFAULT_MAX_FREE_BYTES,
     ):
         check_kv_cache(kv_cache, layout)
         self._kv_cache = kv_cache
@@ -87,7 +88,7 @@ class KVReceiver:
         self._verify_checksum_enabled = verify_checksum
         self._expected: dict[str, _ExpectedTransfer] = {}
         self._endpoints: set = set()
-        self._staging = StagingPool()
+        self.staging = StagingPool(max_staging_bytes)
         self._listener = None
         self.counters = TransferCounters()
 
@@ -193,7 +194,7 @@ class KVReceiver:
             await self._drain_payload(endpoint, header)
             return False
         chunks = plan_chunks(self._layout, header.num_blocks, header.rows_per_chunk, header.has_chunk_crc32)
-        staging = self._staging.acquire(staging_bytes(chunks))
+        staging = self.staging.acquire(staging_bytes(chunks))
         receives = [
             asyncio.ensure_future(endpoint.recv(message_view(staging, chunk), tag=PAYLOAD_TAG)) for chunk in chunks
         ]
@@ -243,10 +244,10 @@ class KVReceiver:
         cancelled (that would free the memory UCX writes into): they are kept, with the staging
         memory their views hold, until the endpoint's abort ends them (shared.transfer.inflight)."""
         if all(receive.done() for receive in receives):
-            self._staging.release(staging)
+            self.staging.release(staging)
             return
         keep_until_done(receives)
-        self._staging.discard(staging)  # never reused; freed once the last receive lets go
+        self.staging.discard(staging)  # never reused; freed once the last receive lets go
 
     async def _reject(self, endpoint, header: pb.KVTransferHeader, error: KVTransferError) -> None:
         """Tell the waiter (if any) and the sender why; the connection ends after this transfer.
@@ -271,7 +272,7 @@ class KVReceiver:
             return
         num_chunks = len(range(0, num_sender_rows, header.rows_per_chunk))
         chunk_bytes = header.payload_bytes // num_sender_rows * header.rows_per_chunk
-        scratch = self._staging.acquire(chunk_bytes + CRC32_TRAILER_BYTES)  # every chunk message fits
+        scratch = self.staging.acquire(chunk_bytes + CRC32_TRAILER_BYTES)  # every chunk message fits
         deadline = time.monotonic() + _DISCARD_TIMEOUT_S
         receives: list[asyncio.Future] = []
         try:
@@ -286,7 +287,7 @@ class KVReceiver:
             logger.debug("KV transfer %r: payload not drained: %s", header.request_id, drain_error)
         finally:
             keep_until_done(receives)  # never cancelled: UCX may still write into scratch
-            self._staging.discard(scratch)  # never reused; a pending receive keeps it alive
+            self.staging.discard(scratch)  # never reused; a pending receive keeps it alive
 
     def _admit(self, header: pb.KVTransferHeader) -> _ExpectedTransfer:
         """Check `header` against the layout and the expected transfers; marks it in flight."""

@@ -33,7 +33,7 @@ from shared.transfer.chunks import (
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.inflight import keep_until_done
-from shared.transfer.staging import StagingPool
+from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
 from shared.transfer.wire import build_header, check_kv_cache, find_block_id_problem
@@ -99,19 +99,20 @@ class KVSender:
 
     `use_checksum` ends every chunk with its CRC-32 (costs ~1 pass over the bytes on each side).
     `timeout_s` bounds one whole transfer, connection set-up included. `chunk_bytes` is the
-    target chunk size (whole rows; at least one row per chunk).
+    target chunk size (whole rows; at least one row per chunk). `max_staging_bytes` bounds the
+    free staging buffers kept for reuse.
     """
 
     def __init__(
         self, use_checksum: bool = True, timeout_s: float = 30.0, max_idle_per_address: int = 8,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_staging_bytes: int = DEFAULT_MAX_FREE_BYTES,
     ):
         self._use_checksum = use_checksum
         self._chunk_bytes = chunk_bytes
         self._timeout_s = timeout_s
         self._max_idle_per_address = max_idle_per_address
         self._idle_endpoints: dict[str, list] = defaultdict(list)
-        self._staging = StagingPool()
+        self.staging = StagingPool(max_staging_bytes)
         self.counters = TransferCounters()
 
     async def send(
@@ -132,7 +133,7 @@ class KVSender:
         chunks = plan_chunks(layout, len(src_block_ids), rows_per_chunk, self._use_checksum)
         payload = _OutgoingPayload(
             kv_cache, layout, np.asarray(src_block_ids, dtype=np.int64), chunks, self._use_checksum,
-            self._staging.acquire(staging_bytes(chunks)),
+            self.staging.acquire(staging_bytes(chunks)),
         )
         try:
             await self._send_on_own_endpoint(address, header, payload)
@@ -156,13 +157,13 @@ class KVSender:
                 endpoint = await self._checkout(address)
                 await self._exchange(endpoint, header, payload)
         except BaseException as error:
-            self._staging.discard(payload.staging)  # UCX may still be reading it
+            self.staging.discard(payload.staging)  # UCX may still be reading it
             converted = self._as_transfer_error(error, header.request_id, address, is_connected=endpoint is not None)
             if converted is error:
                 raise
             raise converted from error
         self._checkin(address, endpoint)
-        self._staging.release(payload.staging)
+        self.staging.release(payload.staging)
 
     async def _exchange(self, endpoint, header: pb.KVTransferHeader, payload: _OutgoingPayload) -> None:
         """Post the ack receive and the header, then gather and post chunk after chunk; the ack decides.

@@ -16,7 +16,7 @@ from shared.transfer.chunks import (
     staging_bytes,
 )
 from shared.transfer.framing import recv_message, send_message
-from shared.transfer.staging import StagingPool
+from shared.transfer.staging import MIN_CLASS_BYTES, StagingPool, size_class
 from shared.transfer.ucx_env import ucxx
 from shared.transfer.wire import FORMAT_VERSION, build_header, check_kv_cache, dtype_to_wire, validate_header
 
@@ -185,16 +185,36 @@ def test_cache_of_another_layout_is_invalid_input():
         check_kv_cache(LAYOUT.allocate().transpose(3, 4).contiguous().transpose(3, 4), LAYOUT)
 
 
-def test_staging_pool_reuses_the_smallest_fitting_buffer():
-    pool = StagingPool(max_free_buffers=2)
-    big, small = pool.acquire(1000), pool.acquire(100)
-    big_address, small_address = big.data_ptr(), small.data_ptr()
-    pool.release(big)
-    pool.release(small)
-    reused = pool.acquire(50)
-    assert (reused.numel(), reused.data_ptr()) == (50, small_address)
-    assert pool.acquire(1000).data_ptr() == big_address
+def test_staging_sizes_round_up_to_classes_with_at_most_a_quarter_wasted():
+    assert size_class(1) == size_class(MIN_CLASS_BYTES) == MIN_CLASS_BYTES
+    assert size_class(MIN_CLASS_BYTES + 1) == MIN_CLASS_BYTES * 5 // 4
+    assert size_class(1 << 20) == 1 << 20
+    assert size_class((1 << 20) + 1) == (1 << 20) * 5 // 4
+    for num_bytes in range(MIN_CLASS_BYTES, 64 << 20, 999_983):
+        assert num_bytes <= size_class(num_bytes) < num_bytes * 1.25 + 1
+
+
+def test_staging_pool_reuses_a_buffer_of_the_same_class():
+    pool = StagingPool()
+    first = pool.acquire(1_000_000)
+    address = first.data_ptr()
+    pool.release(first)
+    reused = pool.acquire(1_040_000)  # same class (1 MiB)
+    assert (reused.numel(), reused.data_ptr()) == (1_040_000, address)
+    other = pool.acquire(3_000_000)  # another class: a new buffer
+    assert other.data_ptr() != address
     assert pool.num_free_buffers == 0
+    assert pool.in_use_bytes == (1 << 20) + size_class(3_000_000)
+
+
+def test_staging_pool_keeps_at_most_max_free_bytes():
+    pool = StagingPool(max_free_bytes=3 << 20)
+    views = [pool.acquire(1 << 20) for _ in range(5)]
+    for view in views:
+        pool.release(view)
+    assert (pool.num_free_buffers, pool.free_bytes, pool.in_use_bytes) == (3, 3 << 20, 0)
+    pool.discard(pool.acquire(1 << 20))
+    assert pool.memory_bytes == 2 << 20
 
 
 class LoopbackEndpoint:

@@ -172,3 +172,15 @@ def test_missing_weight_is_named(tmp_path, tiny_llama_folder):
     save_file(weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(InvalidRequestError, match="missing \\['layers.1.mlp.gate_up_proj.weight'\\]"):
         load_model(tmp_path, torch.float32)
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16), reason="oneDNN without native bf16")
+@pytest.mark.parametrize("num_rows", [1, 9, 130, 2049])
+def test_packed_layers_pad_rows_to_a_bucket_and_return_only_the_real_rows(num_rows):
+    torch.manual_seed(num_rows)
+    linear = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    x = torch.randn(num_rows, 64, dtype=torch.bfloat16)
+    out = PackedLinear(linear)(x)
+    assert out.shape == (num_rows, 48)
+    expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+    torch.testing.assert_close(out.float(), expected, atol=0.1, rtol=0.02)

@@ -1,0 +1,133 @@
+"""Where a prefill instance's memory goes, per request kind (a diagnostic, not a benchmark).
+
+Runs what a prefill instance runs, in one process: the engine on its own thread (AsyncEngine),
+prompts held after their first token, their KV gathered into staging buffers the way KVSender
+does (no UCX), then released. Prints RSS, glibc's totals and tracemalloc's Python bytes after
+every batch, so a leak (in-use bytes grow) can be told from fragmentation (free bytes grow).
+
+    python -m benchmarks.memory_probe --kinds plain long logprobs guided cancelled --batches 6
+"""
+
+import argparse
+import importlib
+import asyncio
+import json
+import random
+import time
+import tracemalloc
+
+import numpy as np
+
+from shared.config import EngineConfig
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.llm_engine import LLMEngine
+from shared.guided.params import GuidedDecodingParams
+from shared.memory.malloc_stats import malloc_stats, release_free_memory
+from shared.memory.process import resident_bytes
+from shared.model import row_buckets
+from shared.sampling.params import SamplingParams
+from shared.transfer.chunks import (DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view,
+                                    plan_chunks, staging_bytes)
+from shared.transfer.staging import StagingPool
+
+MIB = 1 << 20
+KIND_PROMPT_LENGTHS = {"plain": (50, 400), "long": (1000, 1500), "logprobs": (50, 400),
+                       "guided": (50, 200), "cancelled": (800, 1500)}
+
+
+def params_for(kind: str, index: int) -> SamplingParams:
+    if kind == "logprobs":
+        return SamplingParams(max_tokens=1, logprobs=5, temperature=0.8, seed=index)
+    if kind == "guided":
+        schema = {"type": "object", "properties": {f"field_{index}": {"type": "integer"}},
+                  "required": [f"field_{index}"]}
+        return SamplingParams(max_tokens=1, guided=GuidedDecodingParams(json_schema=json.dumps(schema)))
+    return SamplingParams(max_tokens=1, temperature=0)
+
+
+async def run_one(async_engine: AsyncEngine, staging: StagingPool | None, kind: str, index: int,
+                  rng: random.Random) -> None:
+    engine = async_engine.engine
+    low, high = KIND_PROMPT_LENGTHS[kind]
+    prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(low, high))]
+    request_id = f"{kind}-{index}"
+
+    def add() -> None:
+        engine.add_request(prompt, params_for(kind, index), request_id, hold_blocks_on_finish=True)
+
+    try:
+        async for _ in async_engine.generate(request_id, add):
+            if kind == "cancelled":
+                return
+        if staging is not None:
+            await send_to_staging(async_engine, staging, request_id)
+    finally:
+        async_engine.submit(engine.release_request, request_id)
+
+
+async def send_to_staging(async_engine: AsyncEngine, staging: StagingPool, request_id: str) -> None:
+    """What KVSender does with a held prompt, minus the wire."""
+    engine = async_engine.engine
+    block_ids = await async_engine.call(engine.held_block_ids, request_id)
+    layout, kv_cache = engine.executor.kv_cache_layout, engine.executor.kv_cache
+    rows = choose_rows_per_chunk(layout, len(block_ids), DEFAULT_CHUNK_BYTES)
+    chunks = plan_chunks(layout, len(block_ids), rows, True)
+    buffer = staging.acquire(staging_bytes(chunks))
+    for chunk in chunks:
+        gather_chunk(kv_cache, layout, np.asarray(block_ids, dtype=np.int64), chunk, message_view(buffer, chunk), True)
+    staging.release(buffer)
+
+
+def report(label: str, started: float, baseline_python: int, tokens_per_s: float = 0.0) -> None:
+    stats = malloc_stats()
+    python_bytes = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+    print(f"{label:>14} t={time.perf_counter() - started:6.1f}s rss={resident_bytes() / MIB:7.1f} "
+          f"heap={stats.heap_bytes / MIB:7.1f} in_use={stats.in_use_bytes / MIB:7.1f} "
+          f"free={stats.free_bytes / MIB:7.1f} mmap={stats.mmap_bytes / MIB:6.1f} arenas={stats.num_arenas} "
+          f"python={(python_bytes - baseline_python) / MIB:6.2f} MiB prefill={tokens_per_s:6.1f} tok/s", flush=True)
+
+
+async def main(args: argparse.Namespace) -> None:
+    row_buckets.is_enabled = not args.no_buckets
+    engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads))
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    pool_class = importlib.import_module(args.staging_module).StagingPool
+    staging, rng, started = (None if args.no_staging else pool_class()), random.Random(0), time.perf_counter()
+    report("loaded", started, 0)
+    if args.tracemalloc:
+        tracemalloc.start(10)
+    baseline_python = tracemalloc.get_traced_memory()[0] if args.tracemalloc else 0
+    first = tracemalloc.take_snapshot() if args.tracemalloc else None
+    for batch in range(args.batches):
+        batch_started, tokens_before = time.perf_counter(), engine.stats.num_prompt_tokens_computed
+        for kind in args.kinds:
+            await asyncio.gather(*(run_one(async_engine, staging, kind, batch * 1000 + i, rng)
+                                   for i in range(args.per_batch)))
+        await async_engine.call(lambda: None)
+        if args.trim:
+            release_free_memory()
+        tokens = engine.stats.num_prompt_tokens_computed - tokens_before
+        report(f"batch {batch}", started, baseline_python, tokens / (time.perf_counter() - batch_started))
+    if first is not None:
+        for stat in tracemalloc.take_snapshot().compare_to(first, "traceback")[:8]:
+            print(stat, "\n   ", "\n    ".join(stat.traceback.format()[-6:]))
+    async_engine.stop()
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", default=list(KIND_PROMPT_LENGTHS), choices=list(KIND_PROMPT_LENGTHS))
+    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--per-batch", type=int, default=8, help="concurrent requests of each kind per batch")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every batch")
+    parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--staging-module", default="shared.transfer.staging", help="where StagingPool comes from")
+    parser.add_argument("--no-staging", action="store_true", help="skip gathering the KV into staging")
+    parser.add_argument("--no-buckets", action="store_true", help="do not pad matmul rows to buckets")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
