@@ -20,12 +20,23 @@ _PR_SET_PDEATHSIG = 1
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+# Resolved here, in the parent: loading a library in the forked child takes the dynamic
+# loader's lock, which another thread of a multithreaded parent may have held at fork time;
+# the child then never reaches exec and Popen waits forever (seen in the unit suite under load).
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGTERM it if the launcher dies (Linux only)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _pin_and_die_with_parent(cpus: tuple[int, ...]) -> Callable[[], None]:

@@ -9,6 +9,7 @@ thread, each streamed request start, every output dispatched, and each stream's 
 """
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -84,6 +85,7 @@ class AsyncEngine:
         self._stopping.set()
         self._commands.put(None)
         self._thread.join(timeout=30)
+        self._fail_queued_calls("the engine is stopped")
         self.engine.guided.shutdown()
 
     # ---- calls from asyncio --------------------------------------------------------------
@@ -95,7 +97,24 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put((fn, args, kwargs, loop, future))
+        if self._stopping.is_set() or self.error is not None:
+            self._fail_queued_calls(str(self.error or "the engine is stopped"))  # nobody else will
         return await future
+
+    def _fail_queued_calls(self, reason: str) -> None:
+        """Settle every call still queued with EngineDeadError, once the engine thread is gone
+        (or going): otherwise its caller would wait forever."""
+        if self._thread.is_alive() and self.error is None:
+            return
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command is not None and command[3] is not None:
+                _, _, _, loop, future = command
+                with contextlib.suppress(RuntimeError):  # that caller's loop is closed: nobody waits
+                    loop.call_soon_threadsafe(_settle, future, None, EngineDeadError(reason))
 
     async def prepare(self, params: SamplingParams) -> None:
         """Per-request work too heavy for the engine thread (compiling a guided constraint),
@@ -165,6 +184,7 @@ class AsyncEngine:
             self.error = error
             for stream in list(self._streams.values()):
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
+            self._fail_queued_calls(str(error))
             if self.on_failure is not None:
                 self._notify(self.on_failure, error)
 

@@ -15,9 +15,11 @@ loop): before using ucxx from a new loop, call `stop_ucx()` once the old loop is
 thread is not a daemon: its stop is registered to run at interpreter exit.
 """
 
+import gc
 import logging
 import os
 import threading
+import weakref
 
 DEFAULT_UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
 
@@ -35,17 +37,30 @@ apply_default_ucx_env()
 import ucxx  # noqa: E402  (must follow the environment defaults above)
 
 
+# Contexts whose reset found them still referenced. Each is kept alive on purpose: ucxx gives
+# every context a finalizer that clears the process-wide table of progress tasks, so one
+# collected later (a log record or a pending operation letting go of it) would also drop the
+# *live* context's progress task, and with it its worker's progress thread, mid-transfer.
+_STALE_CONTEXTS: list = []
+
+
 def stop_ucx() -> None:
     """Tear down ucxx (notifier thread and context) so a later event loop can start it afresh.
 
     Call after the event loop that used ucxx is finished and every KVSender/KVReceiver is
-    closed. If some ucxx object is still alive only the notifier thread is stopped.
+    closed. ucxx clears its context even when something still references it (it then raises:
+    a finished receive whose exception keeps a closed endpoint alive, for example); the
+    notifier thread is stopped either way, and such a stale context is kept (see above).
     """
+    if ucxx.core._ctx is None:
+        return
+    context = weakref.ref(ucxx.core._ctx)  # a strong reference here would fail the reset itself
+    gc.collect()  # references held only by cycles (tracebacks, futures) are no reason to fail
     try:
         ucxx.reset()
     except ucxx.exceptions.UCXError as error:
-        logger.debug("ucxx.reset() incomplete, stopping the notifier thread only: %s", error)
-        ucxx.stop_notifier_thread()
+        _STALE_CONTEXTS.append(context())
+        logger.info("UCX context still referenced at reset, kept until exit: %s", str(error).splitlines()[0])
 
 
 # Runs before the interpreter joins non-daemon threads, unlike `atexit` (CPython 3.9+).

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from services.common.ucx import reset_ucx
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlamaForCausalLM
 
@@ -36,3 +38,28 @@ def tiny_llama_folder(tmp_path_factory) -> Path:
 def tiny_llama_untied_folder(tmp_path_factory) -> Path:
     """Like `tiny_llama_folder`, with a separate `lm_head.weight`."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_untied"), tie_word_embeddings=False, seed=1)
+
+
+# A unit test that hangs fails after this long (pytest-timeout, thread method: it prints every
+# thread's stack, then ends the run) instead of stalling CI. The whole-run default is longer.
+UNIT_TEST_TIMEOUT_S = 300
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None and "tests/unit/" in item.nodeid.replace("\\", "/"):
+            item.add_marker(pytest.mark.timeout(UNIT_TEST_TIMEOUT_S))
+
+
+@pytest.fixture(autouse=True)
+def ucx_per_test():
+    """Every unit test starts and ends without a ucxx context, whichever module it is in.
+
+    ucxx keeps one context per process, and its notifier thread serves the event loop that
+    created it; each test's asyncio.run makes a new loop. So a context left by any test (one
+    that used UCX through instance services, KVSender/KVReceiver, ...) is torn down before
+    the next test and after this one. No-op (and no ucxx import) when none exists.
+    """
+    reset_ucx()
+    yield
+    reset_ucx()

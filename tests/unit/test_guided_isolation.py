@@ -200,11 +200,18 @@ def test_a_request_failure_reaches_its_stream_and_the_engine_serves_on(tiny_llam
     async_engine.start()
     params = SamplingParams(temperature=0, max_tokens=8, guided=DIGITS)
 
+    def add_failing_after_one_token():
+        # Breaks on the engine thread before any step: fails on its second token whatever the
+        # timing (breaking it later, from the test, raced the request to its natural end).
+        outputs = llm.engine.add_request(PROMPTS[0], params, "bad")
+        for request in llm.engine.requests_of("bad"):
+            request.guided_matcher = FailsAfterAccepting(request.guided_matcher, num_accepted=1)
+        return outputs
+
     async def scenario():
-        engine = llm.engine
-        stream = async_engine.generate("bad", lambda: engine.add_request(PROMPTS[0], params, "bad"))
+        stream = async_engine.generate("bad", add_failing_after_one_token)
         first = await anext(stream)
-        await async_engine.call(_break_matcher, engine, "bad")
+        assert len(first.token_ids) == 1 and first.outputs[0].finish_reason is None
         with pytest.raises(RequestFailedError, match="injected"):
             async for _ in stream:
                 pass
@@ -219,12 +226,21 @@ def test_a_request_failure_reaches_its_stream_and_the_engine_serves_on(tiny_llam
     assert_pool_is_whole(llm)
 
 
-def _break_matcher(engine, request_id):
-    class Exploding:
-        def __getattr__(self, name):
-            raise RuntimeError("injected")
-    for request in engine.requests_of(request_id):
-        request.guided_matcher = Exploding()
+class FailsAfterAccepting:
+    """A guided matcher that works for `num_accepted` tokens, then raises on the next one."""
+
+    def __init__(self, matcher, num_accepted: int):
+        self._matcher = matcher
+        self._accepts_left = num_accepted
+
+    def accept_token(self, token_id: int):
+        if self._accepts_left == 0:
+            raise RuntimeError("matcher state corrupted (injected)")
+        self._accepts_left -= 1
+        return self._matcher.accept_token(token_id)
+
+    def __getattr__(self, name):
+        return getattr(self._matcher, name)
 
 
 def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_llama_folder, monkeypatch):

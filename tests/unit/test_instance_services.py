@@ -321,7 +321,7 @@ def test_release_frees_blocks_and_unknown_ids_are_not_found(redis_server, tiny_l
             assert (await decode.stub.Release(pb.ReleaseRequest(request_id="kept"))).released
             assert (await decode.status()).num_free_blocks == NUM_BLOCKS
             await expect_status(decode.stub.Release(pb.ReleaseRequest(request_id="kept")), grpc.StatusCode.NOT_FOUND)
-            decode_call = decode.stub.Decode(pb.DecodeRequest(request_id="never", first_token_id=5)).read()
+            decode_call = decode.stub.Decode(pb.DecodeRequest(request_id="never", first_token_id=5), timeout=TIMEOUT_S).read()
             await expect_status(decode_call, grpc.StatusCode.NOT_FOUND, "no reservation for 'never'")
             await wait_until(lambda: _no_leases_mirrored(decode))
     asyncio.run(scenario())
@@ -338,7 +338,7 @@ def test_an_expired_lease_frees_the_reservation(redis_server, tiny_llama_folder)
             assert (await decode.status()).num_reserved == 1
             status = await wait_until(lambda: _status_if(decode, lambda s: s.num_lease_expiries == 1))
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
-            decode_call = decode.stub.Decode(pb.DecodeRequest(request_id="abandoned", first_token_id=5)).read()
+            decode_call = decode.stub.Decode(pb.DecodeRequest(request_id="abandoned", first_token_id=5), timeout=TIMEOUT_S).read()
             await expect_status(decode_call, grpc.StatusCode.NOT_FOUND)
     asyncio.run(scenario())
 
@@ -385,10 +385,10 @@ def test_decode_before_the_kv_arrived_is_a_failed_precondition(redis_server, tin
     async def scenario():
         async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
             reserved = await reserve(decode, "early", prompt, greedy(3))
-            early = decode.stub.Decode(pb.DecodeRequest(request_id="early", first_token_id=5)).read()
+            early = decode.stub.Decode(pb.DecodeRequest(request_id="early", first_token_id=5), timeout=TIMEOUT_S).read()
             await expect_status(early, grpc.StatusCode.FAILED_PRECONDITION, "the KV of 'early' has not arrived")
             prefilled = await prefill_into(prefill, reserved, "early", prompt, greedy(3))  # still reserved
-            messages = [m async for m in decode.stub.Decode(decode_request("early", prefilled))]
+            messages = [m async for m in decode.stub.Decode(decode_request("early", prefilled), timeout=TIMEOUT_S)]
             assert sum(len(m.token_ids) for m in messages) == 3
     asyncio.run(scenario())
 
@@ -437,7 +437,7 @@ def test_invalid_requests_get_invalid_argument_naming_the_field(redis_server, ti
                                                                 sampling=gen_pb.SamplingParams(max_tokens=0))).read()
             await expect_status(generate, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens")
             first_token = colocated.runtime.engine.model_config.vocab_size
-            bad_decode = stub.Decode(pb.DecodeRequest(request_id="ok", first_token_id=first_token)).read()
+            bad_decode = stub.Decode(pb.DecodeRequest(request_id="ok", first_token_id=first_token), timeout=TIMEOUT_S).read()
             await expect_status(bad_decode, grpc.StatusCode.INVALID_ARGUMENT, "first_token_id")
             run = await run_disaggregated(colocated, colocated, "after", prompt, greedy(3))  # nothing else affected
             assert len(run.token_ids) == 3
@@ -457,7 +457,7 @@ def test_draining_refuses_new_work_and_reports_not_serving(redis_server, tiny_ll
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
             await expect_status(reserve(colocated, "late", prompt_ids(5, 1), greedy()), grpc.StatusCode.UNAVAILABLE,
                                 "instance")
-            generate = colocated.stub.Generate(pb.InstanceGenerateRequest(request_id="late", prompt_token_ids=[5])).read()
+            generate = colocated.stub.Generate(pb.InstanceGenerateRequest(request_id="late", prompt_token_ids=[5]), timeout=TIMEOUT_S).read()
             await expect_status(generate, grpc.StatusCode.UNAVAILABLE)
             assert (await colocated.status()).role == "colocated"  # status still answers
     asyncio.run(scenario())

@@ -27,7 +27,7 @@ FAKE_MODULES = {kind: FAKE for kind in ("gateway", "prefill", "decode", "colocat
 
 def fake_config(tmp_path: Path, **overrides) -> StackConfig:
     values = dict(num_prefill=1, num_decode=2, gateway_port=0, run_dir=tmp_path / "run",
-                  ready_timeout_s=60.0, stop_grace_s=5.0, service_modules=FAKE_MODULES)
+                  ready_timeout_s=60.0, stop_grace_s=60.0, service_modules=FAKE_MODULES)
     values.update(overrides)
     return StackConfig(**values)
 
