@@ -4,6 +4,7 @@ instance (the first died after its transfer, before answering the gateway) can d
 instead of meeting "no transfer expected"; take() withdraws it."""
 
 import asyncio
+from types import SimpleNamespace
 
 from services.decode.reservations import PendingTransfer, ReservationBook
 from shared.cluster.leases import LeaseTable
@@ -38,6 +39,22 @@ class FakeReceiver:
         return True
 
 
+class FakeExecutor:
+    """Records the blocks the watcher commits once their KV arrived (multi-rank executors
+    copy them to their ranks there)."""
+
+    def __init__(self):
+        self.committed: list[list[int]] = []
+
+    def commit_received_blocks(self, block_ids):
+        self.committed.append(list(block_ids))
+
+
+def fake_engine(executor: FakeExecutor) -> SimpleNamespace:
+    """The AsyncEngine shape the watcher reaches through: .engine.executor."""
+    return SimpleNamespace(engine=SimpleNamespace(executor=executor))
+
+
 async def settle():
     for _ in range(5):
         await asyncio.sleep(0)
@@ -46,7 +63,8 @@ async def settle():
 def test_the_kv_may_arrive_again_until_decode_takes_the_reservation():
     async def scenario():
         receiver = FakeReceiver()
-        book = ReservationBook(engine=None, receiver=receiver, leases=LeaseTable("d0"))
+        executor = FakeExecutor()
+        book = ReservationBook(engine=fake_engine(executor), receiver=receiver, leases=LeaseTable("d0"))
         book.leases.grant("r1", (3, 4), 30.0)
         pending = PendingTransfer("r1", (3, 4))
         receiver.expect("r1", pending.dst_block_ids)
@@ -56,6 +74,7 @@ def test_the_kv_may_arrive_again_until_decode_takes_the_reservation():
         assert receiver.deliver("r1")  # the first prefill's transfer
         await settle()
         assert pending.arrived.is_set()
+        assert executor.committed == [[3, 4]]
         assert receiver.deliver("r1")  # the retried prefill's transfer is accepted too
         await settle()
         assert book.take("r1") is pending
