@@ -9,22 +9,12 @@ the step as a whole (the forward pass) still raises. Tiny random Llama, fp32.
 import pytest
 
 import shared.sampling.sampler as sampler_module
-from shared.engine import LLM, SamplingParams
+from shared.engine import SamplingParams
 from shared.engine.output_processor import OutputProcessor
+from tests.unit.test_engine import assert_pool_is_whole, make_llm
 
 PROMPTS = [[5, 17, 92, 3, 44, 101, 7, 8], [11, 12, 13], list(range(20, 40)), [250, 1, 250, 1, 42]]
 POISON_SEED = 4242
-
-
-def make_llm(folder, **kwargs) -> LLM:
-    kwargs.setdefault("num_blocks", 64)
-    return LLM(model=str(folder), dtype="float32", block_size=4, **kwargs)
-
-
-def assert_pool_is_whole(llm: LLM):
-    pool = llm.engine.block_pool
-    assert pool.num_free_blocks == pool.num_blocks
-    assert all(block.ref_count == 0 for block in pool.blocks)
 
 
 def params_for(index: int, temperature: float) -> SamplingParams:

@@ -12,27 +12,16 @@ import threading
 import pytest
 
 import shared.guided.engine_support as engine_support
-from shared.engine import LLM, SamplingParams
+from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine, RequestFailedError
 from shared.errors import InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
 from shared.guided.limits import nesting_depth
-from tests.unit.guided_vocab import VOCAB_SIZE, decode, tiny_grammar_cache
+from tests.unit.guided_vocab import VOCAB_SIZE, decode
+from tests.unit.test_guided_engine import assert_pool_is_whole, make_llm
 
 PROMPTS = [[5, 17, 92, 3, 44, 101, 7, 8], [11, 12, 13], [250, 1, 250, 1, 42, 9]]
 DIGITS = Guided(regex="[0-9]{4}")
-
-
-def make_llm(folder, **kwargs) -> LLM:
-    kwargs.setdefault("num_blocks", 64)
-    llm = LLM(model=str(folder), dtype="float32", block_size=4, **kwargs)
-    llm.engine.guided.use_grammar_cache(tiny_grammar_cache())
-    return llm
-
-
-def assert_pool_is_whole(llm: LLM):
-    pool = llm.engine.block_pool
-    assert pool.num_free_blocks == pool.num_blocks
 
 
 def wide_schema(num_properties: int) -> str:
