@@ -2,7 +2,7 @@
 operator's steady mixed load for N minutes, watching memory and latency.
 
 Starts Redis, one prefill and one decode instance and a gateway (services.launcher, every
-listener on an ephemeral loopback port), then sends the mix of shared.bench.soak_load
+listener on an ephemeral loopback port), then sends the mix of benchmarks.harness.soak_load
 (plain, long, n=2 with logprobs=5, cancelled mid-stream, guided_json with distinct schemas)
 over the OpenAI HTTP API at Poisson `--rate` for `--minutes` (SOAK_MINUTES, default 30),
 sampling every process's RSS and the instances' `pdserve:memory_bytes{component}`. Prints
@@ -23,11 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from services.launcher import LocalStack, StackConfig  # noqa: E402
-from shared.bench.soak_load import SoakLoad, SoakMix  # noqa: E402
-from shared.bench.soak_plots import plot_latency, plot_rss  # noqa: E402
-from shared.bench.soak_report import growth_table, interval_latencies, latency_table, rss_growth  # noqa: E402
-from shared.bench.soak_samples import MemorySampler  # noqa: E402
-from shared.bench.vocabulary import load_bench_tokenizer, usable_token_ids  # noqa: E402
+from benchmarks.harness.soak_load import SoakLoad, SoakMix  # noqa: E402
+from benchmarks.harness.soak_plots import plot_latency, plot_rss  # noqa: E402
+from benchmarks.harness.soak_report import growth_table, interval_latencies, latency_table, rss_growth  # noqa: E402
+from benchmarks.harness.soak_samples import MemorySampler  # noqa: E402
+from benchmarks.harness.vocabulary import load_bench_tokenizer, usable_token_ids  # noqa: E402
 
 logger = logging.getLogger("soak")
 TARGET_MIB_PER_MINUTE = 5.0

@@ -2,7 +2,7 @@
 
 import sys
 
-from shared.cli.main import main
+from services.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["up", *sys.argv[1:]]))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from shared.cli.main import main
+from services.cli.main import main
 
 NUM_PROMPTS = 4
 OUTPUT_LEN = 8

@@ -9,8 +9,8 @@ import pytest
 
 from services.launcher.child import ChildProcess
 from services.launcher.config import StackConfig
-from shared.cli.main import build_parser
-from shared.cli.up_command import config_from_args
+from services.cli.main import build_parser
+from services.cli.up_command import config_from_args
 
 
 def test_up_flags_set_the_cpus_of_each_role():

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from shared.bench.metrics import itls_s, parse_goodput, summarize, tpot_s
-from shared.bench.records import RequestRecord
+from benchmarks.harness.metrics import itls_s, parse_goodput, summarize, tpot_s
+from benchmarks.harness.records import RequestRecord
 from shared.errors import InvalidRequestError
 
 

@@ -7,14 +7,14 @@ import math
 import pytest
 
 from benchmarks.serve_compare_table import format_compare_table
-from shared.bench.datasets import LengthRange
-from shared.bench.metrics import parse_goodput, summarize
-from shared.bench.plots import plot_latency_cdfs, plot_rate_sweep
-from shared.bench.records import RequestRecord
-from shared.bench.report import format_summary, write_result_json
-from shared.bench.runner import LoadShape, RunResult
-from shared.cli.bench_run import loads_of, workload_spec
-from shared.cli.main import build_parser
+from benchmarks.harness.datasets import LengthRange
+from benchmarks.harness.metrics import parse_goodput, summarize
+from benchmarks.harness.plots import plot_latency_cdfs, plot_rate_sweep
+from benchmarks.harness.records import RequestRecord
+from benchmarks.harness.report import format_summary, write_result_json
+from benchmarks.harness.runner import LoadShape, RunResult
+from services.cli.bench_run import loads_of, workload_spec
+from services.cli.main import build_parser
 
 PNG_MAGIC = b"\x89PNG"
 

@@ -6,7 +6,7 @@ import json
 
 import grpc
 
-from shared.cli.main import build_parser
+from services.cli.main import build_parser
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror

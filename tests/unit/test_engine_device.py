@@ -58,8 +58,8 @@ def test_instance_settings_check_gpu_memory_utilization():
 
 
 def test_up_passes_device_flags_to_every_instance():
-    from shared.cli.main import build_parser
-    from shared.cli.up_command import config_from_args
+    from services.cli.main import build_parser
+    from services.cli.up_command import config_from_args
     args = build_parser().parse_args(["up", "--device", "cuda", "--gpu-memory-utilization", "0.4"])
     assert config_from_args(args).extra_args["instance"] == ["--device=cuda", "--gpu-memory-utilization=0.4"]
 
@@ -80,8 +80,8 @@ def test_gpu_budget_is_this_engines_share_less_its_weights_and_never_more_than_f
 
 
 def test_offline_command_has_the_device_flags():
-    from shared.cli.main import build_parser
-    from shared.cli.offline_command import device_kwargs
+    from services.cli.main import build_parser
+    from services.cli.offline_command import device_kwargs
     args = build_parser().parse_args(["offline", "hi", "--device", "cpu", "--attention-backend", "torch"])
     assert device_kwargs(args) == {"device": "cpu", "gpu_memory_utilization": 0.9, "attention_backend": "torch"}
 

@@ -16,9 +16,9 @@ import redis
 
 from services.launcher import LocalStack, StackConfig, StackError
 from services.launcher.readiness import is_serving
-from shared.cli.main import build_parser
-from shared.cli.serve_command import service_argv
-from shared.cli.up_command import config_from_args
+from services.cli.main import build_parser
+from services.cli.serve_command import service_argv
+from services.cli.up_command import config_from_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE = "tests.helpers.fake_service"

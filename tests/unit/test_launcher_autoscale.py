@@ -67,7 +67,7 @@ def test_scale_in_drains_the_newest_instances_with_sigterm():
 
 
 def test_up_autoscale_needs_a_profile(capsys):
-    from shared.cli.main import main
+    from services.cli.main import main
 
     assert main(["up", "--autoscale", "--gateway-port", "0"]) == 2
     assert "--autoscale needs --profile" in capsys.readouterr().err
@@ -75,7 +75,7 @@ def test_up_autoscale_needs_a_profile(capsys):
 
 def test_up_parses_the_planner_flags():
     from services.planner.flags import config_from_args
-    from shared.cli.main import build_parser
+    from services.cli.main import build_parser
 
     args = build_parser().parse_args(["up", "--autoscale", "--profile", "p.json", "--min-prefill", "2",
                                       "--max-prefill", "6", "--max-decode", "3", "--ttft-slo", "1.5",

@@ -13,7 +13,7 @@ import pytest
 from services.launcher import LocalStack
 from services.launcher.readiness import is_serving
 from services.launcher.supervisor import ChildRecord, RestartPolicy
-from shared.cli.status_command import print_board
+from services.cli.status_command import print_board
 from tests.unit.test_launcher import fake_config, with_modes
 
 FAST = RestartPolicy(initial_backoff_s=0.1, max_backoff_s=0.4, max_restarts=2, window_s=60.0)

@@ -5,8 +5,8 @@ import pytest
 
 from services.common.engine_setup import engine_config
 from services.common.flags import parse_settings
-from shared.cli.main import build_parser
-from shared.cli.up_command import config_from_args
+from services.cli.main import build_parser
+from services.cli.up_command import config_from_args
 from shared.engine.llm import engine_config_from_kwargs
 from shared.errors import InvalidRequestError
 

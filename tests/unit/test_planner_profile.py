@@ -3,7 +3,7 @@
 import pytest
 
 from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint
-from shared.cli.main import main
+from services.cli.main import main
 
 
 def make_profile() -> PerfProfile:

@@ -72,7 +72,7 @@ def test_planner_follows_a_ramp_and_returns():
 
 
 def test_simulate_command_writes_results(tmp_path, capsys):
-    from shared.cli.main import main
+    from services.cli.main import main
 
     PROFILE.save(tmp_path / "profile.json")
     common = ["simulate", "--profile", str(tmp_path / "profile.json"), "--rate", "4", "--duration", "60",

@@ -17,7 +17,7 @@ from services.common.grpc_server import GrpcServer
 from services.common.tls import channel_credentials, server_credentials
 from services.launcher.probe import probe_credentials
 from services.launcher.readiness import is_serving
-from shared.cli.main import main
+from services.cli.main import main
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc, instance_pb2_grpc
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture

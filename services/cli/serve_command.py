@@ -19,7 +19,7 @@ SERVICES = {
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser(
         "serve", help="run one service: gateway, prefill, decode, colocated or planner",
         description="Runs one pdserve service in the foreground; the arguments after the "

@@ -14,7 +14,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser("status", help="list registered instances, their load and leases")
     parser.add_argument("--redis-url", default=os.environ.get("PDSERVE_REDIS_URL", DEFAULT_REDIS_URL),
                         help=f"Redis (default: $PDSERVE_REDIS_URL or {DEFAULT_REDIS_URL})")

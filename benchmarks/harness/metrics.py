@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.bench.records import RequestRecord
+from benchmarks.harness.records import RequestRecord
 from shared.errors import InvalidRequestError
 
 SLO_METRICS = ("ttft", "tpot", "e2el")

@@ -6,9 +6,9 @@ Called by the bench command and benchmarks/serve_compare.py, once before the run
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from shared.bench.datasets import (BenchPrompt, LengthRange, file_dataset, random_dataset,
+from benchmarks.harness.datasets import (BenchPrompt, LengthRange, file_dataset, random_dataset,
                                    shared_prefix_dataset)
-from shared.bench.vocabulary import usable_token_ids, with_prompt_text
+from benchmarks.harness.vocabulary import usable_token_ids, with_prompt_text
 from shared.errors import InvalidRequestError
 
 DATASETS = ("random", "shared-prefix", "file")

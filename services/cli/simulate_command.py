@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     from services.planner.flags import add_policy_arguments
 
     parser = subparsers.add_parser("simulate", help="simulate a P/D cluster at any scale from a profile",

@@ -21,7 +21,7 @@ def _env_flag(name: str) -> bool:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser(
         "up", help="run a local stack: redis, prefill, decode and a gateway",
         description="Starts redis-server, the engine instances and a gateway as separate "

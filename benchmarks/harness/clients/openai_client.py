@@ -11,9 +11,9 @@ import time
 
 import httpx2
 
-from shared.bench.clients.base import ClientOptions
-from shared.bench.datasets import BenchPrompt
-from shared.bench.records import RequestRecord
+from benchmarks.harness.clients.base import ClientOptions
+from benchmarks.harness.datasets import BenchPrompt
+from benchmarks.harness.records import RequestRecord
 
 SSE_DATA_PREFIX = "data:"
 SSE_DONE = "[DONE]"

@@ -7,8 +7,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from shared.bench.soak_report import MIB, IntervalLatency  # noqa: E402
-from shared.bench.soak_samples import MemorySample  # noqa: E402
+from benchmarks.harness.soak_report import MIB, IntervalLatency  # noqa: E402
+from benchmarks.harness.soak_samples import MemorySample  # noqa: E402
 
 
 def plot_rss(samples: list[MemorySample], warmup_s: float, path: Path, title: str = "") -> Path:

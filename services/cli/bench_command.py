@@ -17,7 +17,7 @@ DATASETS = ("random", "shared-prefix", "file")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser: registers `bench` and its `serve` subcommand."""
+    """Called by services.cli.main.build_parser: registers `bench` and its `serve` subcommand."""
     bench = subparsers.add_parser("bench", help="benchmark a running server")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     parser = bench_commands.add_parser(
@@ -83,6 +83,6 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.cli.bench_run import run_bench_serve
+    from services.cli.bench_run import run_bench_serve
 
     return run_bench_serve(args)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from shared.cli import (
+from services.cli import (
     bench_command,
     certs_command,
     convert_command,

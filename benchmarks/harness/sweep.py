@@ -9,10 +9,10 @@ precede the first run; runs go in the order given, each on its own prompt set
 import logging
 from collections.abc import Callable
 
-from shared.bench.clients import ClientOptions, make_client
-from shared.bench.datasets import BenchPrompt
-from shared.bench.metrics import DEFAULT_PERCENTILES
-from shared.bench.runner import LoadShape, RunResult, run_benchmark, warm_up
+from benchmarks.harness.clients import ClientOptions, make_client
+from benchmarks.harness.datasets import BenchPrompt
+from benchmarks.harness.metrics import DEFAULT_PERCENTILES
+from benchmarks.harness.runner import LoadShape, RunResult, run_benchmark, warm_up
 
 logger = logging.getLogger(__name__)
 

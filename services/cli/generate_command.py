@@ -13,7 +13,7 @@ GATEWAY_ENV_VAR = "PDSERVE_GATEWAY"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser("generate", help="stream a completion from a running gateway")
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens (default: 64)")

@@ -13,7 +13,7 @@ DTYPE_CHOICES = ("bfloat16", "float32")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser("offline", help="generate text with the offline engine")
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
     parser.add_argument("--model", help="HF folder or GGUF file (default: bundled SmolLM2-135M-Instruct)")

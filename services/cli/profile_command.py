@@ -10,7 +10,7 @@ DEFAULT_OUTPUT = Path("pdserve-profile.json")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser(
         "profile", help="measure one instance's prefill and decode costs into a profile JSON",
         description="Runs the engine in-process on random prompts and writes what the planner and "

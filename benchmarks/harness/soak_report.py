@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.bench.metrics import itls_s, ttft_s
-from shared.bench.soak_load import SoakRecord
-from shared.bench.soak_samples import MemorySample
+from benchmarks.harness.metrics import itls_s, ttft_s
+from benchmarks.harness.soak_load import SoakRecord
+from benchmarks.harness.soak_samples import MemorySample
 
 MIB = 1 << 20
 

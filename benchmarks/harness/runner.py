@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from tqdm.asyncio import tqdm
 
-from shared.bench.arrivals import arrival_offsets
-from shared.bench.clients import BenchClient
-from shared.bench.datasets import BenchPrompt
-from shared.bench.metrics import DEFAULT_PERCENTILES, BenchSummary, summarize
-from shared.bench.records import RequestRecord
+from benchmarks.harness.arrivals import arrival_offsets
+from benchmarks.harness.clients import BenchClient
+from benchmarks.harness.datasets import BenchPrompt
+from benchmarks.harness.metrics import DEFAULT_PERCENTILES, BenchSummary, summarize
+from benchmarks.harness.records import RequestRecord
 
 
 @dataclass(frozen=True)

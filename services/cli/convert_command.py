@@ -11,7 +11,7 @@ from shared.errors import InvalidRequestError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Called by shared.cli.main.build_parser to register this subcommand."""
+    """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser("convert", help="convert a GGUF model to a HF folder")
     parser.add_argument("--gguf", type=Path, help="GGUF file (default: the bundled SmolLM2 model)")
     parser.add_argument("--out", type=Path, help="output folder (default: the model cache)")
