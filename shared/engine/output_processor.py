@@ -1,17 +1,22 @@
-"""Turns sampled tokens into per-request outputs: text, stop strings, logprobs, n > 1 groups.
+"""Turns the engine core's token-level outputs into per-request outputs: text, stop strings,
+logprobs, n > 1 groups.
 
-The engine calls `process` after every step with the requests that received tokens: one, or
-several when speculative decoding accepted proposed tokens. A stop string ends the output at
-the token that completed it; later tokens of the same step are dropped. A request whose text
-pipeline raises (detokenizer, stop strings) ends alone with finish reason "error".
+It runs where the text work belongs: next to the core in one thread (`LLMEngine`), or in the
+service process while the core steps in its own process (shared.engine.core_process). After
+each step, `process` takes the core's outputs; a stop string ends the completion at the token
+that completed it (later tokens of the same step are dropped) and is reported back so the
+caller finishes that engine request in the core. A completion whose text pipeline raises
+(detokenizer, stop strings) ends alone with finish reason "error", likewise reported back.
+Outputs for completions that already ended here (the core stepped before it heard) are ignored.
 """
 
 from dataclasses import dataclass, field
 
-from shared.core.request import Request, RequestStatus
+from shared.engine.core_outputs import EngineCoreOutput, child_request_id
 from shared.engine.outputs import CompletionOutput, RequestOutput
-from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.executor.base import SampledLogprobs
 from shared.isolation import describe_error
+from shared.sampling.params import SamplingParams
 from shared.tokenization.detokenizer import IncrementalDetokenizer
 from shared.tokenization.stop_strings import StopStringMatcher
 
@@ -19,12 +24,10 @@ from shared.tokenization.stop_strings import StopStringMatcher
 class CompletionState:
     """One completion's text pipeline: detokenizer -> stop-string matcher -> output."""
 
-    def __init__(self, index: int, request: Request, tokenizer):
-        params = request.sampling_params
+    def __init__(self, index: int, context_token_ids: list[int], params: SamplingParams, tokenizer):
+        """`context_token_ids`: the prompt (with any resumed outputs: context, never emitted)."""
         self.output = CompletionOutput(index=index, logprobs=[] if params.logprobs is not None else None)
-        # A resumed request's earlier outputs are context for its text, never emitted again.
-        self.num_resumed = request.num_resumed_output_tokens
-        self.detokenizer = (IncrementalDetokenizer(tokenizer, request.all_token_ids, params.skip_special_tokens)
+        self.detokenizer = (IncrementalDetokenizer(tokenizer, list(context_token_ids), params.skip_special_tokens)
                             if tokenizer is not None else None)
         self.matcher = StopStringMatcher(list(params.stop), params.include_stop_str_in_output)
 
@@ -39,6 +42,10 @@ class CompletionState:
     @property
     def stop_string(self) -> str | None:
         return self.matcher.matched_stop
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None
 
     def finish(self, reason: str, stop_reason: int | str | None) -> None:
         if self.detokenizer is not None and not self.matcher.is_stopped:
@@ -63,7 +70,11 @@ class RequestGroup:
     completions: list[CompletionState]
     prompt_logprobs: list[SampledLogprobs] | None = None
     num_cached_tokens: int = 0
-    requests: list[Request] = field(default_factory=list)
+    child_ids: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(state.finished for state in self.completions)
 
     def snapshot(self) -> RequestOutput:
         """A copy of the current results; deltas restart empty afterwards."""
@@ -76,7 +87,15 @@ class RequestGroup:
             out.delta_text, out.delta_token_ids = "", []
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs,
                              list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
-                             self.requests[0].num_cached_prompt_tokens)
+                             self.num_cached_tokens)
+
+
+@dataclass
+class ProcessedOutputs:
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    # Engine requests the core must end: a stop string matched / the text pipeline failed.
+    stopped_ids: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class OutputProcessor:
@@ -85,59 +104,69 @@ class OutputProcessor:
         self.groups: dict[str, RequestGroup] = {}
         self._child_of: dict[str, tuple[RequestGroup, int]] = {}
 
-    def add_group(self, request_id: str, requests: list[Request]) -> None:
-        first = requests[0]
-        group = RequestGroup(request_id, first.prompt_token_ids,
-                             [CompletionState(i, r, self.tokenizer) for i, r in enumerate(requests)],
-                             [] if first.sampling_params.prompt_logprobs is not None else None,
-                             requests=requests)
+    def add_group(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                  num_resumed_output_tokens: int = 0) -> list[str]:
+        """Start tracking a request; `prompt_token_ids` as submitted (a resumed request's
+        earlier outputs at its end). Returns its engine request ids."""
+        child_ids = [child_request_id(request_id, index, params.n) for index in range(params.n)]
+        prompt = list(prompt_token_ids[:len(prompt_token_ids) - num_resumed_output_tokens])
+        group = RequestGroup(request_id, prompt,
+                             [CompletionState(index, prompt_token_ids, params, self.tokenizer)
+                              for index in range(params.n)],
+                             [] if params.prompt_logprobs is not None else None, child_ids=child_ids)
         self.groups[request_id] = group
-        for index, request in enumerate(requests):
-            self._child_of[request.request_id] = (group, index)
+        for index, child_id in enumerate(child_ids):
+            self._child_of[child_id] = (group, index)
+        return child_ids
 
-    def process(self, updated: list[Request], runner_output: ModelRunnerOutput
-                ) -> tuple[list[RequestOutput], list[Request], list[Request]]:
-        """Returns the outputs of groups that changed, the requests that hit a stop string,
-        and those whose text pipeline failed (the engine finishes both kinds)."""
+    def has_group(self, request_id: str) -> bool:
+        return request_id in self.groups
+
+    def process(self, core_outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+        """The outputs of groups that changed, and the engine requests to end in the core."""
+        result = ProcessedOutputs()
         touched: dict[str, RequestGroup] = {}
-        for request_id, entries in runner_output.prompt_logprobs.items():
-            group, index = self._child_of[request_id]
+        for core_output in core_outputs:
+            group, index = self._child_of.get(core_output.request_id, (None, 0))
+            if group is None:
+                continue  # ended here already, or never tracked (another caller's request)
             if index == 0 and group.prompt_logprobs is not None:
-                group.prompt_logprobs.extend(entries)
-        stopped_by_string, failed = [], []
-        for request in updated:
-            group, index = self._child_of[request.request_id]
+                group.prompt_logprobs.extend(core_output.new_prompt_logprobs)
             state = group.completions[index]
-            try:
-                if self._update_completion(state, request, runner_output):
-                    stopped_by_string.append(request)
-            except Exception as error:  # noqa: BLE001 - this request alone fails
-                state.fail(f"output processing failed: {describe_error(error)}")
-                request.error = state.output.error
-                failed.append(request)
+            if state.finished or not (core_output.new_token_ids or core_output.finished):
+                continue
+            if index == 0:
+                group.num_cached_tokens = core_output.num_cached_tokens
+            self._update_completion(state, core_output, result)
             touched[group.request_id] = group
-        return [self._emit(group) for group in touched.values()], stopped_by_string, failed
+        result.request_outputs = [self._emit(group) for group in touched.values()]
+        return result
 
-    def _update_completion(self, state: CompletionState, request: Request, runner_output: ModelRunnerOutput) -> bool:
-        """Add the request's new tokens and finish the completion if it ended; True when a
-        stop string ended it."""
-        is_stopped_early = self._add_new_tokens(state, request, runner_output)
-        if request.status == RequestStatus.FINISHED_ERROR:
-            state.fail(request.error or "the request failed")
-        elif request.is_finished and not is_stopped_early:
-            state.finish(request.status.finish_reason, request.stop_reason)
-        elif state.stop_string is not None:
-            state.finish("stop", state.stop_string)
-            return True
-        return False
+    def _update_completion(self, state: CompletionState, core_output: EngineCoreOutput,
+                           result: ProcessedOutputs) -> None:
+        try:
+            is_stopped_early = self._add_new_tokens(state, core_output)
+            if core_output.finish_reason == "error":
+                state.fail(core_output.error or "the request failed")
+            elif core_output.finished and not is_stopped_early:
+                state.finish(core_output.finish_reason, core_output.stop_reason)
+            elif state.stop_string is not None:
+                state.finish("stop", state.stop_string)
+                if not core_output.finished:
+                    result.stopped_ids.append(core_output.request_id)
+        except Exception as error:  # noqa: BLE001 - this completion alone fails
+            state.fail(f"output processing failed: {describe_error(error)}")
+            if not core_output.finished:
+                result.failed[core_output.request_id] = state.output.error
 
     @staticmethod
-    def _add_new_tokens(state: CompletionState, request: Request, runner_output: ModelRunnerOutput) -> bool:
-        """Add the request's tokens the completion lacks, up to a stop string; True when the
-        stop string ended it before the step's last token (the later tokens are dropped)."""
-        new_token_ids = request.output_token_ids[state.num_resumed + len(state.output.token_ids):]
+    def _add_new_tokens(state: CompletionState, core_output: EngineCoreOutput) -> bool:
+        """Add the new tokens up to a stop string; True when the stop string ended the
+        completion before the last of them (the later tokens are dropped)."""
+        new_token_ids = core_output.new_token_ids
         for position, token_id in enumerate(new_token_ids):
-            state.add_token(token_id, runner_output.logprobs.get(request.request_id))
+            logprobs = core_output.new_logprobs[position] if core_output.new_logprobs else None
+            state.add_token(token_id, logprobs)
             if state.stop_string is not None:
                 return position < len(new_token_ids) - 1
         return False
@@ -147,14 +176,24 @@ class OutputProcessor:
         if group is None:
             return None
         for state in group.completions:
-            if state.output.finish_reason is None:
+            if not state.finished:
                 state.finish("abort", None)
         return self._emit(group)
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """The core is gone: every unfinished completion ends with finish reason "error"."""
+        outputs = []
+        for group in list(self.groups.values()):
+            for state in group.completions:
+                if not state.finished:
+                    state.fail(error)
+            outputs.append(self._emit(group))
+        return outputs
 
     def _emit(self, group: RequestGroup) -> RequestOutput:
         output = group.snapshot()
         if output.finished:
             del self.groups[group.request_id]
-            for request in group.requests:
-                del self._child_of[request.request_id]
+            for child_id in group.child_ids:
+                del self._child_of[child_id]
         return output

@@ -67,10 +67,10 @@ def test_a_failure_in_output_processing_finishes_only_its_request(tiny_llama_fol
     expected = clean_tokens(0.0)
     real = OutputProcessor._add_new_tokens
 
-    def failing(state, request, runner_output):
-        if request.request_id == "poisoned" and request.num_output_tokens >= 3:
+    def failing(state, core_output):
+        if core_output.request_id == "poisoned" and len(state.output.token_ids) >= 2:
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
-        return real(state, request, runner_output)
+        return real(state, core_output)
     monkeypatch.setattr(OutputProcessor, "_add_new_tokens", staticmethod(failing))
     llm = make_llm(tiny_llama_folder)
     params = [params_for(i, 0.0) for i in range(len(PROMPTS))]

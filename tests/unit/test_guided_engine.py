@@ -109,7 +109,7 @@ def test_n_children_each_get_their_own_matcher(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
     request_id = llm.engine.add_request(PROMPTS[1], SamplingParams(n=6, temperature=1.0, seed=4, max_tokens=20,
                                                                    guided=Guided(choice=CHOICES)))
-    children = llm.engine._children[request_id]
+    children = llm.engine.requests_of(request_id)
     assert len({id(child.guided_matcher) for child in children}) == 6
     [output] = llm._run([request_id])
     texts = [decode(completion.token_ids) for completion in output.outputs]
