@@ -1,0 +1,283 @@
+"""The service side of the engine-core process: an EngineClient (shared.engine.client) whose
+scheduler and executor run in a child process.
+
+The service process keeps the text work: requests go to the core as token ids; the core's
+token outputs come back after every step and the `OutputProcessor` here turns them into
+`RequestOutput`s (detokenization, stop strings, n > 1 groups) while the core computes its next
+step. A stop string ends the completion here and tells the core to finish that request.
+
+A crash of the core (a Python exception, a segfault, SIGKILL) is seen at once through the
+child's exit (not a timeout): every stream and query in flight fails with EngineDeadError
+naming how it died, `is_alive` turns False and the `on_death` callbacks run. `restart()`
+starts a fresh core (the model is loaded again); requests of the dead core are gone with it.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import zmq
+import zmq.asyncio
+
+from shared.config import EngineConfig
+from shared.engine.client import (EngineDeadError, EngineInfo, EngineLoad, EngineMemory, EngineStatus,
+                                  GenerateRequest, KVCacheEvents, KVReservation, RequestFailedError)
+from shared.engine.core_process.messages import (AbortRequests, AddRequest, CoreFailed, CoreMessage, FinishRequests,
+                                                 Query, QueryResult, Ready, Rejected, Shutdown, StepOutputs,
+                                                 decode_core_message, encode)
+from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
+from shared.engine.output_processor import OutputProcessor
+from shared.engine.outputs import RequestOutput
+from shared.errors import InvalidRequestError
+from shared.executor.base import SampledLogprobs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+class CoreProcessClient:
+    def __init__(self, config: EngineConfig, tokenizer=None, idle_trim_interval_s: float = 0.0,
+                 startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S):
+        """`tokenizer`: the model's, for detokenization and stop strings (None: token ids only)."""
+        self.config = config
+        self.tokenizer = tokenizer
+        self.idle_trim_interval_s = idle_trim_interval_s
+        self.startup_timeout_s = startup_timeout_s
+        self.info: EngineInfo | None = None
+        self.on_death: list[Callable[[EngineDeadError], None]] = []
+        self.num_starts = 0
+        self._context = zmq.asyncio.Context()
+        self._core: CoreHandle | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._queries: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._output_processor = OutputProcessor(tokenizer)
+        self._load = EngineLoad(0, 0, 0, 0, 0)
+        self._last_words: str | None = None
+        self._is_stopping = False
+        self.error: EngineDeadError | None = None
+
+    # ---- life ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the core and wait until it is loaded (EngineDeadError if it dies first)."""
+        self._is_stopping = False
+        self.error = None
+        self._last_words = None
+        core = await spawn_core(self._context, self.config, self.idle_trim_interval_s, self.startup_timeout_s)
+        self._core, self.info, self.num_starts = core, core.ready.info, self.num_starts + 1
+        self._load = EngineLoad(0, 0, 0, self.info.num_blocks, self.info.num_blocks)
+        self._output_processor = OutputProcessor(self.tokenizer)
+        self._tasks = [asyncio.create_task(self._read_outputs(core), name="engine-core-outputs"),
+                       asyncio.create_task(self._watch(core), name="engine-core-watch")]
+        logger.info("engine core process %d ready: %d KV blocks of %d tokens", core.process.pid,
+                    self.info.num_blocks, self.info.cache.block_size)
+
+    async def restart(self) -> None:
+        """After the core died: start a fresh one."""
+        await self.stop()
+        await self.start()
+
+    async def stop(self) -> None:
+        """Shut the core down (killed after SHUTDOWN_TIMEOUT_S); streams still open fail."""
+        core, self._core = self._core, None
+        if core is None:
+            return
+        self._is_stopping = True
+        if core.process.returncode is None:
+            with contextlib.suppress(zmq.ZMQError):
+                await core.requests.send(encode(Shutdown()))
+            try:
+                await asyncio.wait_for(core.process.wait(), SHUTDOWN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                logger.warning("engine core %d did not stop in time; killing it", core.process.pid)
+                core.process.kill()
+                await core.process.wait()
+        self._fail_everything(self.error or EngineDeadError("the engine is stopped"))
+        for task in self._tasks:
+            task.cancel()
+        core.close()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._core is not None and self.error is None and not self._is_stopping
+
+    @property
+    def pid(self) -> int | None:
+        return self._core.process.pid if self._core is not None else None
+
+    async def _watch(self, core: CoreHandle) -> None:
+        returncode = await core.process.wait()
+        if self._is_stopping or self._core is not core:
+            return
+        how = describe_exit(returncode)
+        reason = f": {self._last_words}" if self._last_words else ""
+        self._die(EngineDeadError(f"the engine core process {core.process.pid} {how}{reason}"))
+
+    def _die(self, error: EngineDeadError) -> None:
+        logger.error("%s", error)
+        self.error = error
+        self._fail_everything(error)
+        for callback in self.on_death:
+            try:
+                callback(error)
+            except Exception:  # noqa: BLE001 - one observer must not stop the others
+                logger.exception("engine death callback failed")
+
+    def _fail_everything(self, error: EngineDeadError) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(error)
+        for future in self._queries.values():
+            if not future.done():
+                future.set_exception(error)
+        self._queries.clear()
+        self._output_processor = OutputProcessor(self.tokenizer)
+        self._load = EngineLoad(0, 0, 0, self._load.num_free_blocks, self._load.num_total_blocks)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Queue the request in the core and stream its outputs until it finishes; closing the
+        stream early aborts it. InvalidRequestError for bad input, RequestFailedError when
+        this request failed, EngineDeadError when the core died."""
+        self._check_alive()
+        self._check_request(request)
+        request_id = request.request_id
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = stream
+        self._output_processor.add_group(request_id, list(request.prompt_token_ids), request.params,
+                                         request.num_resumed_output_tokens)
+        finished = False
+        try:
+            self._send(AddRequest(request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
+                                  request.num_resumed_output_tokens))
+            while not finished:
+                output = await stream.get()
+                if isinstance(output, BaseException):
+                    raise output
+                finished = output.finished
+                if output.error is not None:
+                    raise RequestFailedError(output.error)
+                yield output
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._abort_here(request_id)
+
+    def _check_request(self, request: GenerateRequest) -> None:
+        if request.request_id in self._streams or self._output_processor.has_group(request.request_id):
+            raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
+        if request.params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop", "stop strings need a tokenizer")
+        if request.kv_send is not None:
+            raise InvalidRequestError("kv_send", "KV transfer needs the KV connector, which this engine core lacks")
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request: its stream gets the final (aborted) output and ends."""
+        output = self._abort_here(request_id)
+        stream = self._streams.get(request_id)
+        if output is not None and stream is not None:
+            stream.put_nowait(output)
+
+    def _abort_here(self, request_id: str) -> RequestOutput | None:
+        output = self._output_processor.abort_group(request_id)
+        if output is not None and self.is_alive:
+            self._send(AbortRequests([request_id]))
+        return output
+
+    # ---- disaggregation (the KV connector is not in this core yet) -----------------------------
+
+    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
+        raise NotImplementedError("reserve_kv needs the KV connector in the engine core")
+
+    async def wait_kv(self, request_id: str) -> None:
+        raise NotImplementedError("wait_kv needs the KV connector in the engine core")
+
+    def generate_reserved(self, request_id: str, first_token_id: int,
+                          first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:
+        raise NotImplementedError("generate_reserved needs the KV connector in the engine core")
+
+    async def release_kv(self, request_id: str) -> bool:
+        raise NotImplementedError("release_kv needs the KV connector in the engine core")
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def load(self) -> EngineLoad:
+        """The load the core reported with its latest step (no round trip)."""
+        return self._load
+
+    async def status(self) -> EngineStatus:
+        return (await self._query("status")).status
+
+    async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
+        return (await self._query("kv_snapshot" if snapshot else "kv_events")).kv_events
+
+    async def memory(self) -> EngineMemory:
+        return (await self._query("memory")).memory
+
+    async def _query(self, what: str) -> QueryResult:
+        self._check_alive()
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._queries[call_id] = future
+        try:
+            self._send(Query(call_id, what))
+            return await future
+        finally:
+            self._queries.pop(call_id, None)
+
+    # ---- the core's outputs ------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if not self.is_alive:
+            raise EngineDeadError("the engine is stopped")
+
+    def _send(self, message) -> None:
+        """Queue a message for the core (PUSH never blocks at these volumes)."""
+        self._core.requests.send(encode(message), copy=False)
+
+    async def _read_outputs(self, core: CoreHandle) -> None:
+        try:
+            while True:
+                data = await core.outputs.recv(copy=False)
+                self._handle(decode_core_message(data.buffer))
+        except Exception:  # noqa: BLE001 - a core we cannot understand is killed; _watch reports it
+            logger.exception("reading the engine core's outputs failed; killing it")
+            self._last_words = "its outputs could not be read"
+            core.process.kill()
+
+    def _handle(self, message: CoreMessage) -> None:
+        if isinstance(message, StepOutputs):
+            self._load = message.load
+            self._process(message)
+        elif isinstance(message, QueryResult):
+            future = self._queries.get(message.call_id)
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif isinstance(message, Rejected):
+            self._output_processor.abort_group(message.request_id)
+            stream = self._streams.get(message.request_id)
+            if stream is not None:
+                stream.put_nowait(InvalidRequestError(message.field, message.message))
+        elif isinstance(message, CoreFailed):
+            self._last_words = message.error
+        elif isinstance(message, Ready):
+            logger.warning("ignoring a second Ready from the engine core")
+
+    def _process(self, message: StepOutputs) -> None:
+        processed = self._output_processor.process(message.outputs)
+        if processed.stopped_ids:
+            self._send(FinishRequests(processed.stopped_ids, "stop"))
+        for child_id, error in processed.failed.items():
+            self._send(FinishRequests([child_id], "error", error))
+        for output in processed.request_outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put_nowait(output)

@@ -1,0 +1,87 @@
+"""Entry point of the engine-core process: `python -m shared.engine.core_process.main`.
+
+Reads its `CoreStartup` (msgspec bytes) from stdin, loads the engine, connects to the
+service's sockets, says `Ready`, and runs the core loop until told to shut down. A failure of
+the engine as a whole is sent as `CoreFailed` and ends the process with exit status 1; the
+service sees the exit at once and restarts it. The process dies with its parent.
+"""
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+
+import zmq
+
+from shared.engine.core_process.core_loop import CoreLoop
+from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
+                                                 decode_startup, encode)
+from shared.engine.core_queries import engine_info
+from shared.engine.engine_core import EngineCore
+from shared.isolation import describe_error
+from shared.memory.idle_trim import IdleTrimmer
+
+logger = logging.getLogger("shared.engine.core_process")
+
+PR_SET_PDEATHSIG = 1
+# How long a final message may wait for the service before the process exits anyway.
+LINGER_MS = 1000
+
+
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the service process exits, so a core never outlives it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def build_core(startup: CoreStartup) -> EngineCore:
+    from shared.engine.loading import build_engine_parts
+    return EngineCore(startup.config, *build_engine_parts(startup.config))
+
+
+def serve(startup: CoreStartup) -> None:
+    context = zmq.Context()
+    inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.LINGER, LINGER_MS)
+    inbox.connect(startup.input_address)
+    outbox.connect(startup.output_address)
+    core = None
+    try:
+        core = build_core(startup)
+        outbox.send(encode(Ready(PROTOCOL_VERSION, engine_info(core), os.getpid())))
+        trimmer = IdleTrimmer(min_interval_s=startup.idle_trim_interval_s) if startup.idle_trim_interval_s > 0 else None
+        CoreLoop(core, inbox, outbox, trimmer.on_idle if trimmer is not None else None).run()
+    except BaseException as error:
+        outbox.send(encode(CoreFailed(describe_error(error))))
+        raise
+    finally:
+        if core is not None:
+            core.shutdown()
+        inbox.close(linger=0)
+        outbox.close()
+        context.term()
+
+
+def main() -> int:
+    die_with_parent()
+    logging.basicConfig(level=os.environ.get("PDSERVE_CORE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s engine-core[%(process)d] %(levelname)s %(name)s: %(message)s")
+    try:
+        startup = decode_startup(sys.stdin.buffer.read())
+    except ProtocolError as error:
+        print(f"engine core: {error}", file=sys.stderr)
+        return 2
+    try:
+        serve(startup)
+    except Exception:  # noqa: BLE001 - reported above; the exit status tells the service
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The typed, versioned protocol between a service process and its engine-core process.
+
+Every message is a tagged msgspec struct encoded as MessagePack: only the types below decode,
+nothing is pickled. The service starts the core with a `CoreStartup` on its stdin; the core
+answers on its output socket with `Ready` (protocol version and the engine's info) before
+anything else. Either side refuses a peer whose `PROTOCOL_VERSION` differs.
+
+Schema rules: bump PROTOCOL_VERSION whenever a message changes shape (both ends ship in the
+same package, so a mismatch means a stale interpreter or a mixed install, and is refused at
+the handshake rather than misread later).
+"""
+
+from typing import Literal
+
+import msgspec
+
+from shared.config import EngineConfig
+from shared.engine.client import EngineInfo, EngineLoad, EngineStatus, KVCacheEvents, EngineMemory
+from shared.engine.core_outputs import EngineCoreOutput
+from shared.sampling.params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+
+class ProtocolError(RuntimeError):
+    """A peer speaks another protocol version, or sent something that is not a message."""
+
+
+# ---- startup (stdin of the child) ----------------------------------------------------------
+
+class CoreStartup(msgspec.Struct, frozen=True):
+    protocol_version: int
+    config: EngineConfig
+    input_address: str     # the core receives requests here (the service binds it)
+    output_address: str    # the core sends outputs here (the service binds it)
+    idle_trim_interval_s: float = 0.0  # 0: no idle memory trimming
+
+
+# ---- service -> core -------------------------------------------------------------------------
+
+class AddRequest(msgspec.Struct, tag=True, frozen=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    num_resumed_output_tokens: int = 0
+    hold_blocks_on_finish: bool = False
+
+
+class AbortRequests(msgspec.Struct, tag=True, frozen=True):
+    request_ids: list[str]
+
+
+class FinishRequests(msgspec.Struct, tag=True, frozen=True):
+    """The output processor ended these engine requests (a stop string, or a failed text
+    pipeline): the core finishes them with that reason."""
+    child_ids: list[str]
+    reason: Literal["stop", "error"]
+    error: str | None = None
+
+
+class Query(msgspec.Struct, tag=True, frozen=True):
+    """A read of the engine's state between steps, answered by `QueryResult` with `call_id`."""
+    call_id: int
+    what: Literal["status", "kv_events", "kv_snapshot", "memory"]
+
+
+class Shutdown(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+ServiceMessage = AddRequest | AbortRequests | FinishRequests | Query | Shutdown
+
+
+# ---- core -> service -------------------------------------------------------------------------
+
+class Ready(msgspec.Struct, tag=True, frozen=True):
+    protocol_version: int
+    info: EngineInfo
+    pid: int
+
+
+class StepOutputs(msgspec.Struct, tag=True, omit_defaults=True):
+    outputs: list[EngineCoreOutput]
+    load: EngineLoad
+
+
+class Rejected(msgspec.Struct, tag=True, frozen=True):
+    """An AddRequest the core refused (InvalidRequestError naming `field`)."""
+    request_id: str
+    field: str
+    message: str
+
+
+class QueryResult(msgspec.Struct, tag=True, frozen=True):
+    call_id: int
+    status: EngineStatus | None = None
+    kv_events: KVCacheEvents | None = None
+    memory: EngineMemory | None = None
+    error: str | None = None
+
+
+class CoreFailed(msgspec.Struct, tag=True, frozen=True):
+    """The core's last word before it exits after a failure of the engine as a whole."""
+    error: str
+
+
+CoreMessage = Ready | StepOutputs | Rejected | QueryResult | CoreFailed
+
+
+_encoder = msgspec.msgpack.Encoder()
+_service_decoder = msgspec.msgpack.Decoder(ServiceMessage)
+_core_decoder = msgspec.msgpack.Decoder(CoreMessage)
+_startup_decoder = msgspec.msgpack.Decoder(CoreStartup)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_service_message(data: bytes) -> ServiceMessage:
+    return _decode(_service_decoder, data)
+
+
+def decode_core_message(data: bytes) -> CoreMessage:
+    return _decode(_core_decoder, data)
+
+
+def decode_startup(data: bytes) -> CoreStartup:
+    """The child's first read; refuses another protocol version."""
+    startup = _decode(_startup_decoder, data)
+    check_version(startup.protocol_version, "the service process")
+    return startup
+
+
+def check_version(version: int, peer: str) -> None:
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"{peer} speaks engine-core protocol version {version}, "
+                            f"this side speaks {PROTOCOL_VERSION}")
+
+
+def _decode(decoder: msgspec.msgpack.Decoder, data: bytes):
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise ProtocolError(f"not an engine-core message: {error}") from error

@@ -1,0 +1,105 @@
+"""Starting an engine-core child process: private ipc:// sockets, the startup bytes on its
+stdin, and the `Ready` handshake (raced against the child's exit, so a core that dies while
+loading is reported at once with its exit status)."""
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from shared.config import EngineConfig
+from shared.engine.client import EngineDeadError
+from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
+                                                 check_version, decode_core_message, encode)
+
+CORE_MODULE = "shared.engine.core_process.main"
+# The folder that holds the `shared` package: the child imports the same code as its parent.
+CODE_ROOT = str(Path(__file__).resolve().parents[3])
+
+
+@dataclass
+class CoreHandle:
+    """A running core: its process and this side's ends of the two sockets."""
+    process: asyncio.subprocess.Process
+    requests: zmq.asyncio.Socket   # PUSH, bound: service -> core
+    outputs: zmq.asyncio.Socket    # PULL, bound: core -> service
+    folder: str                    # the private directory of the ipc:// socket files
+    ready: Ready
+
+    def close(self) -> None:
+        self.requests.close(linger=0)
+        self.outputs.close(linger=0)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def child_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [CODE_ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+async def spawn_core(context: zmq.asyncio.Context, config: EngineConfig, idle_trim_interval_s: float,
+                     startup_timeout_s: float) -> CoreHandle:
+    """Start a core and wait for its Ready; EngineDeadError if it exits or times out first."""
+    folder = tempfile.mkdtemp(prefix="pdserve-core-")
+    requests, outputs = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    input_address, output_address = f"ipc://{folder}/requests", f"ipc://{folder}/outputs"
+    requests.bind(input_address)
+    outputs.bind(output_address)
+    process = None
+    try:
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", CORE_MODULE, stdin=asyncio.subprocess.PIPE,
+                                                       env=child_environment())
+        startup = CoreStartup(PROTOCOL_VERSION, config, input_address, output_address, idle_trim_interval_s)
+        process.stdin.write(encode(startup))
+        await process.stdin.drain()
+        process.stdin.close()
+        ready = await _handshake(process, outputs, startup_timeout_s)
+        return CoreHandle(process, requests, outputs, folder, ready)
+    except BaseException:
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+        requests.close(linger=0)
+        outputs.close(linger=0)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+async def _handshake(process: asyncio.subprocess.Process, outputs: zmq.asyncio.Socket, timeout_s: float) -> Ready:
+    receive = asyncio.ensure_future(outputs.recv())
+    exited = asyncio.ensure_future(process.wait())
+    try:
+        done, _ = await asyncio.wait({receive, exited}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (receive, exited):
+            task.cancel()
+    if receive in done:
+        message = decode_core_message(receive.result())
+        if isinstance(message, Ready):
+            check_version(message.protocol_version, "the engine core")
+            return message
+        if isinstance(message, CoreFailed):
+            raise EngineDeadError(f"the engine core failed while starting: {message.error}")
+        raise ProtocolError(f"the engine core's first message is {type(message).__name__}, not Ready")
+    if exited in done:
+        raise EngineDeadError(f"the engine core process {describe_exit(process.returncode)} while starting")
+    raise EngineDeadError(f"the engine core did not start within {timeout_s:.0f} s")
