@@ -21,6 +21,7 @@ from shared.spec_decode.config import SpeculativeConfig
 from shared.logging_setup import LOG_FORMATS
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
+ENGINE_CORE_PLACES = ("process", "thread")
 ROLE_DEFAULT_PORT = -1  # grpc_port sentinel: the role's documented default
 
 
@@ -85,6 +86,11 @@ class InstanceSettings:
     onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches")
     idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
                                                  "at most this often (0 = never)")
+    engine_core: str = _setting("process", "where the engine core (scheduler + model) runs: process (a child "
+                                           "process, restarted if it crashes) or thread (in this process)")
+    max_engine_restarts: int = _setting(3, "engine-core crashes restarted within --engine-restart-window-s; "
+                                           "one more exits the instance non-zero")
+    engine_restart_window_s: float = _setting(300.0, "window of --max-engine-restarts, seconds")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
     tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")
@@ -132,6 +138,9 @@ def validate_settings(settings: InstanceSettings) -> None:
                                    "drain_timeout_s"))
     _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s"))
     _check_positive(settings, ("onednn_cache_capacity",))
+    _check_non_negative(settings, ("max_engine_restarts", "engine_restart_window_s"))
+    if settings.engine_core not in ENGINE_CORE_PLACES:
+        raise InvalidRequestError("engine_core", f"{settings.engine_core!r} is not one of {list(ENGINE_CORE_PLACES)}")
     speculative_config(settings)
     parallel_config(settings)
     if bool(settings.tls_cert_file) != bool(settings.tls_key_file):

@@ -48,7 +48,10 @@ class CoreProcessClient:
         self.idle_trim_interval_s = idle_trim_interval_s
         self.startup_timeout_s = startup_timeout_s
         self.info: EngineInfo | None = None
-        self.on_death: list[Callable[[EngineDeadError], None]] = []
+        # Called on the event loop when the core dies, before the streams fail.
+        self.on_failure: Callable[[BaseException], None] | None = None
+        # Sees each streamed request start, every output dispatched, and each stream's end.
+        self.observer = None
         self.num_starts = 0
         self._context = zmq.asyncio.Context()
         self._core: CoreHandle | None = None
@@ -58,6 +61,7 @@ class CoreProcessClient:
         self._call_ids = itertools.count()
         self._output_processor = OutputProcessor(tokenizer)
         self._load = EngineLoad(0, 0, 0, 0, 0)
+        self._status: EngineStatus | None = None
         self._last_words: str | None = None
         self._is_stopping = False
         self.error: EngineDeadError | None = None
@@ -120,14 +124,11 @@ class CoreProcessClient:
         self._die(EngineDeadError(f"the engine core process {core.process.pid} {how}{reason}"))
 
     def _die(self, error: EngineDeadError) -> None:
+        """Callbacks first (the service turns NOT_SERVING), then the streams fail."""
         logger.error("%s", error)
         self.error = error
+        self._notify(self.on_failure, error)
         self._fail_everything(error)
-        for callback in self.on_death:
-            try:
-                callback(error)
-            except Exception:  # noqa: BLE001 - one observer must not stop the others
-                logger.exception("engine death callback failed")
 
     def _fail_everything(self, error: EngineDeadError) -> None:
         for stream in self._streams.values():
@@ -152,6 +153,8 @@ class CoreProcessClient:
         self._streams[request_id] = stream
         self._output_processor.add_group(request_id, list(request.prompt_token_ids), request.params,
                                          request.num_resumed_output_tokens)
+        if self.observer is not None:
+            self._notify(self.observer.on_start, request_id)
         finished = False
         try:
             self._send(AddRequest(request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
@@ -168,6 +171,8 @@ class CoreProcessClient:
             self._streams.pop(request_id, None)
             if not finished:
                 self._abort_here(request_id)
+            if self.observer is not None:
+                self._notify(self.observer.on_stop, request_id)
 
     def _check_request(self, request: GenerateRequest) -> None:
         if request.request_id in self._streams or self._output_processor.has_group(request.request_id):
@@ -176,6 +181,16 @@ class CoreProcessClient:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
         if request.kv_send is not None:
             raise InvalidRequestError("kv_send", "KV transfer needs the KV connector, which this engine core lacks")
+
+    @staticmethod
+    def _notify(hook, *args) -> None:
+        """Call an observer or failure hook; its own failure is logged, never raised."""
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:  # noqa: BLE001 - metrics must not stop the outputs
+            logger.exception("engine hook %s failed", getattr(hook, "__name__", hook))
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream gets the final (aborted) output and ends."""
@@ -210,6 +225,13 @@ class CoreProcessClient:
     def load(self) -> EngineLoad:
         """The load the core reported with its latest step (no round trip)."""
         return self._load
+
+    def latest_status(self) -> EngineStatus:
+        """The status the core last sent along with its outputs (at most STATUS_INTERVAL_S old
+        while it steps; no round trip)."""
+        if self._status is None:
+            raise EngineDeadError("the engine core has not reported its status yet")
+        return self._status
 
     async def status(self) -> EngineStatus:
         return (await self._query("status")).status
@@ -256,6 +278,7 @@ class CoreProcessClient:
     def _handle(self, message: CoreMessage) -> None:
         if isinstance(message, StepOutputs):
             self._load = message.load
+            self._status = message.status or self._status
             self._process(message)
         elif isinstance(message, QueryResult):
             future = self._queries.get(message.call_id)
@@ -277,6 +300,8 @@ class CoreProcessClient:
             self._send(FinishRequests(processed.stopped_ids, "stop"))
         for child_id, error in processed.failed.items():
             self._send(FinishRequests([child_id], "error", error))
+        if self.observer is not None and processed.request_outputs:
+            self._notify(self.observer.on_outputs, processed.request_outputs)
         for output in processed.request_outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:

@@ -11,6 +11,7 @@ as a whole (a forward pass) propagates: the caller reports it and the process ex
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -27,6 +28,8 @@ from shared.errors import InvalidRequestError
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000
+# How often the step outputs carry the engine's status (for metrics scrapes without a round trip).
+STATUS_INTERVAL_S = 0.5
 # While grammars compile and nothing steps: how often to look whether one is ready.
 COMPILE_POLL_MS = 5
 
@@ -59,9 +62,11 @@ class CoreLoop:
         self.preparer = GrammarPreparer(core)
         self._compiling: dict[str, tuple[Future, AddRequest]] = {}
         self._is_stopping = False
+        self._last_status_time = float("-inf")
 
     def run(self) -> None:
         """Until a Shutdown message; exceptions of the engine as a whole propagate."""
+        self._send(self._step_outputs([]))
         try:
             while not self._is_stopping:
                 self._run_once()
@@ -76,9 +81,18 @@ class CoreLoop:
         changed = self._handle_messages(timeout)
         changed = self._admit_compiled() or changed
         if self.core.scheduler.num_unfinished > 0:
-            self._send(StepOutputs(self.core.step(), engine_load(self.core)))
+            self._send(self._step_outputs(self.core.step()))
         elif changed:
-            self._send(StepOutputs([], engine_load(self.core)))
+            self._send(self._step_outputs([]))
+
+    def _step_outputs(self, outputs: list) -> StepOutputs:
+        """The outputs with the load, and the status when due or when the core went idle."""
+        now = time.monotonic()
+        is_idle = self.core.scheduler.num_unfinished == 0
+        if is_idle or now - self._last_status_time >= STATUS_INTERVAL_S:
+            self._last_status_time = now
+            return StepOutputs(outputs, engine_load(self.core), engine_status(self.core))
+        return StepOutputs(outputs, engine_load(self.core))
 
     def _handle_messages(self, timeout_ms: int) -> bool:
         """Handle every message waiting (after up to `timeout_ms` for the first); True if any."""

@@ -83,6 +83,8 @@ class Ready(msgspec.Struct, tag=True, frozen=True):
 class StepOutputs(msgspec.Struct, tag=True, omit_defaults=True):
     outputs: list[EngineCoreOutput]
     load: EngineLoad
+    # Every STATUS_INTERVAL_S or so while stepping, and whenever the core goes idle.
+    status: EngineStatus | None = None
 
 
 class Rejected(msgspec.Struct, tag=True, frozen=True):
