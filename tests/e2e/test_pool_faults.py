@@ -4,12 +4,16 @@ exits unasked is restarted). Each test runs a few greedy streaming requests, inj
 fault while they are in flight, and asserts 0 failed requests, the usage counts right, the
 victim back and registered, and every block back in every pool. A decode instance killed
 mid-stream hands its stream over (migration) and the greedy tokens equal the unmigrated run.
+An instance's engine-core child process killed under load is restarted in place: the
+instance leaves routing, restarts its core and registers again, and nothing fails.
 """
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import urllib.request
 
@@ -196,3 +200,61 @@ def test_two_gateways_side_by_side_and_a_dead_ones_reservations_come_back(stack)
     finally:
         stop_children([second], 10.0)
     stack.wait_for(lambda: restarts(stack, "gateway") == before + 1, 60.0, "gateway restarted")
+
+
+# ---- the engine core: a child process of each instance, restarted in place -------------------
+
+CORE_MODULE = b"shared.engine.core_process.main"
+
+
+def engine_core_pid(stack, name: str) -> int | None:
+    """The pid of instance `name`'s engine-core child process, if it has one now."""
+    child = next(child for child in stack.stack.children() if child.name == name)
+    children = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+    for pid in children:
+        with contextlib.suppress(OSError):
+            if CORE_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+    return None
+
+
+def kill_engine_core(stack, name: str) -> int:
+    pid = engine_core_pid(stack, name)
+    assert pid is not None, f"{name} runs no engine-core process"
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def assert_core_restarted_in_place(stack, name: str, killed_pid: int, instance_restarts: int) -> None:
+    """A new core serves, the instance process lived on, registered again and SERVING."""
+    stack.wait_for(lambda: engine_core_pid(stack, name) not in (None, killed_pid), 120.0, f"{name}'s new core")
+    stack.wait_for(lambda: name in stack.registered_ids(), 60.0, f"{name} registered again")
+    assert restarts(stack, name) == instance_restarts
+    log = next(child for child in stack.stack.instances if child.name == name).log_path.read_text()
+    assert f"engine core process {killed_pid} was killed by SIGKILL" in log
+    assert "engine core restarted" in log
+
+
+def test_prefill_engine_core_killed_under_load_is_restarted_in_place(stack):
+    before, killed = restarts(stack, "prefill-0"), []
+    run_with_fault(stack, lambda: killed.append(kill_engine_core(stack, "prefill-0")), seed=11, prompt_tokens=400)
+    assert_core_restarted_in_place(stack, "prefill-0", killed[0], before)
+
+
+def test_decode_engine_core_killed_mid_stream_is_restarted_and_streams_move(stack):
+    """Streams on the decode instance whose core died fail there with UNAVAILABLE while it is
+    NOT_SERVING: the gateway migrates them, and no request fails."""
+    victim, killed = None, []
+
+    def kill_a_decoding_core():
+        nonlocal victim
+        victim = stack.wait_for(lambda: next((name for name, status in stack.statuses("decode").items()
+                                              if status.num_running > 0), None), 60.0,
+                                "a decode instance decoding", 0.02)
+        killed.append(kill_engine_core(stack, victim))
+
+    before = {name: restarts(stack, name) for name in ("decode-0", "decode-1")}
+    run_with_fault(stack, kill_a_decoding_core, seed=12, max_tokens=40)
+    assert_core_restarted_in_place(stack, victim, killed[0], before[victim])
+    # The new core serves: a request later succeeds.
+    generate(stack.gateway, generate_request(token_ids=random_token_ids(40, seed=13), max_tokens=4))

@@ -133,7 +133,8 @@ def test_bad_input_is_refused_naming_the_field(tiny_llama_folder):
     run_with_core(tiny_llama_folder, scenario)
 
 
-def test_a_killed_core_fails_every_stream_and_restarts(tiny_llama_folder):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
+def test_a_killed_core_fails_every_stream_and_restarts(tiny_llama_folder, signum):
     deaths = []
 
     async def scenario(client):
@@ -141,12 +142,12 @@ def test_a_killed_core_fails_every_stream_and_restarts(tiny_llama_folder):
         streams = [client.generate(GenerateRequest(f"r{i}", tuple(prompt), LONG)) for i, prompt in enumerate(PROMPTS)]
         for stream in streams:
             await anext(stream)
-        os.kill(client.pid, signal.SIGKILL)
+        os.kill(client.pid, signum)
         for stream in streams:
-            with pytest.raises(EngineDeadError, match="was killed by SIGKILL"):
+            with pytest.raises(EngineDeadError, match=f"was killed by {signal.Signals(signum).name}"):
                 async for _ in stream:
                     pass
-        assert not client.is_alive and len(deaths) == 1 and "SIGKILL" in str(deaths[0])
+        assert not client.is_alive and len(deaths) == 1 and signal.Signals(signum).name in str(deaths[0])
         with pytest.raises(EngineDeadError):
             await collect(client, "refused", PROMPTS[1], GREEDY)
         await client.restart()
@@ -154,3 +155,12 @@ def test_a_killed_core_fails_every_stream_and_restarts(tiny_llama_folder):
         final, _ = await collect(client, "after", PROMPTS[1], GREEDY)
         assert len(final.token_ids) == 8
     run_with_core(tiny_llama_folder, scenario)
+
+
+def test_a_core_that_fails_while_loading_says_why(tmp_path):
+    async def main():
+        client = CoreProcessClient(engine_config_from_kwargs(str(tmp_path / "missing"), **SETTINGS))
+        with pytest.raises(EngineDeadError, match="failed while starting: .*missing"):
+            await client.start()
+        assert not client.is_alive
+    asyncio.run(main())
