@@ -30,6 +30,10 @@ class RoleHandler:
         """The drain timeout passed: end the work still running so that gateways move it to
         another instance (decode streams fail UNAVAILABLE while health says NOT_SERVING)."""
 
+    async def on_engine_restart(self) -> None:
+        """The engine core was restarted (its requests and reservations died with the old
+        one): drop what refers to them, before the instance serves again."""
+
 
 @dataclass
 class RoleHandlers:

@@ -4,8 +4,12 @@ start():  gRPC server up (health NOT_SERVING) -> engine loaded -> metrics wired 
           /metrics listener up with --metrics-port) -> role handlers started (the KV
           receiver listens) -> health SERVING -> registered in Redis with heartbeats and
           the prefix-index publisher -> ready file written.
-engine failure (the step loop died: forward pass, worker, memory): health NOT_SERVING and
-          deregistered at once, then `failed` is set and the entry stops the instance and exits
+engine failure (the step loop died: forward pass, worker, memory; or the engine-core process
+          died): health NOT_SERVING and deregistered at once (what was in flight failed with
+          EngineDeadError). An engine core in a child process is then restarted in place (the
+          model loaded again) and the instance serves and registers again, up to
+          --max-engine-restarts within --engine-restart-window-s; past that (a crash loop), or
+          for an engine thread, `failed` is set and the entry stops the instance and exits
           non-zero so a supervisor restarts it; it never stays registered answering 503s.
 stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
           index dropped (gateways stop routing here) -> accepted work finishes, up to
@@ -26,6 +30,7 @@ from shared.cluster.instances import InstanceInfo
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.pb.pdserve.v1 import instance_pb2 as pb
+from services.common.engine_restart import RestartBudget
 from services.common.engine_setup import start_engine
 from services.common.grpc_server import GrpcServer, host_port
 from services.common.metrics import InstanceMetrics
@@ -74,6 +79,7 @@ class InstanceRuntime:
         self._is_stopped = False
         # Set once the engine failed as a whole and the instance left routing.
         self.failed = asyncio.Event()
+        self.restart_budget = RestartBudget(settings.max_engine_restarts, settings.engine_restart_window_s)
         self._background: set[asyncio.Task] = set()
 
     @property
@@ -122,14 +128,44 @@ class InstanceRuntime:
         task.add_done_callback(self._background.discard)
 
     async def _leave_after_failure(self, error: BaseException) -> None:
-        """The engine failed as a whole: NOT_SERVING and out of Redis now, then `failed`."""
+        """The engine failed as a whole: NOT_SERVING and out of Redis now; then an engine
+        core process is restarted in place (within the restart budget), else `failed`."""
         logger.error("%s %s: engine failed (%s); leaving the pool", self.role, self.instance_id, error)
+        is_restarted = False
         try:
             await self.begin_draining()
             if self.presence is not None:
                 await self.presence.withdraw()
+            is_restarted = await self._restart_engine()
         finally:
-            self.failed.set()
+            if not is_restarted:
+                self.failed.set()
+
+    async def _restart_engine(self) -> bool:
+        """Start a fresh engine core, then serve and register again; False when the engine
+        cannot restart (in-thread), the budget is spent (a crash loop), or stopping began."""
+        restart = getattr(self.engine, "restart", None)
+        if restart is None or self._is_stopped:
+            return False
+        if not self.restart_budget.try_take():
+            logger.error("%s %s: the engine core crashed %d times within %.0f s; giving up", self.role,
+                         self.instance_id, self.restart_budget.num_recent + 1, self.restart_budget.window_s)
+            return False
+        try:
+            await restart()
+        except Exception:  # noqa: BLE001 - a core that cannot start again ends the instance
+            logger.exception("%s %s: restarting the engine core failed", self.role, self.instance_id)
+            return False
+        if self._is_stopped:
+            return True  # stop() owns the rest
+        for handler in self.handlers.all() if self.handlers is not None else ():
+            await handler.on_engine_restart()
+        self.is_draining = False
+        await self.server.set_serving(True)
+        self.presence.start(self.info(), self.engine)
+        logger.info("%s %s: engine core restarted (%d recent restarts); serving again", self.role,
+                    self.instance_id, self.restart_budget.num_recent)
+        return True
 
     def _start_metrics(self, model_name: str) -> None:
         """Histograms observed on the engine thread from here on; /metrics if a port is set."""
