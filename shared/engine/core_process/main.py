@@ -68,6 +68,9 @@ def serve(startup: CoreStartup) -> None:
 
 def main() -> int:
     die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group: the service decides when the core
+    # stops (Shutdown after its drain), not the keyboard.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("PDSERVE_CORE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s engine-core[%(process)d] %(levelname)s %(name)s: %(message)s")
     try:
