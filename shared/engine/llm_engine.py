@@ -4,6 +4,7 @@ Services drive it from one thread; the offline `LLM` wraps it in a loop. No tran
 """
 
 import itertools
+import secrets
 import logging
 from collections import deque
 from dataclasses import dataclass, replace
@@ -15,6 +16,7 @@ from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
+from shared.engine.errors import CapacityError
 from shared.engine.outputs import RequestOutput
 from shared.engine.output_processor import OutputProcessor
 from shared.engine.resume import resume_request, split_resumed
@@ -24,6 +26,9 @@ from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
 from shared.guided.engine_support import GuidedDecoding
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_cache.manager import KVCacheManager
+from shared.kv_transfer.base import KVConnector
+from shared.kv_transfer.factory import create_connector
+from shared.kv_transfer.types import FinishedTransfers, KVSendParams, KVTransferOutcome
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.stats import SpecDecodeStats
@@ -31,16 +36,18 @@ from shared.spec_decode.stats import SpecDecodeStats
 logger = logging.getLogger(__name__)
 
 
-class CapacityError(RuntimeError):
-    """The engine has no room for the request now (blocks or sequence slots)."""
+TRANSFER_TOKEN_BYTES = 16
 
 
 @dataclass
 class Reservation:
-    # The request's whole block table; the first num_cached_tokens // block_size blocks
-    # already hold the prompt's KV (decode-side prefix-cache hits) and need not be sent.
+    # The request's whole block table; the first num_skip_blocks already hold the prompt's
+    # KV (decode-side prefix-cache hits) and need not be sent.
     block_ids: list[int]
     num_cached_tokens: int
+    num_skip_blocks: int
+    # Random per reservation: the producer's transfer must present it.
+    transfer_token: bytes
 
 
 class LLMEngine:
@@ -56,8 +63,12 @@ class LLMEngine:
         self.block_pool = BlockPool(layout.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, layout.block_size, config.cache.enable_prefix_caching,
                                          config.cache.prefix_hash_algo, model_key)
+        self.connector: KVConnector | None = None
+        if config.kv_transfer is not None:
+            self.connector = create_connector(config.kv_transfer, executor)
+            self.connector.start()
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
-                                   config.speculative.num_tokens_per_step)
+                                   config.speculative.num_tokens_per_step, self.connector)
         self.output_processor = OutputProcessor(tokenizer)
         self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids, config.guided)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
@@ -68,6 +79,10 @@ class LLMEngine:
         self._request_counter = itertools.count()
         # Submitted batches whose results are not applied yet, oldest first (see step).
         self._in_flight: deque[tuple[SchedulerOutput, dict[str, str]]] = deque()
+        # Final outputs of requests whose KV the connector is still sending (emitted after).
+        self._outputs_awaiting_send: dict[str, RequestOutput] = {}
+        # Outcomes of KV received for requests waiting for it, not yet drained (request id, error).
+        self._kv_arrivals: list[tuple[str, str | None]] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -75,7 +90,9 @@ class LLMEngine:
         return cls(config, *build_engine_parts(config))
 
     def shutdown(self) -> None:
-        """Release the executor (stops worker processes, if any)."""
+        """Release the KV connector and the executor (stops worker processes, if any)."""
+        if self.connector is not None:
+            self.connector.shutdown()
         self.executor.shutdown()
 
     # ---- requests ------------------------------------------------------------------------
@@ -90,19 +107,29 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, cache_salt: str | None = None,
-                    hold_blocks_on_finish: bool = False, num_resumed_output_tokens: int = 0) -> str:
+                    num_resumed_output_tokens: int = 0, kv_send: KVSendParams | None = None) -> str:
         """Validate and queue a request; returns its id. Raises InvalidRequestError.
 
-        With `hold_blocks_on_finish` (prefill role) the request's blocks outlive it until
-        `release_request`, so its KV can be shipped first. With `num_resumed_output_tokens`
-        (migration) the prompt's last tokens are outputs generated elsewhere already: they
-        count toward max_tokens, min_tokens and penalties, advance the grammar and the seeded
-        generator, and are not emitted again."""
+        With `kv_send` (prefill role) the KV connector ships the prompt's KV once the request
+        finished, its blocks kept until then; the final output comes after the send and says
+        what moved (`kv_transfer`) or why not (`kv_transfer_error`). With
+        `num_resumed_output_tokens` (migration) the prompt's last tokens are outputs generated
+        elsewhere already: they count toward max_tokens, min_tokens and penalties, advance the
+        grammar and the seeded generator, and are not emitted again."""
+        params = params or SamplingParams()
+        if kv_send is not None:
+            self._check_kv_send(kv_send, params)
         request_id = request_id if request_id is not None else str(next(self._request_counter))
         for child in self._new_request(prompt, params, request_id, cache_salt, num_resumed_output_tokens):
-            child.hold_blocks_on_finish = hold_blocks_on_finish
+            child.kv_send = kv_send
             self.scheduler.add_request(child)
         return request_id
+
+    def _check_kv_send(self, kv_send: KVSendParams, params: SamplingParams) -> None:
+        if self.connector is None or not self.connector.role.is_producer:
+            raise InvalidRequestError("kv_send", "this engine's KV connector does not send KV")
+        if params.n != 1:
+            raise InvalidRequestError("n", "disaggregated requests generate one completion each")
 
     def _new_request(self, prompt, params, request_id: str, cache_salt,
                      num_resumed_output_tokens: int = 0) -> list[Request]:
@@ -125,42 +152,89 @@ class LLMEngine:
         self.output_processor.add_group(request_id, children)
         return children
 
-    # ---- disaggregation: prefill ships KV, decode receives it ------------------------------
+    # ---- disaggregation: the KV connector ships prompts' KV and receives it ------------------
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                         cache_salt: str | None = None, num_resumed_output_tokens: int = 0) -> Reservation:
-        """Decode role: reserve blocks for a prompt whose KV a prefill instance will send (its
-        last `num_resumed_output_tokens` generated elsewhere already: see add_request).
+        """Decode role: allocate blocks for a prompt whose KV arrives through the connector
+        (its last `num_resumed_output_tokens` generated elsewhere already: see add_request).
         Raises CapacityError when there is no room (the caller tries another instance)."""
         if params.n != 1:
             raise InvalidRequestError("n", "disaggregated requests generate one completion each")
         [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt,
                                       num_resumed_output_tokens)
-        if not self.scheduler.reserve(request):
+        token = secrets.token_bytes(TRANSFER_TOKEN_BYTES)
+        try:
+            admitted = self.scheduler.admit_with_remote_kv(request, token)
+        except BaseException:
+            self._forget(request_id)
+            raise
+        if not admitted:
             self._forget(request_id)
             raise CapacityError(f"no room for {request.num_prompt_tokens} prompt tokens")
-        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens)
+        num_skip_blocks = request.num_cached_prompt_tokens // self.kv_manager.block_size
+        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens,
+                           num_skip_blocks, token)
 
-    def activate_request(self, request_id: str, first_token_id: int,
-                         first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
-        """Decode role: the prompt's KV is in the reserved blocks; start decoding after the
-        prefill instance's first token."""
-        if request_id not in self.scheduler.reserved:
+    def start_reserved(self, request_id: str, first_token_id: int,
+                       first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
+        """Decode role: the prompt's KV arrived into the reserved blocks; start decoding after
+        the producer's first token."""
+        request = self.scheduler.waiting_for_remote_kv.get(request_id)
+        if request is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        request = self.scheduler.activate(request_id, first_token_id)
+        if not request.has_remote_kv:
+            raise InvalidRequestError("request_id", f"the KV of {request_id!r} has not arrived")
+        if not 0 <= first_token_id < self.model_config.vocab_size:
+            raise InvalidRequestError("first_token_id", f"{first_token_id} is outside the vocabulary "
+                                                        f"[0, {self.model_config.vocab_size})")
+        request = self.scheduler.start_after_remote_kv(request_id, first_token_id)
         self._finish_guided([request])
         logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
         return self._process_outputs([request], ModelRunnerOutput(logprobs=logprobs))
 
-    def held_block_ids(self, request_id: str) -> list[int]:
-        """Prefill role: the blocks holding a finished request's prompt KV."""
-        if request_id not in self.scheduler.held:
-            raise InvalidRequestError("request_id", f"{request_id!r} holds no blocks")
-        return self.kv_manager.block_ids(request_id)
+    def release_reserved(self, request_id: str) -> bool:
+        """Decode role: free a reservation that will not be decoded; False if there is none."""
+        if request_id not in self.scheduler.waiting_for_remote_kv:
+            return False
+        self.abort_request(request_id)
+        return True
 
-    def release_request(self, request_id: str) -> None:
-        """Prefill role: the KV has been shipped (or given up on); free the blocks."""
-        self.scheduler.release_held(request_id)
+    def poll_kv_transfers(self) -> list[RequestOutput]:
+        """Apply the transfers the connector finished: sent blocks are freed and their requests'
+        final outputs returned; received KV is committed and its arrival recorded."""
+        if self.connector is None:
+            return []
+        finished: FinishedTransfers = self.connector.get_finished()
+        for outcome in finished.receiving:
+            self._on_kv_received(outcome)
+        return [output for outcome in finished.sending if (output := self._on_kv_sent(outcome)) is not None]
+
+    def drain_kv_arrivals(self) -> list[tuple[str, str | None]]:
+        """(request id, error or None) for each transfer into a reservation since the last call."""
+        arrivals, self._kv_arrivals = self._kv_arrivals, []
+        return arrivals
+
+    def _on_kv_received(self, outcome: KVTransferOutcome) -> None:
+        request = self.scheduler.waiting_for_remote_kv.get(outcome.request_id)
+        if request is None:
+            return  # released or started meanwhile
+        if outcome.is_ok:
+            num_skip = request.num_cached_prompt_tokens // self.kv_manager.block_size
+            self.executor.commit_received_blocks(self.kv_manager.block_ids(request.request_id)[num_skip:])
+            request.has_remote_kv = True
+        else:
+            logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error)
+        self._kv_arrivals.append((outcome.request_id, outcome.error))
+
+    def _on_kv_sent(self, outcome: KVTransferOutcome) -> RequestOutput | None:
+        self.scheduler.finish_sending(outcome.request_id)
+        output = self._outputs_awaiting_send.pop(outcome.request_id, None)
+        self._children.pop(outcome.request_id, None)
+        if output is None:
+            return None
+        output.kv_transfer, output.kv_transfer_error = outcome.result, outcome.error
+        return output
 
     def _forget(self, request_id: str) -> None:
         self._children.pop(request_id, None)
@@ -179,7 +253,12 @@ class LLMEngine:
         return children
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Stop a request and free its blocks at once; returns its final output, if it was live."""
+        """Stop a request and free its blocks at once; returns its final output, if it was live.
+        A request whose KV is being sent has no output left to give: the send is abandoned and
+        its blocks are freed when the connector reports it ended."""
+        if request_id in self._outputs_awaiting_send:
+            self.scheduler.abort([request_id])
+            return None
         children = self._children.pop(request_id, None)
         if children is None:
             return None
@@ -187,6 +266,8 @@ class LLMEngine:
         return self.output_processor.abort_group(request_id)
 
     def has_unfinished_requests(self) -> bool:
+        """Requests not finished yet, counting those whose KV is still being sent and those
+        waiting for their KV from elsewhere."""
         return bool(self._children)
 
     def requests_of(self, request_id: str) -> list[Request]:
@@ -198,11 +279,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation, output processing) finishes alone with finish reason "error";
-        only a failure of the step as a whole (the forward pass) raises."""
+        only a failure of the step as a whole (the forward pass) raises. Transfers the KV
+        connector finished are applied first."""
+        sent = self.poll_kv_transfers()
+        if not self.scheduler.num_unfinished and not self._in_flight:
+            return sent
         if self.executor.max_concurrent_batches > 1:
-            return self._step_with_batches_in_flight()
+            return sent + self._step_with_batches_in_flight()
         scheduler_output, failed = self._schedule()
-        return self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
+        return sent + self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
 
     def _schedule(self) -> tuple[SchedulerOutput, dict[str, str]]:
         """The next batch, and the requests whose guided masks failed (by id, with the error)."""
@@ -268,8 +353,13 @@ class LLMEngine:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
         self.stats.record_tokens(sum(len(completion.delta_token_ids)
                                      for output in outputs for completion in output.outputs))
+        emitted = []
         for output in outputs:
             if output.finished:
-                self._children.pop(output.request_id, None)
                 self.stats.record_finished(output.num_cached_tokens)
-        return outputs
+                if output.request_id in self.scheduler.sending:
+                    self._outputs_awaiting_send[output.request_id] = output  # emitted once sent
+                    continue
+                self._children.pop(output.request_id, None)
+            emitted.append(output)
+        return emitted

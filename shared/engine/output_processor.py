@@ -74,9 +74,11 @@ class RequestGroup:
                 out.index, list(out.token_ids), out.text, list(out.logprobs) if out.logprobs is not None else None,
                 out.finish_reason, out.stop_reason, out.delta_text, list(out.delta_token_ids), out.error))
             out.delta_text, out.delta_token_ids = "", []
+        first = self.requests[0]
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs,
                              list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
-                             self.requests[0].num_cached_prompt_tokens)
+                             first.num_cached_prompt_tokens, arrival_time=first.arrival_time,
+                             first_scheduled_time=first.first_scheduled_time)
 
 
 class OutputProcessor:
