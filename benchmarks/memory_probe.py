@@ -1,8 +1,8 @@
 """Where a prefill instance's memory goes, per request kind (a diagnostic, not a benchmark).
 
 Runs what a prefill instance runs, in one process: the engine on its own thread (AsyncEngine),
-prompts held after their first token, their KV gathered into staging buffers the way KVSender
-does (no UCX), then released. Prints RSS, glibc's totals and tracemalloc's Python bytes after
+prompts held after their first token by a KV connector that gathers their KV into staging
+buffers the way the UCX connector's KVSender does (no wire), then released. Prints RSS, glibc's totals and tracemalloc's Python bytes after
 every batch, so a leak (in-use bytes grow) can be told from fragmentation (free bytes grow).
 
     python -m benchmarks.memory_probe --kinds plain long logprobs guided cancelled --batches 6
@@ -20,7 +20,12 @@ import numpy as np
 
 from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
+from shared.engine.client import GenerateRequest, KVSendParams
 from shared.engine.llm_engine import LLMEngine
+from shared.kv_transfer.base import KVConnector
+from shared.kv_transfer.types import (
+    FinishedTransfers, KVConnectorRole, KVTransferConfig, KVTransferOutcome, KVTransferResult,
+)
 from shared.guided.params import GuidedDecodingParams
 from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes
@@ -45,37 +50,48 @@ def params_for(kind: str, index: int) -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0)
 
 
-async def run_one(async_engine: AsyncEngine, staging: StagingPool | None, kind: str, index: int,
-                  rng: random.Random) -> None:
-    engine = async_engine.engine
+class StagingConnector(KVConnector):
+    """A producer that gathers each finished prompt's KV into a staging buffer, then reports it sent."""
+
+    staging: StagingPool | None = None  # set by main
+
+    def __init__(self, config, kv_access):
+        super().__init__(config, kv_access)
+        self._sent: list[KVTransferOutcome] = []
+
+    def update_state_after_alloc(self, request_id, block_ids, num_external_tokens, transfer_token) -> None:
+        raise NotImplementedError("a producer only")
+
+    def request_finished(self, request_id: str, block_ids: list[int], send) -> bool:
+        if send is None:
+            return False
+        kv_cache, layout, src_block_ids = self.kv_access.blocks_for_send(block_ids)
+        rows = choose_rows_per_chunk(layout, len(src_block_ids), DEFAULT_CHUNK_BYTES)
+        chunks = plan_chunks(layout, len(src_block_ids), rows, True)
+        buffer = self.staging.acquire(staging_bytes(chunks))
+        for chunk in chunks:
+            gather_chunk(kv_cache, layout, np.asarray(src_block_ids, dtype=np.int64), chunk,
+                         message_view(buffer, chunk), True)
+        self.staging.release(buffer)
+        self._sent.append(KVTransferOutcome(request_id, KVTransferResult(staging_bytes(chunks), 0.0)))
+        return True
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    def get_finished(self) -> FinishedTransfers:
+        sent, self._sent = self._sent, []
+        return FinishedTransfers(sending=tuple(sent))
+
+
+async def run_one(async_engine: AsyncEngine, kind: str, index: int, rng: random.Random) -> None:
     low, high = KIND_PROMPT_LENGTHS[kind]
-    prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(low, high))]
-    request_id = f"{kind}-{index}"
-
-    def add() -> None:
-        engine.add_request(prompt, params_for(kind, index), request_id, hold_blocks_on_finish=True)
-
-    try:
-        async for _ in async_engine.generate(request_id, add):
-            if kind == "cancelled":
-                return
-        if staging is not None:
-            await send_to_staging(async_engine, staging, request_id)
-    finally:
-        async_engine.submit(engine.release_request, request_id)
-
-
-async def send_to_staging(async_engine: AsyncEngine, staging: StagingPool, request_id: str) -> None:
-    """What KVSender does with a held prompt, minus the wire."""
-    engine = async_engine.engine
-    block_ids = await async_engine.call(engine.held_block_ids, request_id)
-    layout, kv_cache = engine.executor.kv_cache_layout, engine.executor.kv_cache
-    rows = choose_rows_per_chunk(layout, len(block_ids), DEFAULT_CHUNK_BYTES)
-    chunks = plan_chunks(layout, len(block_ids), rows, True)
-    buffer = staging.acquire(staging_bytes(chunks))
-    for chunk in chunks:
-        gather_chunk(kv_cache, layout, np.asarray(block_ids, dtype=np.int64), chunk, message_view(buffer, chunk), True)
-    staging.release(buffer)
+    prompt = tuple(rng.randrange(100, 40000) for _ in range(rng.randint(low, high)))
+    send = KVSendParams("staging", f"{kind}-{index}", (), 0, b"") if StagingConnector.staging is not None else None
+    async for _ in async_engine.generate(GenerateRequest(f"{kind}-{index}", prompt, params_for(kind, index),
+                                                         kv_send=send)):
+        if kind == "cancelled":
+            return
 
 
 def report(label: str, started: float, baseline_python: int, tokens_per_s: float = 0.0) -> None:
@@ -89,11 +105,13 @@ def report(label: str, started: float, baseline_python: int, tokens_per_s: float
 
 async def main(args: argparse.Namespace) -> None:
     row_buckets.is_enabled = not args.no_buckets
-    engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads))
-    async_engine = AsyncEngine(engine)
-    async_engine.start()
     pool_class = importlib.import_module(args.staging_module).StagingPool
-    staging, rng, started = (None if args.no_staging else pool_class()), random.Random(0), time.perf_counter()
+    StagingConnector.staging = None if args.no_staging else pool_class()
+    kv_transfer = KVTransferConfig(f"{StagingConnector.__module__}:StagingConnector", KVConnectorRole.PRODUCER)
+    engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads, kv_transfer=kv_transfer))
+    async_engine = AsyncEngine(engine)
+    await async_engine.start()
+    rng, started = random.Random(0), time.perf_counter()
     report("loaded", started, 0)
     if args.tracemalloc:
         tracemalloc.start(10)
@@ -102,9 +120,9 @@ async def main(args: argparse.Namespace) -> None:
     for batch in range(args.batches):
         batch_started, tokens_before = time.perf_counter(), engine.stats.num_prompt_tokens_computed
         for kind in args.kinds:
-            await asyncio.gather(*(run_one(async_engine, staging, kind, batch * 1000 + i, rng)
+            await asyncio.gather(*(run_one(async_engine, kind, batch * 1000 + i, rng)
                                    for i in range(args.per_batch)))
-        await async_engine.call(lambda: None)
+        await async_engine.status()  # after the aborts of the cancelled ones
         if args.trim:
             release_free_memory()
         tokens = engine.stats.num_prompt_tokens_computed - tokens_before
@@ -112,7 +130,7 @@ async def main(args: argparse.Namespace) -> None:
     if first is not None:
         for stat in tracemalloc.take_snapshot().compare_to(first, "traceback")[:8]:
             print(stat, "\n   ", "\n    ".join(stat.traceback.format()[-6:]))
-    async_engine.stop()
+    await async_engine.stop()
 
 
 def parse_args() -> argparse.Namespace:

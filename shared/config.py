@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from shared.guided.limits import GuidedLimits
+from shared.kv_transfer.types import KVTransferConfig
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
@@ -62,3 +63,5 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # Guided decoding: constraint size limits, compile time limit, grammar cache size.
     guided: GuidedLimits = field(default_factory=GuidedLimits)
+    # The KV connector that moves prompts' KV to and from other engines (None: none).
+    kv_transfer: KVTransferConfig | None = None

@@ -1,14 +1,15 @@
-"""Builds an instance's engine from its settings and starts it on its own thread."""
+"""Builds an instance's engine from its settings (its KV connector by role) and starts it on
+its own thread behind the engine API."""
 
 import asyncio
 import logging
 import os
 
-import torch
-
 from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
+from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine
+from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import IdleTrimmer
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
@@ -17,6 +18,19 @@ from services.common.settings import InstanceSettings, parallel_config, speculat
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+MIB = 1 << 20
+UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
+CONNECTOR_ROLES = {"prefill": KVConnectorRole.PRODUCER, "decode": KVConnectorRole.CONSUMER,
+                   "colocated": KVConnectorRole.BOTH}
+
+
+def kv_transfer_config(settings: InstanceSettings) -> KVTransferConfig | None:
+    """The UCX connector, in the role's direction (None for a role that moves no KV)."""
+    role = CONNECTOR_ROLES.get(settings.role)
+    if role is None:
+        return None
+    return KVTransferConfig(UCX_CONNECTOR, role, host=settings.ucx_host, port=settings.ucx_port,
+                            max_staging_bytes=int(settings.kv_staging_max_mb * MIB))
 
 
 def engine_config(settings: InstanceSettings) -> EngineConfig:
@@ -34,19 +48,15 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
-                        parallel=parallel_config(settings))
+                        parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings))
 
 
-async def start_engine(settings: InstanceSettings) -> AsyncEngine:
+async def start_engine(settings: InstanceSettings) -> EngineClient:
     """Load the model off the event loop (health stays NOT_SERVING meanwhile), start the engine thread."""
     os.environ[ONEDNN_CACHE_CAPACITY_VARIABLE] = str(settings.onednn_cache_capacity)  # before the model loads
     engine = await asyncio.to_thread(LLMEngine.from_config, engine_config(settings))
-    async_engine = AsyncEngine(engine)
-    if settings.idle_trim_interval_s > 0:
-        async_engine.on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle
-    async_engine.start()
-    if settings.num_threads:
-        # OpenMP thread counts are per calling thread: set it where the steps run too.
-        await async_engine.call(torch.set_num_threads, settings.num_threads)
-    logger.info("engine ready: %d KV blocks of %d tokens", engine.block_pool.num_blocks, engine.kv_manager.block_size)
-    return async_engine
+    on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle if settings.idle_trim_interval_s > 0 else None
+    client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or None)
+    await client.start()
+    logger.info("engine ready: %d KV blocks of %d tokens", client.info.num_blocks, client.info.cache.block_size)
+    return client

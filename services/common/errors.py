@@ -14,8 +14,7 @@ import logging
 
 import grpc
 
-from shared.engine.async_engine import EngineDeadError, RequestFailedError
-from shared.engine.llm_engine import CapacityError
+from shared.engine.client import CapacityError, EngineDeadError, RequestFailedError
 from shared.errors import REQUEST_FAILED_METADATA_KEY, InvalidRequestError
 
 from services.common.bounded_text import bounded

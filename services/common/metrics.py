@@ -4,8 +4,8 @@ latency histograms (observed on the engine thread), the role's own counters, and
 the ready file).
 
 Every series is labelled model_name, role and instance_id. The role's counters (KV bytes,
-seconds, transfers and failures by direction, lease expiries, Redis mirror failures) are read
-at scrape time from the handlers' own counters.
+seconds, transfers and failures by direction, from the engine's KV connector; lease expiries,
+Redis mirror failures from the handlers and the presence) are read at scrape time.
 """
 
 from collections.abc import Iterator
@@ -17,7 +17,7 @@ from shared.metrics.families import FamilyMaker
 from shared.metrics.http_server import MetricsServer
 from shared.metrics.registry import new_registry
 from shared.metrics.request_latency import RequestLatencyTracker
-from shared.transfer.stats import TransferCounters
+from shared.kv_transfer.types import KVTransferCounts
 from services.common.memory_metrics import InstanceMemory
 
 METRICS_OFF = -1
@@ -56,13 +56,14 @@ class RoleCollector(Collector):
         handlers = self.runtime.handlers
         return getattr(handlers, kind, None) if handlers is not None else None
 
-    def _transfer_counters(self) -> list[tuple[str, TransferCounters]]:
+    def _transfer_counters(self) -> list[tuple[str, KVTransferCounts]]:
+        """By direction, for the directions this role moves KV in (from the engine's connector)."""
+        kv = self.runtime.engine.latest_status().kv_transfer
         found = []
-        prefill, decode = self._handler("prefill"), self._handler("decode")
-        if prefill is not None:
-            found.append(("sent", prefill.sender.counters))
-        if decode is not None:
-            found.append(("received", decode.receiver.counters))
+        if self._handler("prefill") is not None:
+            found.append(("sent", kv.sent))
+        if self._handler("decode") is not None:
+            found.append(("received", kv.received))
         return found
 
 
@@ -72,7 +73,7 @@ class InstanceMetrics:
     def __init__(self, runtime, model_name: str):
         self.labels = {"model_name": model_name, "role": runtime.role, "instance_id": runtime.instance_id}
         self.registry = new_registry()
-        self.registry.register(EngineCollector(runtime.engine, self.labels))
+        self.registry.register(EngineCollector(runtime.engine.latest_status, self.labels))
         self.registry.register(RoleCollector(runtime, self.labels))
         self.registry.register(InstanceMemory(runtime).collector(self.labels))
         self.tracker = RequestLatencyTracker(self.registry, self.labels)

@@ -1,10 +1,11 @@
 """Keeps this instance's entry in the Redis prefix index true.
 
-Every `interval_s` it drains the block pool's stored/evicted events on the engine thread and
-applies their net effect (SREM evicted, SADD stored). When Redis fails, or when the
-Heartbeater reconnects (Redis restarted empty), it republishes everything instead:
-`replace_all` with the pool's cached hashes, snapshotted on the engine thread together with
-draining the events, so the index never misses a change. One lock orders the two paths.
+Every `interval_s` it takes the engine's KV-cache events (blocks stored into and evicted from
+the prefix cache since the last call, netted) through the engine API and applies them (SREM
+removed, SADD stored). When Redis fails, when the Heartbeater reconnects (Redis restarted
+empty), or when the engine dropped events nobody drained, it republishes everything instead:
+`replace_all` with a snapshot of every cached hash, taken together with draining the events,
+so the index never misses a change. One lock orders the two paths.
 """
 
 import asyncio
@@ -12,32 +13,13 @@ import contextlib
 import logging
 
 from shared.cluster.prefix_index import PrefixIndex
-from shared.engine.async_engine import AsyncEngine
-from shared.kv_cache.block_pool import BlockPool
+from shared.engine.client import EngineClient, KVCacheEvents
 
 logger = logging.getLogger(__name__)
 
 
-def net_changes(pool: BlockPool) -> tuple[list[bytes], list[bytes]]:
-    """(stored, evicted) since the last drain; a hash in both ends as the pool has it now."""
-    events = pool.drain_events()
-    stored, evicted = set(events.stored), set(events.evicted)
-    both = stored & evicted
-    if both:
-        cached = set(pool.cached_hashes())
-        stored -= both - cached
-        evicted -= both & cached
-    return sorted(stored), sorted(evicted)
-
-
-def snapshot(pool: BlockPool) -> list[bytes]:
-    """Every cached hash, dropping the pending events that the snapshot already reflects."""
-    pool.drain_events()
-    return pool.cached_hashes()
-
-
 class PrefixPublisher:
-    def __init__(self, index: PrefixIndex, instance_id: str, engine: AsyncEngine, interval_s: float,
+    def __init__(self, index: PrefixIndex, instance_id: str, engine: EngineClient, interval_s: float,
                  op_timeout_s: float = 2.0):
         self.index = index
         self.instance_id = instance_id
@@ -70,20 +52,26 @@ class PrefixPublisher:
     async def republish(self) -> None:
         """Replace this instance's entry with everything cached now (raises on Redis failure)."""
         async with self._lock:
-            hashes = await self.engine.call(snapshot, self.engine.engine.block_pool)
-            async with asyncio.timeout(self.op_timeout_s):
-                await self.index.replace_all(self.instance_id, hashes)
-            self._needs_republish = False
-            logger.info("prefix index of %s republished: %d blocks", self.instance_id, len(hashes))
+            await self._replace_all(await self.engine.kv_events(snapshot=True))
+
+    async def _replace_all(self, events: KVCacheEvents) -> None:
+        self._needs_republish = True
+        async with asyncio.timeout(self.op_timeout_s):
+            await self.index.replace_all(self.instance_id, list(events.stored))
+        self._needs_republish = False
+        logger.info("prefix index of %s republished: %d blocks", self.instance_id, len(events.stored))
 
     async def publish_changes(self) -> None:
         """Apply the changes since the last call (raises on Redis failure; next tick republishes)."""
         async with self._lock:
-            stored, evicted = await self.engine.call(net_changes, self.engine.engine.block_pool)
+            events = await self.engine.kv_events()
+            if events.is_snapshot:  # the engine dropped events nobody drained
+                await self._replace_all(events)
+                return
             self._needs_republish = True
             async with asyncio.timeout(self.op_timeout_s):
-                await self.index.remove(self.instance_id, evicted)
-                await self.index.add(self.instance_id, stored)
+                await self.index.remove(self.instance_id, list(events.removed))
+                await self.index.add(self.instance_id, list(events.stored))
             self._needs_republish = False
 
     async def _run(self) -> None:

@@ -15,7 +15,7 @@ from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistr
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.prefix_index import PrefixIndex
-from shared.engine.async_engine import AsyncEngine
+from shared.engine.client import EngineClient
 from services.common.prefix_publisher import PrefixPublisher
 from services.common.settings import InstanceSettings
 
@@ -27,7 +27,7 @@ REDIS_TIMEOUT_S = 2.0
 MAX_HEARTBEAT_BACKOFF_S = 1.0
 
 
-def instance_load(engine: AsyncEngine) -> InstanceLoad:
+def instance_load(engine: EngineClient) -> InstanceLoad:
     """The load a heartbeat reports; reservations count as queued work."""
     load = engine.load()
     return InstanceLoad(queue_depth=load.num_waiting + load.num_reserved, num_running_requests=load.num_running,
@@ -48,7 +48,7 @@ class ClusterPresence:
         # Called after a Redis restart (or lapse) once re-registered: republish what Redis lost.
         self.resync_hooks: list[Callable[[], Awaitable[None] | None]] = []
 
-    def start(self, info: InstanceInfo, engine: AsyncEngine) -> None:
+    def start(self, info: InstanceInfo, engine: EngineClient) -> None:
         """Register (first beat), then keep beating and publishing the prefix index."""
         self.publisher = PrefixPublisher(self.prefix_index, info.instance_id, engine,
                                          self.settings.prefix_publish_interval_s)

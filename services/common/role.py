@@ -15,8 +15,6 @@ from shared.pb.pdserve.v1 import instance_pb2 as pb
 class RoleHandler:
     """Base class with no-op hooks."""
 
-    ucx_address: str = ""  # the KV receiver's address, for handlers that own one
-
     async def start(self) -> None:
         pass
 
@@ -44,6 +42,3 @@ class RoleHandlers:
     def all(self) -> list[RoleHandler]:
         return [handler for handler in (self.prefill, self.decode, self.generate) if handler is not None]
 
-    @property
-    def ucx_address(self) -> str:
-        return next((handler.ucx_address for handler in self.all() if handler.ucx_address), "")

@@ -27,8 +27,7 @@ import uuid
 from collections.abc import Callable
 
 from shared.cluster.instances import InstanceInfo
-from shared.engine.async_engine import AsyncEngine
-from shared.engine.llm_engine import LLMEngine
+from shared.engine.client import EngineClient, EngineDeadError
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from services.common.engine_restart import RestartBudget
 from services.common.engine_setup import start_engine
@@ -39,7 +38,7 @@ from services.common.ready_file import write_ready_file
 from services.common.role import RoleHandlers
 from services.common.servicer import InstanceServicer
 from services.common.settings import InstanceSettings
-from services.common.status import engine_status
+from services.common.status import status_to_proto
 from services.common.tls import instance_credentials
 
 logger = logging.getLogger(__name__)
@@ -67,7 +66,7 @@ class InstanceRuntime:
         self.role = settings.role
         self.instance_id = settings.instance_id or new_instance_id(settings.role)
         self.build_handlers = build_handlers
-        self.async_engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
         self.handlers: RoleHandlers | None = None  # set once all have started
         self._started_handlers: list = []
         self.presence: ClusterPresence | None = None
@@ -83,12 +82,8 @@ class InstanceRuntime:
         self._background: set[asyncio.Task] = set()
 
     @property
-    def engine(self) -> LLMEngine:
-        return self.async_engine.engine
-
-    @property
     def ucx_address(self) -> str:
-        return self.handlers.ucx_address if self.handlers is not None else ""
+        return self.engine.info.kv_transfer_address if self.engine is not None else ""
 
     async def start(self) -> None:
         self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port,
@@ -96,9 +91,9 @@ class InstanceRuntime:
         port = await self.server.start()
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)
-        self.async_engine = await start_engine(self.settings)
+        self.engine = await start_engine(self.settings)
         self._watch_engine_failure(asyncio.get_running_loop())
-        model_name = self.settings.served_model_name or self.engine.kv_manager.model_key
+        model_name = self.settings.served_model_name or self.engine.info.cache.model_id
         self._start_metrics(model_name)
         self.presence = ClusterPresence(self.settings, model_name)
         handlers = self.build_handlers(self)
@@ -107,7 +102,7 @@ class InstanceRuntime:
             self._started_handlers.append(handler)
         self.handlers = handlers
         await self.server.set_serving(True)
-        self.presence.start(self.info(), self.async_engine)
+        self.presence.start(self.info(), self.engine)
         if self.settings.ready_file:
             write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role,
                              self.metrics_address)
@@ -118,9 +113,9 @@ class InstanceRuntime:
         def on_failure(error: BaseException) -> None:  # on the engine thread
             loop.call_soon_threadsafe(self._start_leaving, error)
 
-        self.async_engine.on_failure = on_failure
-        if self.async_engine.error is not None:
-            self._start_leaving(self.async_engine.error)
+        self.engine.on_failure = on_failure
+        if not self.engine.is_alive:
+            self._start_leaving(EngineDeadError("the engine stopped while starting"))
 
     def _start_leaving(self, error: BaseException) -> None:
         task = asyncio.get_running_loop().create_task(self._leave_after_failure(error))
@@ -170,7 +165,7 @@ class InstanceRuntime:
     def _start_metrics(self, model_name: str) -> None:
         """Histograms observed on the engine thread from here on; /metrics if a port is set."""
         self.metrics = InstanceMetrics(self, model_name)
-        self.async_engine.observer = self.metrics.tracker
+        self.engine.observer = self.metrics.tracker
         self.metrics_address = self.metrics.start(self.settings.host, self.settings.metrics_port)
 
     def info(self) -> InstanceInfo:
@@ -178,7 +173,7 @@ class InstanceRuntime:
                             self.presence.namespace.model)
 
     async def status(self) -> pb.InstanceStatus:
-        status = await self.async_engine.call(engine_status, self.engine)
+        status = status_to_proto(await self.engine.status())
         status.instance_id, status.role = self.instance_id, self.role
         for handler in self.handlers.all():
             handler.add_status(status)
@@ -192,9 +187,9 @@ class InstanceRuntime:
 
     def has_accepted_work(self) -> bool:
         """Requests waiting, running or reserved in the engine (a granted reservation counts)."""
-        if self.async_engine is None:
+        if self.engine is None:
             return False
-        load = self.async_engine.load()
+        load = self.engine.load()
         return load.num_waiting + load.num_running + load.num_reserved > 0
 
     async def _finish_accepted_work(self, timeout_s: float) -> None:
@@ -228,8 +223,8 @@ class InstanceRuntime:
             await handler.stop()
         if self.presence is not None:
             await self.presence.close()
-        if self.async_engine is not None:
-            await asyncio.to_thread(self.async_engine.stop)
+        if self.engine is not None:
+            await self.engine.stop()
         if self.metrics is not None:
             self.metrics.stop()
         logger.info("%s %s stopped", self.role, self.instance_id)

@@ -1,19 +1,19 @@
-"""GetStatus: the engine's counters and load, read on the engine thread for one consistent snapshot;
-role handlers then add theirs (KV bytes moved, lease expiries)."""
+"""GetStatus: the engine's status (one snapshot taken between steps) as the wire message;
+role handlers then add theirs (lease expiries)."""
 
-from shared.engine.llm_engine import LLMEngine
+from shared.engine.client import EngineStatus
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 
 
-def engine_status(engine: LLMEngine) -> pb.InstanceStatus:
-    """Run on the engine thread (AsyncEngine.call)."""
-    scheduler, pool, stats = engine.scheduler, engine.block_pool, engine.stats
+def status_to_proto(status: EngineStatus) -> pb.InstanceStatus:
+    load, kv = status.load, status.kv_transfer
     return pb.InstanceStatus(
-        num_waiting=len(scheduler.waiting), num_running=len(scheduler.running),
-        num_reserved=len(scheduler.reserved), num_held=len(scheduler.held),
-        num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks,
-        num_prompt_tokens_computed=stats.num_prompt_tokens_computed,
-        num_cached_prompt_tokens=stats.num_cached_prompt_tokens,
-        num_generation_tokens=stats.num_generation_tokens,
-        num_requests_finished=stats.num_requests_finished,
+        num_waiting=load.num_waiting, num_running=load.num_running, num_reserved=load.num_reserved,
+        num_held=status.num_held, num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks,
+        num_prompt_tokens_computed=status.num_prompt_tokens_computed,
+        num_cached_prompt_tokens=status.num_cached_prompt_tokens,
+        num_generation_tokens=status.num_generation_tokens,
+        num_requests_finished=status.num_requests_finished,
+        kv_bytes_transferred=kv.sent.total_bytes + kv.received.total_bytes,
+        kv_transfer_seconds=kv.sent.total_seconds + kv.received.total_seconds,
     )

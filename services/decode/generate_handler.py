@@ -3,6 +3,7 @@
 import contextlib
 from collections.abc import AsyncIterator
 
+from shared.engine.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.wire.outputs import request_output_to_protos
@@ -12,21 +13,16 @@ from services.common.role import RoleHandler
 
 class GenerateHandler(RoleHandler):
     def __init__(self, runtime):
-        self.async_engine = runtime.async_engine
+        self.engine = runtime.engine
 
     async def generate(self, request: pb.InstanceGenerateRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
         if not request.request_id:
             raise InvalidRequestError("request_id", "must not be empty")
-        params = sampling_from_proto(request.sampling)
         salt = request.cache_salt if request.HasField("cache_salt") else None
-        engine = self.async_engine.engine
-        await self.async_engine.prepare(params)
-
-        def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
-            engine.add_request(list(request.prompt_token_ids), params, request.request_id, salt)
-
+        generate = GenerateRequest(request.request_id, tuple(request.prompt_token_ids),
+                                   sampling_from_proto(request.sampling), salt)
         is_first = True  # every output carries the prompt logprobs so far: send them once
-        async with contextlib.aclosing(self.async_engine.generate(request.request_id, add)) as outputs:
+        async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
             async for output in outputs:
                 messages = request_output_to_protos(output, with_prompt_logprobs=is_first)
                 is_first = is_first and not messages

@@ -1,5 +1,6 @@
 """Decode: Reserve (admission under a lease), Decode (stream from the prefill's first token),
-Release, on the KV blocks that the prefill instance pushes into this instance's cache over UCX.
+Release, on the KV blocks that the prefill instance pushes into this instance's cache through
+the engine's KV connector (UCX).
 
 Reserve refuses at once with RESOURCE_EXHAUSTED when the engine has no room, so the gateway
 can try another instance. Decode needs the transfer to have completed (FAILED_PRECONDITION
@@ -17,9 +18,9 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from shared.cluster.leases import LeaseTable
+from shared.engine.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
-from shared.transfer.ucx_transport import KVReceiver
 from shared.wire.handback import handed_back_message
 from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
@@ -34,21 +35,16 @@ LEASE_CHECK_INTERVAL_S = 0.05
 
 class DecodeHandler(RoleHandler):
     def __init__(self, runtime):
-        engine, settings = runtime.engine, runtime.settings
-        self.async_engine = runtime.async_engine
-        self.default_lease_ms = settings.lease_ms
-        self.receiver = KVReceiver(engine.executor.kv_cache, engine.executor.kv_cache_layout,
-                                   host=settings.ucx_host, port=settings.ucx_port,
-                                   max_staging_bytes=int(settings.kv_staging_max_mb * (1 << 20)))
+        self.engine = runtime.engine
+        self.default_lease_ms = runtime.settings.lease_ms
         leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
         runtime.presence.resync_hooks.append(leases.republish)
-        self.book = ReservationBook(runtime.async_engine, self.receiver, leases)
+        self.book = ReservationBook(runtime.engine, leases)
         self._expiry_task: asyncio.Task | None = None
         self._decoding: set[str] = set()  # request ids whose Decode stream is open
         self._is_handing_back = False
 
     async def start(self) -> None:
-        self.ucx_address = await self.receiver.start()
         self._expiry_task = asyncio.get_running_loop().create_task(self._expire_forever())
 
     async def stop(self) -> None:
@@ -57,11 +53,8 @@ class DecodeHandler(RoleHandler):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expiry_task
         await self.book.release_all()
-        await self.receiver.close()
 
     def add_status(self, status: pb.InstanceStatus) -> None:
-        status.kv_bytes_transferred += self.receiver.counters.total_bytes
-        status.kv_transfer_seconds += self.receiver.counters.total_seconds
         status.num_lease_expiries += self.book.num_lease_expiries
 
     async def reserve(self, request: pb.ReserveRequest,
@@ -70,35 +63,32 @@ class DecodeHandler(RoleHandler):
         nobody would release), they are freed at once instead of at lease expiry."""
         if not request.request_id:
             raise InvalidRequestError("request_id", "must not be empty")
-        params = sampling_from_proto(request.sampling)
         salt = request.cache_salt if request.HasField("cache_salt") else None
         lease_s = (request.lease_ms or self.default_lease_ms) / 1000
-        reservation = await self.book.reserve(request.request_id, list(request.prompt_token_ids), params, salt,
-                                              lease_s, request.num_resumed_output_tokens)
+        generate = GenerateRequest(request.request_id, tuple(request.prompt_token_ids),
+                                   sampling_from_proto(request.sampling), salt, request.num_resumed_output_tokens)
+        reservation = await self.book.reserve(generate, lease_s)
         if caller_is_gone():
             await self.book.release(request.request_id)
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"the caller of Reserve {request.request_id!r} is gone; reservation released")
         logger.info("reserved %s: %d blocks (%d prompt tokens cached), lease %.1f s", request.request_id,
                     len(reservation.block_ids), reservation.num_cached_tokens, lease_s)
-        return pb.ReserveResponse(ucx_address=self.ucx_address, block_ids=reservation.block_ids,
+        return pb.ReserveResponse(ucx_address=reservation.transfer_address, block_ids=reservation.block_ids,
                                   num_cached_prompt_tokens=reservation.num_cached_tokens,
-                                  transfer_token=self.book.transfer_token(request.request_id))
+                                  transfer_token=reservation.transfer_token)
 
     async def decode(self, request: pb.DecodeRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
-        engine = self.async_engine.engine
-        if request.first_token_id >= engine.model_config.vocab_size:
+        vocab_size = self.engine.info.vocab_size
+        if request.first_token_id >= vocab_size:
             raise InvalidRequestError("first_token_id", f"{request.first_token_id} is outside the vocabulary "
-                                                        f"[0, {engine.model_config.vocab_size})")
+                                                        f"[0, {vocab_size})")
         self.book.take(request.request_id)
         first_logprobs = logprobs_from_proto(request.first_logprobs) if request.HasField("first_logprobs") else None
-
-        def activate():
-            return engine.activate_request(request.request_id, request.first_token_id, first_logprobs)
-
+        stream = self.engine.generate_reserved(request.request_id, request.first_token_id, first_logprobs)
         self._decoding.add(request.request_id)
         try:
-            async with contextlib.aclosing(self.async_engine.generate(request.request_id, activate)) as outputs:
+            async with contextlib.aclosing(stream) as outputs:
                 async for output in outputs:
                     self._raise_if_handed_back(request.request_id, output)
                     for message in request_output_to_protos(output, with_prompt_logprobs=False):
@@ -109,7 +99,7 @@ class DecodeHandler(RoleHandler):
     async def hand_back(self) -> None:
         self._is_handing_back = True
         for request_id in list(self._decoding):
-            await self.async_engine.abort(request_id)
+            await self.engine.abort(request_id)
 
     def _raise_if_handed_back(self, request_id: str, output) -> None:
         if self._is_handing_back and output.finished and output.outputs[0].finish_reason == "abort":

@@ -1,51 +1,50 @@
 """ReservationBook: a decode instance's reservations, from Reserve until Decode takes them.
 
-Each reservation holds engine blocks under a lease (LeaseTable, mirrored to Redis) and an
-armed KVReceiver expectation for the blocks the prefill instance sends (those after the
-decode side's own prefix-cache hits). A watcher task per reservation marks the KV as arrived,
-or re-arms the expectation after a failed transfer so that a prefill retried on another
-instance can deliver. It re-arms after a success too, until Decode takes the reservation: a
-prefill instance that died after its KV arrived but before it answered the gateway is retried
-elsewhere, and that retry's transfer (the same prompt's KV again) must be accepted. Release, lease expiry and shutdown all free through `release`; the
-gateway `renew`s the lease while the prompt is queued or running on a prefill instance.
+Each reservation holds engine blocks (`EngineClient.reserve_kv`: the engine's KV connector is
+armed for the blocks the prefill instance sends, those after the decode side's own
+prefix-cache hits) under a lease (LeaseTable, mirrored to Redis). A watcher task per
+reservation waits for the KV (`wait_kv`), counting failed transfers: after one the connector
+waits for a retry on another prefill instance; it keeps accepting after a success too, until
+Decode takes the reservation (a prefill that died after its transfer but before answering the
+gateway is retried elsewhere, and that copy must be accepted). Release, lease expiry and
+shutdown all free through `release`; the gateway `renew`s the lease while the prompt is queued
+or running on a prefill instance.
 """
 
 import asyncio
 import logging
-import secrets
 from dataclasses import dataclass, field
 
 import grpc
 
 from shared.cluster.leases import LeaseTable
-from shared.engine.async_engine import AsyncEngine
-from shared.engine.llm_engine import Reservation
+from shared.engine.client import EngineClient, GenerateRequest, KVReservation, KVTransferFailedError
 from shared.errors import InvalidRequestError
-from shared.sampling.params import SamplingParams
-from shared.transfer.ucx_transport import KVReceiver, KVTransferError
 from services.common.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
 
-TRANSFER_TOKEN_BYTES = 16
-
-
 @dataclass
 class PendingTransfer:
-    request_id: str
-    dst_block_ids: tuple[int, ...]
-    # Random per reservation; the prefill's KV transfer must present it (via the gateway).
-    transfer_token: bytes = field(default_factory=lambda: secrets.token_bytes(TRANSFER_TOKEN_BYTES))
+    reservation: KVReservation
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     num_failed_transfers: int = 0
     watcher: asyncio.Task | None = None
 
+    @property
+    def request_id(self) -> str:
+        return self.reservation.request_id
+
+    @property
+    def dst_block_ids(self) -> tuple[int, ...]:
+        """The blocks the prefill instance sends into (after the ones held already)."""
+        return self.reservation.block_ids[self.reservation.num_skip_blocks:]
+
 
 class ReservationBook:
-    def __init__(self, engine: AsyncEngine, receiver: KVReceiver, leases: LeaseTable):
+    def __init__(self, engine: EngineClient, leases: LeaseTable):
         self.engine = engine
-        self.receiver = receiver
         self.leases = leases
         self.num_lease_expiries = 0
         self._pending: dict[str, PendingTransfer] = {}
@@ -53,35 +52,17 @@ class ReservationBook:
     def __len__(self) -> int:
         return len(self._pending)
 
-    async def reserve(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                      cache_salt: str | None, lease_s: float, num_resumed: int = 0) -> Reservation:
-        """Reserve blocks (CapacityError when full) and arm the receiver; freed if cancelled meanwhile."""
-        if request_id in self._pending:
-            raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
-        engine = self.engine.engine
-        await self.engine.prepare(params)
-        made: list[Reservation] = []
-
-        def reserve() -> Reservation:
-            made.append(engine.reserve_request(prompt_token_ids, params, request_id, cache_salt, num_resumed))
-            return made[0]
-
-        def abort_if_made() -> None:  # queued after reserve(), so `made` is final when it runs
-            if made:
-                engine.abort_request(request_id)
-
+    async def reserve(self, request: GenerateRequest, lease_s: float) -> KVReservation:
+        """Reserve blocks (CapacityError when full) and watch for their KV; freed if cancelled meanwhile."""
+        if request.request_id in self._pending:
+            raise InvalidRequestError("request_id", f"{request.request_id!r} is already reserved")
+        reservation = await self.engine.reserve_kv(request)
         try:
-            reservation = await self.engine.call(reserve)
-            self._track(request_id, reservation, engine.kv_manager.block_size, lease_s)
+            self._track(reservation, lease_s)
         except BaseException:
-            if request_id not in self._pending:
-                self.engine.submit(abort_if_made)
+            await asyncio.shield(self.engine.release_kv(request.request_id))
             raise
         return reservation
-
-    def transfer_token(self, request_id: str) -> bytes:
-        """The token a KV transfer for this reservation must present."""
-        return self._pending[request_id].transfer_token
 
     def take(self, request_id: str) -> PendingTransfer:
         """Hand a reservation whose KV has arrived to Decode; its lease ends."""
@@ -96,7 +77,6 @@ class ReservationBook:
         del self._pending[request_id]
         if pending.watcher is not None:
             pending.watcher.cancel()
-        self.receiver.withdraw(request_id)
         self.leases.release(request_id)
         return pending
 
@@ -107,9 +87,8 @@ class ReservationBook:
             return False
         if pending.watcher is not None:
             pending.watcher.cancel()
-        self.receiver.withdraw(request_id)
         self.leases.release(request_id)
-        await self.engine.call(self.engine.engine.abort_request, request_id)
+        await self.engine.release_kv(request_id)
         return True
 
     def renew(self, request_id: str, lease_s: float) -> bool:
@@ -132,30 +111,21 @@ class ReservationBook:
         for request_id in list(self._pending):
             await self.release(request_id)
 
-    def _track(self, request_id: str, reservation: Reservation, block_size: int, lease_s: float) -> None:
-        num_skip = reservation.num_cached_tokens // block_size
-        pending = PendingTransfer(request_id, tuple(reservation.block_ids[num_skip:]))
-        self.receiver.expect(request_id, pending.dst_block_ids, pending.transfer_token)
-        try:
-            self.leases.grant(request_id, pending.dst_block_ids, lease_s)
-        except BaseException:
-            self.receiver.withdraw(request_id)
-            raise
+    def _track(self, reservation: KVReservation, lease_s: float) -> None:
+        pending = PendingTransfer(reservation)
+        self.leases.grant(reservation.request_id, pending.dst_block_ids, lease_s)
         pending.watcher = asyncio.get_running_loop().create_task(self._watch(pending))
-        self._pending[request_id] = pending
+        self._pending[reservation.request_id] = pending
 
     async def _watch(self, pending: PendingTransfer) -> None:
+        """No timeout of its own: the (renewable) lease is the only clock; its expiry releases
+        the reservation, which cancels this task."""
         while True:
             try:
-                # No timeout of its own: the (renewable) lease is the only clock; its expiry
-                # releases the reservation, which cancels this task.
-                await self.receiver.wait(pending.request_id, None)
-            except KVTransferError as error:
+                await self.engine.wait_kv(pending.request_id)
+            except KVTransferFailedError as error:
                 pending.num_failed_transfers += 1
-                logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id,
-                               str(error))
-                self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)
+                logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id, error)
                 continue
-            self.engine.engine.executor.commit_received_blocks(list(pending.dst_block_ids))
             pending.arrived.set()
-            self.receiver.expect(pending.request_id, pending.dst_block_ids, pending.transfer_token)
+            return

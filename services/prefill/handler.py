@@ -1,26 +1,29 @@
 """Prefill: compute a prompt's KV here, sample its first token, push the blocks to a decode instance.
 
 The prompt runs in the engine under `<request_id>:prefill` (so a colocated instance can prefill
-into its own reservation of `<request_id>`) with max_tokens=1 and no stop strings (the decode side applies those), and
-its blocks are held past the request's end so they can be shipped; they are released in a
-`finally` whatever happens: success, a failed transfer, cancellation or deadline. Blocks the
+into its own reservation of `<request_id>`) with max_tokens=1 and no stop strings (the decode
+side applies those), and with `kv_send`: the engine's KV connector ships the blocks to the
+decode instance, keeps them until the send ended, then frees them whatever happened (success,
+a failed transfer, cancellation or deadline); the final output says what moved. Blocks the
 decode instance already holds (its prefix cache: the first `num_skip_blocks`) are not sent.
 A request with no destination (no decode address, no block ids) is prompt-only: the prompt is
 scored (first token, prompt logprobs) and nothing is sent, e.g. for an OpenAI echo with
 max_tokens 0.
 """
 
+import contextlib
 import dataclasses
 import logging
 
 import grpc
 
+from shared.engine.client import GenerateRequest, KVSendParams, KVTransferFailedError, KVTransferResult
 from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.kv_cache.manager import blocks_for_tokens
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.sampling.params import SamplingParams
-from shared.transfer.ucx_transport import KVSender, KVTransferError, TransferResult, parse_address
+from shared.transfer.address import parse_address
 from shared.wire.outputs import logprobs_to_proto
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
@@ -29,7 +32,7 @@ from services.common.role import RoleHandler
 logger = logging.getLogger(__name__)
 
 ENGINE_ID_SUFFIX = ":prefill"
-MIB = 1 << 20
+NOTHING_SENT = KVTransferResult(0, 0.0)
 
 
 def prefill_params(params: SamplingParams, num_resumed: int = 0) -> SamplingParams:
@@ -68,7 +71,15 @@ def is_prompt_only(request: pb.PrefillRequest) -> bool:
     return not request.decode_ucx_address and not request.dst_block_ids
 
 
-def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: TransferResult) -> pb.PrefillResponse:
+def kv_send_params(request: pb.PrefillRequest) -> KVSendParams | None:
+    """Where the prompt's KV goes (None: prompt-only)."""
+    if is_prompt_only(request):
+        return None
+    return KVSendParams(request.decode_ucx_address, request.request_id, tuple(request.dst_block_ids),
+                        request.num_skip_blocks, request.transfer_token)
+
+
+def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KVTransferResult) -> pb.PrefillResponse:
     completion = output.outputs[0]
     first_token_id = completion.token_ids[0]
     response = pb.PrefillResponse(
@@ -85,61 +96,32 @@ def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: Tr
 
 
 class PrefillHandler(RoleHandler):
-    def __init__(self, runtime, sender: KVSender | None = None):
-        self.async_engine = runtime.async_engine
-        self.sender = sender or KVSender(max_staging_bytes=int(runtime.settings.kv_staging_max_mb * MIB))
-
-    async def stop(self) -> None:
-        await self.sender.close()
-
-    def add_status(self, status: pb.InstanceStatus) -> None:
-        status.kv_bytes_transferred += self.sender.counters.total_bytes
-        status.kv_transfer_seconds += self.sender.counters.total_seconds
+    def __init__(self, runtime):
+        self.engine = runtime.engine
 
     async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
-        engine = self.async_engine.engine
-        check_transfer_request(request, engine.kv_manager.block_size)
+        check_transfer_request(request, self.engine.info.cache.block_size)
         num_resumed = request.num_resumed_output_tokens
-        params = prefill_params(sampling_from_proto(request.sampling), num_resumed)
-        engine_request_id = f"{request.request_id}{ENGINE_ID_SUFFIX}"
-        try:
-            output = await self._run_prompt(request, engine_request_id, params, num_resumed)
-            sent = (TransferResult(request.request_id, 0, 0.0) if is_prompt_only(request)
-                    else await self._push_blocks(request, engine_request_id))
-        finally:
-            self.async_engine.submit(engine.release_request, engine_request_id)
+        generate = GenerateRequest(
+            f"{request.request_id}{ENGINE_ID_SUFFIX}", tuple(request.prompt_token_ids),
+            prefill_params(sampling_from_proto(request.sampling), num_resumed),
+            request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
+        output = await self._run_prompt(request, generate)
+        sent = output.kv_transfer or NOTHING_SENT
         logger.info("prefill %s: %d prompt tokens (%d cached), %d KV bytes to %s in %.1f ms", request.request_id,
                     len(request.prompt_token_ids), output.num_cached_tokens, sent.num_bytes,
                     request.decode_ucx_address, sent.seconds * 1e3)
         return prefill_response(request, output, sent)
 
-    async def _run_prompt(self, request: pb.PrefillRequest, engine_request_id: str,
-                          params: SamplingParams, num_resumed: int) -> RequestOutput:
-        engine = self.async_engine.engine
-        salt = request.cache_salt if request.HasField("cache_salt") else None
-        await self.async_engine.prepare(params)
-
-        def add() -> None:  # returns nothing: AsyncEngine.generate dispatches a returned list as outputs
-            engine.add_request(list(request.prompt_token_ids), params, engine_request_id, salt,
-                               hold_blocks_on_finish=True, num_resumed_output_tokens=num_resumed)
-
+    async def _run_prompt(self, request: pb.PrefillRequest, generate: GenerateRequest) -> RequestOutput:
         output = None
-        async for output in self.async_engine.generate(engine_request_id, add):
-            pass
+        try:
+            async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
+                async for output in outputs:
+                    pass
+        except KVTransferFailedError as error:
+            raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
+                                                        f"{request.decode_ucx_address} failed: {error}") from error
         if output is None or output.outputs[0].finish_reason == "abort" or not output.outputs[0].token_ids:
             raise ServiceError(grpc.StatusCode.ABORTED, f"prefill of {request.request_id!r} was aborted")
         return output
-
-    async def _push_blocks(self, request: pb.PrefillRequest, engine_request_id: str) -> TransferResult:
-        engine = self.async_engine.engine
-        block_ids = await self.async_engine.call(engine.held_block_ids, engine_request_id)
-        skip = request.num_skip_blocks
-        executor = engine.executor
-        try:
-            source, layout, src_block_ids = executor.blocks_for_send(block_ids[skip:])
-            return await self.sender.send(request.decode_ucx_address, request.request_id, source, layout,
-                                          src_block_ids, list(request.dst_block_ids)[skip:],
-                                          request.transfer_token)
-        except KVTransferError as error:
-            raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
-                                                        f"{request.decode_ucx_address} failed: {error}") from error

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.kv_cache.block_hash import BlockHash
+from shared.kv_transfer.types import KVSendParams
 from shared.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -14,8 +15,8 @@ if TYPE_CHECKING:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
-    # Decode role: blocks reserved, the prompt's KV is on its way from a prefill instance.
-    RESERVED = "reserved"
+    # Blocks allocated, the prompt's KV arrives through the KV connector (decode role).
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -45,13 +46,15 @@ class Request:
     max_output_tokens: int = 16
     # Extra prefix-cache keys (e.g. a tenant salt).
     cache_salt: str | None = None
-    # Prefill role: keep the blocks after finishing until the KV has been shipped.
-    hold_blocks_on_finish: bool = False
+    # Prefill role: where the KV connector ships the prompt's KV once the request finished.
+    kv_send: KVSendParams | None = None
     # For n > 1: the sibling whose computed prompt blocks this one shares.
     prompt_parent: "Request | None" = None
     arrival_time: float = field(default_factory=time.monotonic)
     # time.monotonic() of the first engine step that scheduled it (set by EngineStats).
     first_scheduled_time: float | None = None
+    # Waiting for remote KV: a transfer into its blocks completed (it may start decoding).
+    has_remote_kv: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

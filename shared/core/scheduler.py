@@ -18,6 +18,11 @@ never more than its remaining max_tokens / model length allow nor than the step'
 when the cache has no room for them it decodes one token instead. Afterwards only confirmed
 positions count as computed, so rejected slots are overwritten later and never hashed into
 the prefix cache; slots allocated for proposals stay with the request for its next steps.
+
+Disaggregation goes through the KV connector (shared.kv_transfer), never through roles here:
+a request admitted with remote KV waits, blocks allocated, while the connector receives its
+prompt's KV, then starts decoding from the token the producer sampled; a finished request
+whose KV the connector is sending keeps its blocks until the connector says it is done.
 """
 
 import logging
@@ -27,7 +32,9 @@ from shared.config import SchedulerConfig
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.core.stop_checks import token_stop_status
+from shared.errors import InvalidRequestError
 from shared.kv_cache.manager import KVCacheManager, blocks_for_tokens
+from shared.kv_transfer.base import KVConnector
 from shared.spec_decode.outputs import VerifiedTokens
 from shared.spec_decode.support import supports_speculation
 
@@ -36,20 +43,22 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int,
-                 num_spec_tokens: int = 0):
+                 num_spec_tokens: int = 0, connector: KVConnector | None = None):
         self.config = config
         # Most proposed tokens per speculating request and step (0: speculation off).
         self.num_spec_tokens = num_spec_tokens
         self.kv = kv_manager
         self.max_model_len = max_model_len
+        # Moves KV to and from other engines (disaggregation); None: this engine works alone.
+        self.connector = connector
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
-        # Decode role: requests whose prompt KV is being received into reserved blocks.
-        self.reserved: dict[str, Request] = {}
-        # Prefill role: finished requests whose blocks wait to be shipped, then released.
-        self.held: dict[str, Request] = {}
+        # Requests whose prompt KV arrives through the connector into their allocated blocks.
+        self.waiting_for_remote_kv: dict[str, Request] = {}
+        # Finished requests whose blocks the connector is still sending; freed once sent.
+        self.sending: dict[str, Request] = {}
         # Requests in a batch still being computed (pipeline parallelism keeps two batches in
         # flight): not scheduled again nor preempted until their results are applied.
         self.in_flight: set[str] = set()
@@ -62,53 +71,68 @@ class Scheduler:
         self.waiting.append(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """End a request (stop, length, abort or error) and free its blocks at once (a
-        prefill-role request that finished normally keeps them until `release_held`)."""
+        """End a request (stop, length, abort or error) and free its blocks, unless the
+        connector keeps them until it has sent them (`finish_sending` frees them then)."""
         if request.is_finished:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        elif request.status == RequestStatus.RESERVED:
-            del self.reserved[request.request_id]
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            del self.waiting_for_remote_kv[request.request_id]
         else:
             self.waiting.remove(request)
         request.status = status
-        if request.hold_blocks_on_finish and status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
-            self.held[request.request_id] = request
+        if self._delays_free(request):
+            self.sending[request.request_id] = request
         else:
+            if self.connector is not None:
+                self.connector.cancel(request.request_id)  # before its blocks can be reused
             self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_ids.add(request.request_id)
 
-    def release_held(self, request_id: str) -> None:
-        request = self.held.pop(request_id, None)
+    def _delays_free(self, request: Request) -> bool:
+        if self.connector is None or request.status in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
+            return False
+        return self.connector.request_finished(request.request_id, self.kv.block_ids(request.request_id),
+                                               request.kv_send)
+
+    def finish_sending(self, request_id: str) -> None:
+        """The connector is done with a finished request's blocks (sent or failed): free them."""
+        request = self.sending.pop(request_id, None)
         if request is not None:
             self.kv.free(request)
 
-    # ---- decode role: requests whose prompt KV arrives from elsewhere ----------------------
+    # ---- requests whose prompt KV arrives through the connector ---------------------------
 
-    def can_reserve(self) -> bool:
-        return len(self.running) + len(self.reserved) < self.config.max_num_seqs
+    def can_admit_remote(self) -> bool:
+        return len(self.running) + len(self.waiting_for_remote_kv) < self.config.max_num_seqs
 
-    def reserve(self, request: Request) -> bool:
-        """Reserve blocks for the prompt's KV (reusing prefix-cache hits, which need not be
-        sent). False, with nothing changed, when there is no room."""
-        if not self.can_reserve():
+    def admit_with_remote_kv(self, request: Request, transfer_token: bytes) -> bool:
+        """Allocate the prompt's blocks (reusing local prefix-cache hits) and have the connector
+        receive the rest into them. False, with nothing changed, when there is no room."""
+        if self.connector is None or not self.connector.role.is_consumer:
+            raise InvalidRequestError("kv_transfer", "this engine's KV connector does not receive KV")
+        if not self.can_admit_remote():
             return False
         prefix_blocks = self.kv.find_cached_prefix(request)
-        num_reused = len(prefix_blocks) * self.kv.block_size
-        if not self.kv.allocate(request, request.num_tokens - num_reused, prefix_blocks):
+        num_local = len(prefix_blocks) * self.kv.block_size
+        num_external = self.connector.get_num_new_matched_tokens(request.request_id, request.num_tokens, num_local)
+        if not self.kv.allocate(request, num_external, prefix_blocks):
             return False
-        request.num_cached_prompt_tokens = num_reused
-        request.status = RequestStatus.RESERVED
+        request.num_cached_prompt_tokens = num_local
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         self.requests[request.request_id] = request
-        self.reserved[request.request_id] = request
+        self.waiting_for_remote_kv[request.request_id] = request
+        self.connector.update_state_after_alloc(request.request_id, self.kv.block_ids(request.request_id),
+                                                num_external, transfer_token)
         return True
 
-    def activate(self, request_id: str, first_token_id: int) -> Request:
+    def start_after_remote_kv(self, request_id: str, first_token_id: int) -> Request:
         """The prompt's KV has arrived: the request joins the running decodes with the first
-        token that the prefill instance sampled."""
-        request = self.reserved.pop(request_id)
+        token that the producer sampled; the connector stops receiving for it."""
+        request = self.waiting_for_remote_kv.pop(request_id)
+        self.connector.cancel(request_id)
         request.num_computed_tokens = request.num_tokens
         self.kv.cache_computed_blocks(request)
         request.append_output_token(first_token_id)
@@ -120,15 +144,18 @@ class Scheduler:
         return request
 
     def abort(self, request_ids: list[str]) -> None:
+        """Finish each request as aborted; a send in flight is abandoned (its blocks are freed
+        when the connector reports it ended)."""
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is not None:
                 self.finish(request, RequestStatus.FINISHED_ABORTED)
-            self.release_held(request_id)
+            elif request_id in self.sending:
+                self.connector.cancel(request_id)
 
     @property
     def num_unfinished(self) -> int:
-        """Requests that steps will advance (reserved ones wait for their KV instead)."""
+        """Requests that steps will advance (those waiting for remote KV are not among them)."""
         return len(self.waiting) + len(self.running)
 
     # ---- one step ------------------------------------------------------------------------

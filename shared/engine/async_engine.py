@@ -1,8 +1,11 @@
-"""Runs an LLMEngine on a thread of its own for asyncio services.
+"""AsyncEngine: the in-thread EngineClient (shared.engine.client). The LLMEngine steps on a
+thread of its own; asyncio services talk to it only through the typed API.
 
-All engine state is touched only on the engine thread: callers submit closures that run
-between steps, and each request's outputs flow back through an asyncio queue. A consumer
-that stops listening (client cancel, deadline) aborts its request, freeing its blocks.
+All engine state is touched only on the engine thread: each API call becomes a command that
+runs there between steps, and each request's outputs flow back through an asyncio queue. A
+consumer that stops listening (client cancel, deadline) aborts its request, freeing its
+blocks. The KV connector wakes the thread when a transfer ends; its outcomes reach
+`wait_kv` callers and prefill streams from there.
 
 An optional `OutputObserver` (the metrics' request-latency tracker) sees, on the engine
 thread, each streamed request start, every output dispatched, and each stream's end.
@@ -14,15 +17,37 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.core.request import Request
+import torch
+
+from shared.engine.client import (
+    EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+    KVTransferFailedError, RequestFailedError,
+)
+from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
-from shared.sampling.params import SamplingParams
+from shared.errors import InvalidRequestError
+from shared.executor.base import SampledLogprobs
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncEngine", "EngineDeadError", "KVTransferFailedError", "OutputObserver", "RequestFailedError"]
+
+
+class OutputObserver(Protocol):
+    """Called on the engine thread; must be quick. Sees plain outputs, never engine state."""
+
+    def on_start(self, request_id: str) -> None:
+        """A streamed request was added (or, decode role, started from its reservation)."""
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Outputs about to be streamed (after each step, or from a start)."""
+
+    def on_stop(self, request_id: str) -> None:
+        """The request's stream closed, finished or not."""
 
 
 @dataclass
@@ -32,74 +57,209 @@ class _Stream:
 
 
 @dataclass
-class EngineLoad:
-    num_waiting: int
-    num_running: int
-    num_reserved: int
-    num_free_blocks: int
-    num_total_blocks: int
+class _KVWait:
+    """A reservation's KV arrival, as its waiters see it (touched on `loop` only)."""
+    loop: asyncio.AbstractEventLoop
+    has_arrived: bool = False
+    waiters: list[asyncio.Future] = field(default_factory=list)
+
+    def settle(self, error: str | None) -> None:
+        self.has_arrived = self.has_arrived or error is None
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                _settle(waiter, None, KVTransferFailedError(error) if error is not None else None)
 
 
-class OutputObserver(Protocol):
-    """Called on the engine thread; must be quick and must not touch engine state."""
-
-    def on_start(self, request_id: str, requests: list[Request]) -> None:
-        """A streamed request was added (or, decode role, activated); `requests` are its
-        engine requests (n of them), possibly empty if it already finished."""
-
-    def on_outputs(self, outputs: list[RequestOutput]) -> None:
-        """Outputs about to be streamed (after each step, or from an activation)."""
-
-    def on_stop(self, request_id: str) -> None:
-        """The request's stream closed, finished or not."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread failed; every request in flight gets this."""
-
-
-class RequestFailedError(RuntimeError):
-    """Computing this one request failed (finish reason "error"); the engine carries on."""
+_WAKE = (lambda: None, (), {}, None, None)  # a command that only wakes an idle engine thread
 
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None):
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_idle: Callable[[], Any] | None = None, num_threads: int | None = None):
         """`on_failure(error)` is called on the engine thread once, if the engine fails as a
-        whole (the service then stops serving and exits)."""
-        self.engine = engine
+        whole (the service then stops serving and exits); `on_idle()` when it has nothing to
+        run (memory trimming); `num_threads`: torch threads of the steps."""
+        self._engine = engine
+        self.info: EngineInfo = engine_info(engine)
         self.observer = observer
         self.on_failure = on_failure
+        self.on_idle = on_idle
+        self._num_threads = num_threads
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
-        # Called on the engine thread when it has nothing to run (memory trimming).
-        self.on_idle: Callable[[], Any] | None = None
+        self._reservations: dict[str, _KVWait] = {}
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = threading.Event()
         self.error: BaseException | None = None
+        if engine.connector is not None:
+            engine.connector.set_wakeup(lambda: self._commands.put(_WAKE))
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._stop_thread)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None and not self._stopping.is_set()
+
+    def _stop_thread(self) -> None:
         self._stopping.set()
         self._commands.put(None)
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         self._fail_queued_calls("the engine is stopped")
-        self.engine.guided.shutdown()
+        self._engine.guided.shutdown()
+        if self._engine.connector is not None:
+            self._engine.connector.shutdown()
 
-    # ---- calls from asyncio --------------------------------------------------------------
+    # ---- requests -------------------------------------------------------------------------
 
-    async def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
-        """Run `fn(*args, **kwargs)` on the engine thread between steps; return its result."""
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        await self._engine.guided.prepare(request.params.guided)  # worker threads, off the step loop
+        engine = self._engine
+
+        def add() -> list[RequestOutput]:
+            engine.add_request(list(request.prompt_token_ids), request.params, request.request_id,
+                               request.cache_salt, request.num_resumed_output_tokens, request.kv_send)
+            return []
+
+        async with contextlib.aclosing(self._stream(request.request_id, add)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a streamed request: its stream gets the final (aborted) output and ends."""
+        await self._call(self._abort_and_dispatch, request_id)
+
+    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
+        request_id = request.request_id
+        if request_id in self._reservations:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
+        await self._engine.guided.prepare(request.params.guided)
+        engine, made = self._engine, []
+
+        def reserve():
+            made.append(engine.reserve_request(list(request.prompt_token_ids), request.params, request_id,
+                                               request.cache_salt, request.num_resumed_output_tokens))
+            return made[0]
+
+        def abort_if_made() -> None:  # queued after reserve(), so `made` is final when it runs
+            if made:
+                engine.abort_request(request_id)
+
+        self._reservations[request_id] = _KVWait(asyncio.get_running_loop())
+        try:
+            reservation = await self._call(reserve)
+        except BaseException:
+            self._reservations.pop(request_id, None)
+            self._submit(abort_if_made)
+            raise
+        return KVReservation(request_id, tuple(reservation.block_ids), reservation.num_cached_tokens,
+                             reservation.num_skip_blocks, self.info.kv_transfer_address, reservation.transfer_token)
+
+    async def wait_kv(self, request_id: str) -> None:
+        wait = self._reservations.get(request_id)
+        if wait is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        if wait.has_arrived:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        wait.waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in wait.waiters:
+                wait.waiters.remove(waiter)
+
+    async def generate_reserved(self, request_id: str, first_token_id: int,
+                                first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:
+        engine = self._engine
+        stream = self._stream(request_id, lambda: engine.start_reserved(request_id, first_token_id, first_logprobs))
+        async with contextlib.aclosing(stream) as outputs:
+            async for output in outputs:
+                self._reservations.pop(request_id, None)  # started: its KV wait is over
+                yield output
+
+    async def release_kv(self, request_id: str) -> bool:
+        self._reservations.pop(request_id, None)
+        return await self._call(self._engine.release_reserved, request_id)
+
+    # ---- load, status, events -------------------------------------------------------------
+
+    def load(self) -> EngineLoad:
+        """A racy but harmless snapshot for heartbeats and routing."""
+        return engine_load(self._engine)
+
+    def latest_status(self) -> EngineStatus:
+        return engine_status(self._engine)
+
+    async def status(self) -> EngineStatus:
+        return await self._call(engine_status, self._engine)
+
+    async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
+        return await self._call(kv_cache_events, self._engine.block_pool, snapshot)
+
+    # ---- streams --------------------------------------------------------------------------
+
+    async def _stream(self, request_id: str, start: Callable[[], list[RequestOutput]]) -> AsyncIterator[RequestOutput]:
+        """Open `request_id`'s output stream, run `start` on the engine thread (it queues or
+        starts the request; outputs it returns are streamed first), then yield outputs until
+        the request finishes."""
+        if request_id in self._streams:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        is_started = is_finished = False
+        try:
+            await self._call(self._start_request, request_id, start)
+            is_started = True
+            while not is_finished:
+                output = await stream.queue.get()
+                if isinstance(output, BaseException):
+                    raise EngineDeadError(str(output))
+                is_finished = output.finished
+                if output.error is not None:
+                    raise RequestFailedError(output.error)
+                if output.kv_transfer_error is not None:
+                    raise KVTransferFailedError(f"KV transfer of {request_id!r}: {output.kv_transfer_error}")
+                yield output
+        finally:
+            self._streams.pop(request_id, None)
+            if is_started and not is_finished:
+                self._submit(self._engine.abort_request, request_id)
+            if self.observer is not None:
+                self._submit(self.observer.on_stop, request_id)
+
+    def _start_request(self, request_id: str, start: Callable[[], list[RequestOutput]]) -> None:
+        outputs = start()
+        if self.observer is not None:
+            self._notify(self.observer.on_start, request_id)
+        self._dispatch(outputs)
+
+    def _abort_and_dispatch(self, request_id: str) -> None:
+        output = self._engine.abort_request(request_id)
+        self._dispatch([output] if output is not None else [])
+
+    # ---- commands -------------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., Any], *args) -> Any:
+        """Run `fn(*args)` on the engine thread between steps; return its result."""
         if self.error is not None:
             raise EngineDeadError(str(self.error))
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._commands.put((fn, args, kwargs, loop, future))
+        self._commands.put((fn, args, {}, loop, future))
         if self._stopping.is_set() or self.error is not None:
             self._fail_queued_calls(str(self.error or "the engine is stopped"))  # nobody else will
         return await future
+
+    def _submit(self, fn: Callable[..., Any], *args) -> None:
+        """Fire and forget (safe from `finally` blocks of cancelled tasks)."""
+        self._commands.put((fn, args, {}, None, None))
 
     def _fail_queued_calls(self, reason: str) -> None:
         """Settle every call still queued with EngineDeadError, once the engine thread is gone
@@ -116,74 +276,26 @@ class AsyncEngine:
                 with contextlib.suppress(RuntimeError):  # that caller's loop is closed: nobody waits
                     loop.call_soon_threadsafe(_settle, future, None, EngineDeadError(reason))
 
-    async def prepare(self, params: SamplingParams) -> None:
-        """Per-request work too heavy for the engine thread (compiling a guided constraint),
-        done on worker threads before admission: the request waits here, outside the
-        scheduler, while the engine keeps stepping. Raises InvalidRequestError."""
-        await self.engine.guided.prepare(params.guided)
-
-    def submit(self, fn: Callable[..., Any], *args, **kwargs) -> None:
-        """Fire and forget (safe from `finally` blocks of cancelled tasks)."""
-        self._commands.put((fn, args, kwargs, None, None))
-
-    async def generate(self, request_id: str, add: Callable[[], Any]) -> AsyncIterator[RequestOutput]:
-        """Open the output stream of `request_id`, run `add` on the engine thread (it queues
-        or activates the request; outputs it returns are streamed first), then yield outputs
-        until the request finishes."""
-        stream = self._open_stream(request_id)
-        finished = False
-        try:
-            await self.call(self._start_request, request_id, add)
-            while not finished:
-                output = await stream.queue.get()
-                if isinstance(output, BaseException):
-                    raise EngineDeadError(str(output))
-                finished = output.finished
-                if output.error is not None:
-                    raise RequestFailedError(output.error)
-                yield output
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.submit(self.engine.abort_request, request_id)
-            if self.observer is not None:
-                self.submit(self.observer.on_stop, request_id)
-
-    async def abort(self, request_id: str) -> None:
-        """Abort a streamed request: its stream gets the final (aborted) output and ends."""
-        await self.call(self._abort_and_dispatch, request_id)
-
-    def _abort_and_dispatch(self, request_id: str) -> None:
-        output = self.engine.abort_request(request_id)
-        self._dispatch([output] if output is not None else [])
-
-    def load(self) -> EngineLoad:
-        """A racy but harmless snapshot for heartbeats and routing."""
-        scheduler, pool = self.engine.scheduler, self.engine.block_pool
-        return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.reserved),
-                          pool.num_free_blocks, pool.num_blocks)
-
-    def _open_stream(self, request_id: str) -> _Stream:
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._streams[request_id] = stream
-        return stream
-
-    # ---- the engine thread ---------------------------------------------------------------
+    # ---- the engine thread ----------------------------------------------------------------
 
     def _run(self) -> None:
         try:
+            if self._num_threads:
+                torch.set_num_threads(self._num_threads)  # per calling thread: set it where steps run
             while not self._stopping.is_set():
-                is_idle = not self.engine.scheduler.num_unfinished
+                is_idle = not self._engine.scheduler.num_unfinished
                 if is_idle and self.on_idle is not None:
                     self._notify(self.on_idle)
                 self._run_commands(block=is_idle)
-                if self.engine.scheduler.num_unfinished:
-                    self._dispatch(self.engine.step())
+                self._dispatch(self._engine.step())
+                self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
         except BaseException as error:  # noqa: BLE001 - fail every stream, then stop
             logger.exception("engine thread failed")
             self.error = error
             for stream in list(self._streams.values()):
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
+            for wait in list(self._reservations.values()):
+                wait.loop.call_soon_threadsafe(wait.settle, f"the engine failed: {error}")
             self._fail_queued_calls(str(error))
             if self.on_failure is not None:
                 self._notify(self.on_failure, error)
@@ -212,16 +324,6 @@ class AsyncEngine:
         if loop is not None:
             loop.call_soon_threadsafe(_settle, future, result, None)
 
-    def _start_request(self, request_id: str, add: Callable[[], Any]) -> None:
-        requests = self._requests_of(request_id)  # decode role: the reservation, before activation
-        outputs = _outputs_of(add())
-        if self.observer is not None:
-            self._notify(self.observer.on_start, request_id, requests or self._requests_of(request_id))
-        self._dispatch(outputs)
-
-    def _requests_of(self, request_id: str) -> list[Request]:
-        return self.engine.requests_of(request_id)
-
     def _notify(self, hook: Callable[..., None], *args) -> None:
         """Call an observer hook; its failure is logged, never the engine's."""
         try:
@@ -237,10 +339,11 @@ class AsyncEngine:
             if stream is not None:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
 
-
-def _outputs_of(result: Any) -> list[RequestOutput]:
-    """`add` may return outputs (activate_request) or something else (add_request's id)."""
-    return result if isinstance(result, list) else []
+    def _dispatch_kv_arrivals(self, arrivals: list[tuple[str, str | None]]) -> None:
+        for request_id, error in arrivals:
+            wait = self._reservations.get(request_id)
+            if wait is not None:
+                wait.loop.call_soon_threadsafe(wait.settle, error)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

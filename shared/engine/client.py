@@ -29,18 +29,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared.engine.errors import CapacityError, EngineDeadError, KVTransferFailedError, RequestFailedError
 from shared.engine.outputs import RequestOutput
 from shared.executor.base import SampledLogprobs
+from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
 from shared.sampling.params import SamplingParams
 
-
-@dataclass(frozen=True)
-class KVSendParams:
-    """Producer side: where this request's prompt KV goes once computed."""
-    remote_address: str                 # the consumer connector's address ("host:port")
-    remote_block_ids: tuple[int, ...]   # one per prompt block, in prompt order
-    num_skip_blocks: int                # leading blocks the consumer already holds (not sent)
-    transfer_token: bytes               # the consumer's per-reservation secret
+__all__ = [
+    "CacheSettings", "CapacityError", "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
+    "EngineStatus", "GenerateRequest", "KVCacheEvents", "KVReservation", "KVSendParams", "KVTransferFailedError",
+    "KVTransferResult", "RequestFailedError", "SpecDecodeCounts",
+]
 
 
 @dataclass(frozen=True)
@@ -66,31 +65,46 @@ class KVReservation:
 
 
 @dataclass(frozen=True)
-class KVTransferResult:
-    num_bytes: int
-    seconds: float
-
-
-@dataclass(frozen=True)
 class EngineLoad:
     num_waiting: int
     num_running: int
-    num_reserved: int
+    num_reserved: int                   # waiting for their KV from elsewhere
     num_free_blocks: int
     num_total_blocks: int
 
 
 @dataclass(frozen=True)
+class SpecDecodeCounts:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """Bounded caches and per-request state inside the engine, for the memory metrics:
+    name -> (entries, limit, bytes); -1 where unknown or unbounded."""
+    caches: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class EngineStatus:
-    """Counters and load, taken in one consistent snapshot between steps."""
+    """Counters and load, taken in one snapshot between steps."""
     load: EngineLoad
-    num_held: int
+    num_held: int                       # finished, blocks kept while the connector sends them
+    num_prompt_tokens: int              # of requests started (prefix hits and received KV included)
     num_prompt_tokens_computed: int
-    num_cached_prompt_tokens: int
+    num_cached_prompt_tokens: int       # over finished requests
     num_generation_tokens: int
     num_requests_finished: int
-    kv_bytes_transferred: int = 0
-    kv_transfer_seconds: float = 0.0
+    num_prefix_cache_queries: int
+    num_prefix_cache_hits: int
+    num_preemptions: int
+    num_steps: int
+    spec_decode: SpecDecodeCounts | None = None
+    kv_transfer: KVConnectorStats = field(default_factory=KVConnectorStats)
+    memory: EngineMemory = field(default_factory=EngineMemory)
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,7 @@ class EngineInfo:
     max_model_len: int
     weight_bytes: int
     kv_pool_bytes: int
+    kv_transfer_address: str = ""       # the KV connector's consumer address ("" if none)
 
 
 @dataclass(frozen=True)
@@ -122,28 +137,6 @@ class KVCacheEvents:
     stored: tuple[bytes, ...] = ()
     removed: tuple[bytes, ...] = ()
     is_snapshot: bool = False
-
-
-@dataclass(frozen=True)
-class EngineMemory:
-    """Bounded caches and per-request state inside the engine, for the memory metrics."""
-    caches: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name -> (entries, limit, bytes)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine (thread or core process) failed; every request in flight gets this."""
-
-
-class RequestFailedError(RuntimeError):
-    """Computing this one request failed (finish reason "error"); the engine carries on."""
-
-
-class CapacityError(RuntimeError):
-    """The engine has no room for the request now (blocks or sequence slots)."""
-
-
-class KVTransferFailedError(RuntimeError):
-    """A KV transfer for this request failed (the request may be retried elsewhere)."""
 
 
 class EngineClient(Protocol):
@@ -161,15 +154,29 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
-    async def reserve_kv(self, request: GenerateRequest) -> KVReservation: ...
-    async def wait_kv(self, request_id: str) -> None: ...
+    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
+        """CapacityError when there is no room (the caller tries another instance)."""
+
+    async def wait_kv(self, request_id: str) -> None:
+        """Returns once the reservation's KV arrived (at once if it already has);
+        KVTransferFailedError when a transfer failed (the connector waits for a retry)."""
+
     def generate_reserved(self, request_id: str, first_token_id: int,
-                          first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]: ...
-    async def release_kv(self, request_id: str) -> bool: ...
+                          first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:
+        """Decode a reservation whose KV arrived, from the producer's first token."""
+
+    async def release_kv(self, request_id: str) -> bool:
+        """Free a reservation that will not be decoded; False if there is none."""
 
     def load(self) -> EngineLoad:
         """Latest snapshot, without a round trip (heartbeats, routing, drain)."""
 
-    async def status(self) -> EngineStatus: ...
-    async def kv_events(self, snapshot: bool = False) -> KVCacheEvents: ...
-    async def memory(self) -> EngineMemory: ...
+    def latest_status(self) -> EngineStatus:
+        """Latest status without a round trip (metrics scrapes, on any thread); at most a step old."""
+
+    async def status(self) -> EngineStatus:
+        """A consistent snapshot taken between steps."""
+
+    async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
+        """Prefix-cache changes since the previous call; a snapshot when asked, or when the
+        engine dropped events nobody drained (KVCacheEvents.is_snapshot)."""

@@ -8,6 +8,7 @@ A request's n completions are engine requests of their own ("<id>#<index>").
 
 import itertools
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -17,6 +18,7 @@ from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
+from shared.engine.errors import CapacityError
 from shared.engine.resume import resume_request, split_resumed
 from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
@@ -24,6 +26,9 @@ from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
 from shared.guided.engine_support import GuidedDecoding
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_cache.manager import KVCacheManager
+from shared.kv_transfer.base import KVConnector
+from shared.kv_transfer.factory import create_connector
+from shared.kv_transfer.types import FinishedTransfers, KVSendParams, KVTransferOutcome
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.stats import SpecDecodeStats
@@ -31,16 +36,18 @@ from shared.spec_decode.stats import SpecDecodeStats
 logger = logging.getLogger(__name__)
 
 
-class CapacityError(RuntimeError):
-    """The engine has no room for the request now (blocks or sequence slots)."""
+TRANSFER_TOKEN_BYTES = 16
 
 
 @dataclass
 class Reservation:
-    # The request's whole block table; the first num_cached_tokens // block_size blocks
-    # already hold the prompt's KV (decode-side prefix-cache hits) and need not be sent.
+    # The request's whole block table; the first num_skip_blocks already hold the prompt's
+    # KV (decode-side prefix-cache hits) and need not be sent.
     block_ids: list[int]
     num_cached_tokens: int
+    num_skip_blocks: int
+    # Random per reservation: the producer's transfer must present it.
+    transfer_token: bytes
 
 
 class EngineCore:
@@ -56,8 +63,12 @@ class EngineCore:
         self.block_pool = BlockPool(layout.num_blocks)
         self.kv_manager = KVCacheManager(self.block_pool, layout.block_size, config.cache.enable_prefix_caching,
                                          config.cache.prefix_hash_algo, model_key)
+        self.connector: KVConnector | None = None
+        if config.kv_transfer is not None:
+            self.connector = create_connector(config.kv_transfer, executor)
+            self.connector.start()
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
-                                   config.speculative.num_tokens_per_step)
+                                   config.speculative.num_tokens_per_step, self.connector)
         self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids, config.guided)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
@@ -71,9 +82,15 @@ class EngineCore:
         self._request_counter = itertools.count()
         # Submitted batches whose results are not applied yet, oldest first (see step).
         self._in_flight: deque[tuple[SchedulerOutput, dict[str, str]]] = deque()
+        # Final outputs of requests whose KV the connector is still sending (emitted after).
+        self._outputs_awaiting_send: dict[str, EngineCoreOutput] = {}
+        # Outcomes of KV received for requests waiting for it, not yet drained (request id, error).
+        self._kv_arrivals: list[tuple[str, str | None]] = []
 
     def shutdown(self) -> None:
-        """Release the executor (stops worker processes, if any) and the grammar compilers."""
+        """Release the KV connector and the executor (stops worker processes, if any)."""
+        if self.connector is not None:
+            self.connector.shutdown()
         self.executor.shutdown()
 
     def new_request_id(self) -> str:
@@ -82,15 +99,23 @@ class EngineCore:
     # ---- requests ------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: str | None = None, hold_blocks_on_finish: bool = False,
-                    num_resumed_output_tokens: int = 0) -> list[Request]:
+                    cache_salt: str | None = None, num_resumed_output_tokens: int = 0,
+                    kv_send: KVSendParams | None = None) -> list[Request]:
         """Validate and queue a tokenized request (InvalidRequestError naming the field);
         returns its engine requests, one per completion. See LLMEngine.add_request."""
+        if kv_send is not None:
+            self._check_kv_send(params)
         children = self._new_request(prompt_token_ids, params, request_id, cache_salt, num_resumed_output_tokens)
         for child in children:
-            child.hold_blocks_on_finish = hold_blocks_on_finish
+            child.kv_send = kv_send
             self.scheduler.add_request(child)
         return children
+
+    def _check_kv_send(self, params: SamplingParams) -> None:
+        if self.connector is None or not self.connector.role.is_producer:
+            raise InvalidRequestError("kv_send", "this engine's KV connector does not send KV")
+        if params.n != 1:
+            raise InvalidRequestError("n", "disaggregated requests generate one completion each")
 
     def _new_request(self, token_ids: list[int], params: SamplingParams, request_id: str, cache_salt,
                      num_resumed_output_tokens: int = 0) -> list[Request]:
@@ -124,7 +149,13 @@ class EngineCore:
         return children
 
     def abort_request(self, request_id: str) -> bool:
-        """Stop a request and free its blocks at once; False if it was not live."""
+        """Stop a request and free its blocks at once; False if it was not live. A request
+        whose KV is being sent has no output left to give: the send is abandoned, its blocks
+        freed when the connector reports it ended, and its final output (failed send) comes
+        then."""
+        if request_id in self._outputs_awaiting_send:
+            self.scheduler.abort([request_id])
+            return False
         children = self._children.pop(request_id, None)
         if children is None:
             return False
@@ -143,13 +174,15 @@ class EngineCore:
         self._forget_finished_groups(self._groups_of(child_ids))
 
     def has_unfinished_requests(self) -> bool:
+        """Requests not finished yet, counting those whose KV is still being sent and those
+        waiting for their KV from elsewhere."""
         return bool(self._children)
 
     def requests_of(self, request_id: str) -> list[Request]:
         """The engine requests (one per completion of n) behind a request id; [] once it ended."""
         return list(self._children.get(request_id, ()))
 
-    # ---- disaggregation: prefill ships KV, decode receives it ------------------------------
+    # ---- disaggregation: the KV connector ships prompts' KV and receives it ------------------
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                         cache_salt: str | None = None, num_resumed_output_tokens: int = 0) -> Reservation:
@@ -158,43 +191,96 @@ class EngineCore:
             raise InvalidRequestError("n", "disaggregated requests generate one completion each")
         [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt,
                                       num_resumed_output_tokens)
-        if not self.scheduler.reserve(request):
-            self._children.pop(request_id, None)
-            self._forget_children([request])
+        token = secrets.token_bytes(TRANSFER_TOKEN_BYTES)
+        try:
+            admitted = self.scheduler.admit_with_remote_kv(request, token)
+        except BaseException:
+            self._forget_request(request_id)
+            raise
+        if not admitted:
+            self._forget_request(request_id)
             raise CapacityError(f"no room for {request.num_prompt_tokens} prompt tokens")
-        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens)
+        num_skip_blocks = request.num_cached_prompt_tokens // self.kv_manager.block_size
+        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens,
+                           num_skip_blocks, token)
 
-    def activate_request(self, request_id: str, first_token_id: int,
-                         first_logprobs: SampledLogprobs | None = None) -> list[EngineCoreOutput]:
-        """Decode role: the prompt's KV is in the reserved blocks; start decoding after the
-        prefill instance's first token."""
-        if request_id not in self.scheduler.reserved:
+    def start_reserved(self, request_id: str, first_token_id: int,
+                       first_logprobs: SampledLogprobs | None = None) -> list[EngineCoreOutput]:
+        """Decode role: the prompt's KV arrived into the reserved blocks; start decoding after
+        the producer's first token."""
+        request = self.scheduler.waiting_for_remote_kv.get(request_id)
+        if request is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        request = self.scheduler.activate(request_id, first_token_id)
+        if not request.has_remote_kv:
+            raise InvalidRequestError("request_id", f"the KV of {request_id!r} has not arrived")
+        if not 0 <= first_token_id < self.model_config.vocab_size:
+            raise InvalidRequestError("first_token_id", f"{first_token_id} is outside the vocabulary "
+                                                        f"[0, {self.model_config.vocab_size})")
+        request = self.scheduler.start_after_remote_kv(request_id, first_token_id)
         self._finish_guided([request])
         logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
         return self._make_outputs([request], ModelRunnerOutput(logprobs=logprobs))
 
-    def held_block_ids(self, request_id: str) -> list[int]:
-        """Prefill role: the blocks holding a finished request's prompt KV."""
-        if request_id not in self.scheduler.held:
-            raise InvalidRequestError("request_id", f"{request_id!r} holds no blocks")
-        return self.kv_manager.block_ids(request_id)
+    def release_reserved(self, request_id: str) -> bool:
+        """Decode role: free a reservation that will not be decoded; False if there is none."""
+        if request_id not in self.scheduler.waiting_for_remote_kv:
+            return False
+        return self.abort_request(request_id)
 
-    def release_request(self, request_id: str) -> None:
-        """Prefill role: the KV has been shipped (or given up on); free the blocks."""
-        self.scheduler.release_held(request_id)
+    def poll_kv_transfers(self) -> list[EngineCoreOutput]:
+        """Apply the transfers the connector finished: sent blocks are freed and their requests'
+        final outputs returned; received KV is committed and its arrival recorded."""
+        if self.connector is None:
+            return []
+        finished: FinishedTransfers = self.connector.get_finished()
+        for outcome in finished.receiving:
+            self._on_kv_received(outcome)
+        return [output for outcome in finished.sending if (output := self._on_kv_sent(outcome)) is not None]
+
+    def drain_kv_arrivals(self) -> list[tuple[str, str | None]]:
+        """(request id, error or None) for each transfer into a reservation since the last call."""
+        arrivals, self._kv_arrivals = self._kv_arrivals, []
+        return arrivals
+
+    def _on_kv_received(self, outcome: KVTransferOutcome) -> None:
+        request = self.scheduler.waiting_for_remote_kv.get(outcome.request_id)
+        if request is None:
+            return  # released or started meanwhile
+        if outcome.is_ok:
+            num_skip = request.num_cached_prompt_tokens // self.kv_manager.block_size
+            self.executor.commit_received_blocks(self.kv_manager.block_ids(request.request_id)[num_skip:])
+            request.has_remote_kv = True
+        else:
+            logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error)
+        self._kv_arrivals.append((outcome.request_id, outcome.error))
+
+    def _on_kv_sent(self, outcome: KVTransferOutcome) -> EngineCoreOutput | None:
+        self.scheduler.finish_sending(outcome.request_id)
+        output = self._outputs_awaiting_send.pop(outcome.request_id, None)
+        self._forget_finished_groups(self._groups_of([outcome.request_id]))
+        if output is None:
+            return None
+        output.kv_transfer, output.kv_transfer_error = outcome.result, outcome.error
+        return output
+
+    def _forget_request(self, request_id: str) -> None:
+        children = self._children.pop(request_id, [])
+        self._forget_children(children)
 
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation) finishes alone with finish reason "error"; only a failure of
-        the step as a whole (the forward pass) raises."""
+        the step as a whole (the forward pass) raises. Transfers the KV connector finished
+        are applied first; with nothing to compute, that is all it does."""
+        sent = self.poll_kv_transfers()
+        if not self.scheduler.num_unfinished and not self._in_flight:
+            return sent
         if self.executor.max_concurrent_batches > 1:
-            return self._step_with_batches_in_flight()
+            return sent + self._step_with_batches_in_flight()
         scheduler_output, failed = self._schedule()
-        return self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
+        return sent + self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
 
     def _schedule(self) -> tuple[SchedulerOutput, dict[str, str]]:
         """The next batch, and the requests whose guided masks failed (by id, with the error)."""
@@ -261,6 +347,9 @@ class EngineCore:
             output = outputs.setdefault(request_id, EngineCoreOutput(request_id))
             output.new_prompt_logprobs = list(entries)
         self.stats.record_tokens(sum(len(output.new_token_ids) for output in outputs.values()))
+        for request_id in [request_id for request_id, output in outputs.items()
+                           if output.finished and request_id in self.scheduler.sending]:
+            self._outputs_awaiting_send[request_id] = outputs.pop(request_id)  # emitted once sent
         self._forget_finished_groups(self._groups_of([request.request_id for request in updated]))
         return list(outputs.values())
 
@@ -269,7 +358,8 @@ class EngineCore:
         new_token_ids = request.output_token_ids[num_reported:]
         self._num_reported[request.request_id] = request.num_output_tokens
         logprobs = runner_output.logprobs.get(request.request_id)
-        output = EngineCoreOutput(request.request_id, new_token_ids, num_cached_tokens=request.num_cached_prompt_tokens)
+        output = EngineCoreOutput(request.request_id, new_token_ids, num_cached_tokens=request.num_cached_prompt_tokens,
+                                  first_scheduled_time=request.first_scheduled_time)
         if request.sampling_params.logprobs is not None and logprobs is not None:
             output.new_logprobs = [logprobs] * len(new_token_ids)
         if request.is_finished:
@@ -279,10 +369,12 @@ class EngineCore:
         return output
 
     def _forget_finished_groups(self, request_ids: set[str]) -> None:
-        """Drop the bookkeeping of requests whose completions have all finished."""
+        """Drop the bookkeeping of requests whose completions have all finished (and whose
+        KV, if any, has been sent)."""
         for request_id in request_ids:
             children = self._children.get(request_id)
-            if children is not None and all(child.is_finished for child in children):
+            if children is not None and all(child.is_finished and child.request_id not in self.scheduler.sending
+                                            for child in children):
                 del self._children[request_id]
                 self._forget_children(children)
                 self.stats.record_finished(children[0].num_cached_prompt_tokens)

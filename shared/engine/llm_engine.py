@@ -11,11 +11,13 @@ import logging
 from shared.config import EngineConfig
 from shared.core.request import Request, RequestStatus
 from shared.engine.core_outputs import EngineCoreOutput
-from shared.engine.engine_core import CapacityError, EngineCore, Reservation
+from shared.engine.engine_core import EngineCore, Reservation
+from shared.engine.errors import CapacityError
 from shared.engine.output_processor import OutputProcessor
 from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, SampledLogprobs
+from shared.kv_transfer.types import KVSendParams
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 
@@ -37,7 +39,7 @@ class LLMEngine:
         return cls(config, *build_engine_parts(config))
 
     def shutdown(self) -> None:
-        """Release the executor (stops worker processes, if any)."""
+        """Release the KV connector and the executor (stops worker processes, if any)."""
         self.core.shutdown()
 
     # The core's parts, for tests, metrics and the services that still reach them.
@@ -51,6 +53,7 @@ class LLMEngine:
     guided = property(lambda self: self.core.guided)
     stats = property(lambda self: self.core.stats)
     spec_stats = property(lambda self: self.core.spec_stats)
+    connector = property(lambda self: self.core.connector)
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -64,19 +67,19 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, cache_salt: str | None = None,
-                    hold_blocks_on_finish: bool = False, num_resumed_output_tokens: int = 0) -> str:
+                    num_resumed_output_tokens: int = 0, kv_send: KVSendParams | None = None) -> str:
         """Validate and queue a request; returns its id. Raises InvalidRequestError.
 
-        With `hold_blocks_on_finish` (prefill role) the request's blocks outlive it until
-        `release_request`, so its KV can be shipped first. With `num_resumed_output_tokens`
-        (migration) the prompt's last tokens are outputs generated elsewhere already: they
-        count toward max_tokens, min_tokens and penalties, advance the grammar and the seeded
-        generator, and are not emitted again."""
+        With `kv_send` (prefill role) the KV connector ships the prompt's KV once the request
+        finished, its blocks kept until then; the final output comes after the send and says
+        what moved (`kv_transfer`) or why not (`kv_transfer_error`). With
+        `num_resumed_output_tokens` (migration) the prompt's last tokens are outputs generated
+        elsewhere already: they count toward max_tokens, min_tokens and penalties, advance the
+        grammar and the seeded generator, and are not emitted again."""
         request_id = request_id if request_id is not None else self.core.new_request_id()
         params = params or SamplingParams()
         token_ids = self._checked_tokens(prompt, params)
-        self.core.add_request(request_id, token_ids, params, cache_salt, hold_blocks_on_finish,
-                              num_resumed_output_tokens)
+        self.core.add_request(request_id, token_ids, params, cache_salt, num_resumed_output_tokens, kv_send)
         self.output_processor.add_group(request_id, token_ids, params, num_resumed_output_tokens)
         return request_id
 
@@ -87,7 +90,9 @@ class LLMEngine:
         return token_ids
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Stop a request and free its blocks at once; returns its final output, if it was live."""
+        """Stop a request and free its blocks at once; returns its final output, if it was live.
+        A request whose KV is being sent has no output left to give: the send is abandoned and
+        its blocks are freed when the connector reports it ended."""
         if not self.core.abort_request(request_id):
             return None
         return self.output_processor.abort_group(request_id)
@@ -99,38 +104,46 @@ class LLMEngine:
         """The engine requests (one per completion of n) behind a request id; [] once it ended."""
         return self.core.requests_of(request_id)
 
-    # ---- disaggregation: prefill ships KV, decode receives it ------------------------------
+    # ---- disaggregation: the KV connector ships prompts' KV and receives it ------------------
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                         cache_salt: str | None = None, num_resumed_output_tokens: int = 0) -> Reservation:
-        """Decode role: reserve blocks for a prompt whose KV a prefill instance will send (its
-        last `num_resumed_output_tokens` generated elsewhere already: see add_request).
+        """Decode role: allocate blocks for a prompt whose KV arrives through the connector
+        (its last `num_resumed_output_tokens` generated elsewhere already: see add_request).
         Raises CapacityError when there is no room (the caller tries another instance)."""
         token_ids = self._checked_tokens(list(prompt_token_ids), params)
         reservation = self.core.reserve_request(token_ids, params, request_id, cache_salt, num_resumed_output_tokens)
         self.output_processor.add_group(request_id, token_ids, params, num_resumed_output_tokens)
         return reservation
 
-    def activate_request(self, request_id: str, first_token_id: int,
-                         first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
-        """Decode role: the prompt's KV is in the reserved blocks; start decoding after the
-        prefill instance's first token."""
-        return self._process(self.core.activate_request(request_id, first_token_id, first_logprobs))
+    def start_reserved(self, request_id: str, first_token_id: int,
+                       first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
+        """Decode role: the prompt's KV arrived into the reserved blocks; start decoding after
+        the producer's first token."""
+        return self._process(self.core.start_reserved(request_id, first_token_id, first_logprobs))
 
-    def held_block_ids(self, request_id: str) -> list[int]:
-        """Prefill role: the blocks holding a finished request's prompt KV."""
-        return self.core.held_block_ids(request_id)
+    def release_reserved(self, request_id: str) -> bool:
+        """Decode role: free a reservation that will not be decoded; False if there is none."""
+        if not self.core.release_reserved(request_id):
+            return False
+        self.output_processor.abort_group(request_id)
+        return True
 
-    def release_request(self, request_id: str) -> None:
-        """Prefill role: the KV has been shipped (or given up on); free the blocks."""
-        self.core.release_request(request_id)
+    def poll_kv_transfers(self) -> list[RequestOutput]:
+        """Apply the transfers the connector finished (see EngineCore.poll_kv_transfers)."""
+        return self._process(self.core.poll_kv_transfers())
+
+    def drain_kv_arrivals(self) -> list[tuple[str, str | None]]:
+        """(request id, error or None) for each transfer into a reservation since the last call."""
+        return self.core.drain_kv_arrivals()
 
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation, output processing) finishes alone with finish reason "error";
-        only a failure of the step as a whole (the forward pass) raises."""
+        only a failure of the step as a whole (the forward pass) raises. Transfers the KV
+        connector finished are applied first."""
         return self._process(self.core.step())
 
     def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:

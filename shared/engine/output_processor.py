@@ -10,12 +10,14 @@ caller finishes that engine request in the core. A completion whose text pipelin
 Outputs for completions that already ended here (the core stepped before it heard) are ignored.
 """
 
+import time
 from dataclasses import dataclass, field
 
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
 from shared.engine.outputs import CompletionOutput, RequestOutput
 from shared.executor.base import SampledLogprobs
 from shared.isolation import describe_error
+from shared.kv_transfer.types import KVTransferResult
 from shared.sampling.params import SamplingParams
 from shared.tokenization.detokenizer import IncrementalDetokenizer
 from shared.tokenization.stop_strings import StopStringMatcher
@@ -71,6 +73,12 @@ class RequestGroup:
     prompt_logprobs: list[SampledLogprobs] | None = None
     num_cached_tokens: int = 0
     child_ids: list[str] = field(default_factory=list)
+    # time.monotonic() of its arrival here, and of the first step that scheduled it (core).
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    # A request whose prompt KV was sent: what moved, or why it did not (final output).
+    kv_transfer: KVTransferResult | None = None
+    kv_transfer_error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,7 +95,8 @@ class RequestGroup:
             out.delta_text, out.delta_token_ids = "", []
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs,
                              list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
-                             self.num_cached_tokens)
+                             self.num_cached_tokens, self.arrival_time, self.first_scheduled_time,
+                             self.kv_transfer, self.kv_transfer_error)
 
 
 @dataclass
@@ -113,7 +122,8 @@ class OutputProcessor:
         group = RequestGroup(request_id, prompt,
                              [CompletionState(index, prompt_token_ids, params, self.tokenizer)
                               for index in range(params.n)],
-                             [] if params.prompt_logprobs is not None else None, child_ids=child_ids)
+                             [] if params.prompt_logprobs is not None else None, child_ids=child_ids,
+                             arrival_time=time.monotonic())
         self.groups[request_id] = group
         for index, child_id in enumerate(child_ids):
             self._child_of[child_id] = (group, index)
@@ -136,11 +146,18 @@ class OutputProcessor:
             if state.finished or not (core_output.new_token_ids or core_output.finished):
                 continue
             if index == 0:
-                group.num_cached_tokens = core_output.num_cached_tokens
+                self._update_group(group, core_output)
             self._update_completion(state, core_output, result)
             touched[group.request_id] = group
         result.request_outputs = [self._emit(group) for group in touched.values()]
         return result
+
+    @staticmethod
+    def _update_group(group: RequestGroup, core_output: EngineCoreOutput) -> None:
+        group.num_cached_tokens = core_output.num_cached_tokens
+        group.first_scheduled_time = group.first_scheduled_time or core_output.first_scheduled_time
+        if core_output.finished:
+            group.kv_transfer, group.kv_transfer_error = core_output.kv_transfer, core_output.kv_transfer_error
 
     def _update_completion(self, state: CompletionState, core_output: EngineCoreOutput,
                            result: ProcessedOutputs) -> None:

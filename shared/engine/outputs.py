@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from shared.executor.base import SampledLogprobs
+from shared.kv_transfer.types import KVTransferResult
 
 
 @dataclass
@@ -35,6 +36,13 @@ class RequestOutput:
     prompt_logprobs: list[SampledLogprobs] | None = None
     # Prompt tokens served from the prefix cache (first completion).
     num_cached_tokens: int = 0
+    # time.monotonic() (a clock every process of the machine shares) of the request's arrival,
+    # and of the first step that scheduled it (None until then, and on the decode role).
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    # Final output of a request whose prompt KV was sent: what moved, or why it did not.
+    kv_transfer: KVTransferResult | None = None
+    kv_transfer_error: str | None = None
 
     @property
     def finished(self) -> bool:

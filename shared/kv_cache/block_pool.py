@@ -3,6 +3,11 @@
 A block with ref_count 0 sits in the free queue; if it still holds a cached prefix it can be
 revived by a prefix hit until allocation reuses (evicts) it. Allocation takes from the front
 of the queue (least recently freed), frees go to the back.
+
+Every store into and eviction from the prefix cache is recorded as an event for whoever
+mirrors the cache (the prefix publisher, through the engine API). Nobody may drain them (an
+offline engine): past `max_pending_events` they are dropped and `events_overflowed` says the
+next reader needs a snapshot of every cached hash instead.
 """
 
 from collections import OrderedDict
@@ -30,10 +35,15 @@ class PrefixCacheEvents:
     evicted: list[BlockHash] = field(default_factory=list)
 
 
+DEFAULT_MAX_PENDING_EVENTS = 100_000
+
+
 class BlockPool:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, max_pending_events: int = DEFAULT_MAX_PENDING_EVENTS):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.max_pending_events = max_pending_events
+        self.events_overflowed = False
         self.blocks = [KVBlock(block_id) for block_id in range(num_blocks)]
         self._free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
@@ -96,11 +106,23 @@ class BlockPool:
         block.block_hash = block_hash
         block.token_ids = token_ids
         self._cached[block_hash] = block
-        self._events.stored.append(block_hash)
+        self._record(self._events.stored, block_hash)
 
     def drain_events(self) -> PrefixCacheEvents:
+        """The events since the last drain; clears `events_overflowed` (the caller that saw it
+        set takes a snapshot with `cached_hashes`)."""
         events, self._events = self._events, PrefixCacheEvents()
+        self.events_overflowed = False
         return events
+
+    def _record(self, events: list[BlockHash], block_hash: BlockHash) -> None:
+        if self.events_overflowed:
+            return
+        if len(self._events.stored) + len(self._events.evicted) >= self.max_pending_events:
+            self._events = PrefixCacheEvents()
+            self.events_overflowed = True
+            return
+        events.append(block_hash)
 
     def cached_hashes(self) -> list[BlockHash]:
         return list(self._cached)
@@ -113,6 +135,6 @@ class BlockPool:
         if block.block_hash is None:
             return
         del self._cached[block.block_hash]
-        self._events.evicted.append(block.block_hash)
+        self._record(self._events.evicted, block.block_hash)
         block.block_hash = None
         block.token_ids = None

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from shared.core.request import Request
 from shared.engine.outputs import RequestOutput
 from shared.metrics.buckets import ITL_BUCKETS_S, REQUEST_BUCKETS_S, TOKEN_COUNT_BUCKETS, TTFT_BUCKETS_S
 
@@ -28,8 +27,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Timing:
-    arrival_time: float
-    requests: list[Request]
+    arrival_time: float | None = None  # from the request's first output
     first_token_time: float | None = None
     last_token_time_by_index: dict[int, float] = field(default_factory=dict)
 
@@ -57,9 +55,8 @@ class RequestLatencyTracker:
         self._labels = values
         self._timings: dict[str, _Timing] = {}
 
-    def on_start(self, request_id: str, requests: list[Request]) -> None:
-        arrival = requests[0].arrival_time if requests else time.monotonic()
-        self._timings[request_id] = _Timing(arrival, requests)
+    def on_start(self, request_id: str) -> None:
+        self._timings[request_id] = _Timing()
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
@@ -75,9 +72,11 @@ class RequestLatencyTracker:
             logger.info("request %s aborted", request_id, extra={"request_id": request_id})
 
     def _observe(self, output: RequestOutput, timing: _Timing, now: float) -> None:
+        if timing.arrival_time is None:
+            timing.arrival_time = output.arrival_time or now
         completions_with_tokens = [c for c in output.outputs if c.delta_token_ids]
         if completions_with_tokens and timing.first_token_time is None:
-            self._first_token(output.request_id, timing, now)
+            self._first_token(output, timing, now)
         for completion in completions_with_tokens:
             last = timing.last_token_time_by_index.get(completion.index)
             if last is not None:
@@ -86,11 +85,12 @@ class RequestLatencyTracker:
         if output.finished:
             self._finish(output, timing, now)
 
-    def _first_token(self, request_id: str, timing: _Timing, now: float) -> None:
+    def _first_token(self, output: RequestOutput, timing: _Timing, now: float) -> None:
+        request_id = output.request_id
         timing.first_token_time = now
         ttft_s = now - timing.arrival_time
         self.ttft.observe(ttft_s)
-        first_scheduled = timing.requests[0].first_scheduled_time if timing.requests else None
+        first_scheduled = output.first_scheduled_time
         if first_scheduled is not None:
             self.queue.observe(max(0.0, first_scheduled - timing.arrival_time))
         logger.info("request %s first token after %.1f ms", request_id, ttft_s * 1e3,

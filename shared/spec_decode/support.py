@@ -13,4 +13,4 @@ from shared.core.request import Request
 def supports_speculation(request: Request) -> bool:
     params = request.sampling_params
     return (params.use_speculation and params.logprobs is None and params.guided is None
-            and request.guided_matcher is None and not request.hold_blocks_on_finish)
+            and request.guided_matcher is None and request.kv_send is None)

@@ -30,6 +30,7 @@ from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.chunks import (
     DEFAULT_CHUNK_BYTES, PayloadChunk, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes,
 )
+from shared.transfer.address import parse_address
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.inflight import keep_until_done
@@ -40,15 +41,6 @@ from shared.transfer.wire import build_header, check_kv_cache, find_block_id_pro
 
 logger = logging.getLogger(__name__)
 _MAX_WIRE_BLOCK_ID = 2**32  # dst_block_ids are uint32 on the wire
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split a KVReceiver address "host:port" (or "[v6-host]:port")."""
-    host, separator, port_text = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not separator or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InvalidRequestError("address", f"expected 'host:port', got {address!r}")
-    return host, int(port_text)
 
 
 def _check_send_arguments(

@@ -93,3 +93,20 @@ def test_chained_hashes_depend_on_every_earlier_block_and_on_extra_keys():
     assert salted[0] != hashes[0]
     assert hash_full_blocks(tokens, 4, algo="blake2b")[0] != hashes[0]
     assert hash_full_blocks(tokens, 4, known_hashes=hashes[:1]) == hashes
+
+
+def test_events_nobody_drains_are_dropped_past_the_cap_and_a_snapshot_is_asked_for():
+    from shared.engine.introspection import kv_cache_events
+    pool = BlockPool(4, max_pending_events=3)
+    blocks = pool.allocate(4)
+    for index, block in enumerate(blocks):
+        pool.cache(block, bytes([index]) * 32, (index,))
+    assert pool.events_overflowed and pool.drain_events().stored == []
+    pool.events_overflowed = True  # as left by the overflow, before the reader came
+    snapshot = kv_cache_events(pool)
+    assert snapshot.is_snapshot and sorted(snapshot.stored) == sorted(bytes([i]) * 32 for i in range(4))
+    assert not pool.events_overflowed
+    pool.free(blocks[:1])
+    pool.allocate(1)  # evicts block 0's hash
+    changes = kv_cache_events(pool)
+    assert (changes.is_snapshot, changes.stored, changes.removed) == (False, (), (bytes([0]) * 32,))

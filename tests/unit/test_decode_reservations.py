@@ -1,84 +1,67 @@
-"""ReservationBook's transfer watcher with a fake KV receiver: after the KV arrived, the
-expectation is armed again until Decode takes the reservation, so a prefill retried on another
-instance (the first died after its transfer, before answering the gateway) can deliver again
-instead of meeting "no transfer expected"; take() withdraws it."""
+"""ReservationBook over the engine API (in-memory KV connector, one engine in both roles):
+after the KV arrived, the connector keeps accepting it until Decode takes the reservation, so
+a prefill retried on another instance (the first died after its transfer, before answering
+the gateway) can deliver again instead of meeting "no transfer expected"; a failed transfer
+is counted and the reservation waits for a retry; starting the decode stops the receiving."""
 
 import asyncio
-from types import SimpleNamespace
+import contextlib
 
-from services.decode.reservations import PendingTransfer, ReservationBook
+from services.decode.reservations import ReservationBook
 from shared.cluster.leases import LeaseTable
+from shared.engine import SamplingParams
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.client import GenerateRequest, KVSendParams
+from tests.unit.kv_split import connected_llm
+
+PROMPT = tuple(range(30, 67))
 
 
-class FakeReceiver:
-    """expect/wait/withdraw like KVReceiver; `deliver` completes the armed expectation."""
-
-    def __init__(self):
-        self.expected: dict[str, asyncio.Future] = {}
-        self.num_expects = 0
-
-    def expect(self, request_id, dst_block_ids, transfer_token=b""):
-        assert request_id not in self.expected, "already expected"
-        self.expected[request_id] = asyncio.get_running_loop().create_future()
-        self.num_expects += 1
-
-    async def wait(self, request_id, timeout_s):
-        try:
-            return await self.expected[request_id]
-        finally:
-            self.withdraw(request_id)
-
-    def withdraw(self, request_id, reason="was withdrawn"):
-        self.expected.pop(request_id, None)
-
-    def deliver(self, request_id) -> bool:
-        future = self.expected.get(request_id)
-        if future is None:
-            return False  # "no transfer expected"
-        future.set_result("ok")
-        return True
+async def prefill(engine: AsyncEngine, request_id: str, reservation) -> str | None:
+    """Prefill PROMPT with its KV sent into `reservation`; the transfer's error, or None."""
+    send = KVSendParams(reservation.transfer_address, reservation.request_id, reservation.block_ids,
+                        reservation.num_skip_blocks, reservation.transfer_token)
+    request = GenerateRequest(request_id, PROMPT, SamplingParams(temperature=0, max_tokens=1), kv_send=send)
+    try:
+        async with contextlib.aclosing(engine.generate(request)) as outputs:
+            async for _ in outputs:
+                pass
+    except Exception as error:  # noqa: BLE001 - the test looks at it
+        return str(error)
+    return None
 
 
-class FakeExecutor:
-    """Records the blocks the watcher commits once their KV arrived (multi-rank executors
-    copy them to their ranks there)."""
-
-    def __init__(self):
-        self.committed: list[list[int]] = []
-
-    def commit_received_blocks(self, block_ids):
-        self.committed.append(list(block_ids))
+async def settle(pending) -> None:
+    async with asyncio.timeout(30):
+        await pending.arrived.wait()
 
 
-def fake_engine(executor: FakeExecutor) -> SimpleNamespace:
-    """The AsyncEngine shape the watcher reaches through: .engine.executor."""
-    return SimpleNamespace(engine=SimpleNamespace(executor=executor))
+def test_the_kv_may_arrive_again_until_decode_takes_the_reservation(tiny_llama_folder):
+    llm = connected_llm(tiny_llama_folder, enable_prefix_caching=False)
+    committed = []
+    real_commit = llm.engine.executor.commit_received_blocks
+    llm.engine.executor.commit_received_blocks = lambda ids: (committed.append(list(ids)), real_commit(ids))
+    engine = AsyncEngine(llm.engine)
 
-
-async def settle():
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
-def test_the_kv_may_arrive_again_until_decode_takes_the_reservation():
     async def scenario():
-        receiver = FakeReceiver()
-        executor = FakeExecutor()
-        book = ReservationBook(engine=fake_engine(executor), receiver=receiver, leases=LeaseTable("d0"))
-        book.leases.grant("r1", (3, 4), 30.0)
-        pending = PendingTransfer("r1", (3, 4))
-        receiver.expect("r1", pending.dst_block_ids)
-        pending.watcher = asyncio.get_running_loop().create_task(book._watch(pending))
-        book._pending["r1"] = pending
-        await settle()
-        assert receiver.deliver("r1")  # the first prefill's transfer
-        await settle()
-        assert pending.arrived.is_set()
-        assert executor.committed == [[3, 4]]
-        assert receiver.deliver("r1")  # the retried prefill's transfer is accepted too
-        await settle()
-        assert book.take("r1") is pending
-        await settle()
-        assert "r1" not in receiver.expected and pending.watcher.done()
-        assert not receiver.deliver("r1")
+        await engine.start()
+        try:
+            book = ReservationBook(engine, LeaseTable("d0"))
+            reservation = await book.reserve(GenerateRequest("r1", PROMPT, SamplingParams(max_tokens=4)), 30.0)
+            llm.engine.connector.fail_next_sends = 1
+            assert "injected" in await prefill(engine, "p0", reservation)
+            assert await prefill(engine, "p1", reservation) is None
+            pending = book._pending["r1"]
+            await settle(pending)
+            assert pending.num_failed_transfers == 1
+            assert committed == [list(reservation.block_ids)]
+            assert await prefill(engine, "p2", reservation) is None  # the retried prefill's copy is accepted
+            assert book.take("r1") is pending
+            stream = engine.generate_reserved("r1", 5, None)
+            outputs = [output async for output in stream]
+            assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 4
+            assert "request_id" in await prefill(engine, "p3", reservation)  # no longer received
+            assert engine.load().num_free_blocks == engine.info.num_blocks
+        finally:
+            await engine.stop()
     asyncio.run(scenario())

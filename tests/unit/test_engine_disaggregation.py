@@ -1,41 +1,27 @@
-"""The engine's prefill/decode split without services: hold, reserve, copy KV, activate.
-
-One engine plays both roles; the KV is copied block by block as the UCX transfer would.
-The result must equal a plain local run, seeded sampling included.
-"""
+"""The engine's prefill/decode split through the KV connector interface, without services:
+the in-memory connector carries the KV between engines of one process (one engine playing
+both roles, or a producer and a consumer). The result must equal a plain local run, seeded
+sampling included, and every block must come back."""
 
 import pytest
+import torch
 
-from shared.engine import LLM, SamplingParams
-from shared.engine.llm_engine import CapacityError
+from shared.engine import SamplingParams
+from shared.engine.errors import CapacityError
 from shared.errors import InvalidRequestError
+from shared.kv_transfer.types import KVConnectorRole
+from tests.unit.kv_split import connected_llm, first_token_params, run_prefill, run_split, send_params
 
 PROMPT = list(range(30, 67))  # 37 tokens: 2 full blocks of 16 and a partial one
 
 
-def make_llm(folder, **kwargs) -> LLM:
-    return LLM(model=str(folder), dtype="float32", num_blocks=kwargs.pop("num_blocks", 32), **kwargs)
+def make_llm(folder, **kwargs):
+    return connected_llm(folder, **kwargs)
 
 
-def run_split(llm: LLM, params: SamplingParams) -> list[int]:
-    engine = llm.engine
-    prefill_params = SamplingParams(**{**params.__dict__, "max_tokens": 1, "min_tokens": min(params.min_tokens, 1)})
-    engine.add_request(PROMPT, prefill_params, request_id="p", hold_blocks_on_finish=True)
-    first = None
-    while first is None:
-        for output in engine.step():
-            if output.finished:
-                first = output.token_ids[0]
-    src_blocks = engine.held_block_ids("p")
-    reservation = engine.reserve_request(PROMPT, params, request_id="d")
-    kv_cache = engine.executor.kv_cache
-    kv_cache[:, :, reservation.block_ids] = kv_cache[:, :, src_blocks]
-    engine.release_request("p")
-    tokens = list(engine.activate_request("d", first)[0].token_ids)
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens = output.token_ids
-    return tokens
+def assert_pool_is_whole(llm) -> None:
+    pool = llm.engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
 
 
 @pytest.mark.parametrize("params", [
@@ -45,18 +31,93 @@ def run_split(llm: LLM, params: SamplingParams) -> list[int]:
 def test_split_run_equals_local_run(tiny_llama_folder, params):
     local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
     llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
-    assert run_split(llm, params) == local
-    pool = llm.engine.block_pool
-    assert pool.num_free_blocks == pool.num_blocks
+    assert run_split(llm, PROMPT, params) == local
+    assert_pool_is_whole(llm)
 
 
-def test_reservation_reuses_the_decode_sides_prefix_cache(tiny_llama_folder):
+def test_the_same_blocks_arrive_from_a_producer_engine(tiny_llama_folder):
+    producer = connected_llm(tiny_llama_folder, KVConnectorRole.PRODUCER, enable_prefix_caching=False)
+    consumer = connected_llm(tiny_llama_folder, KVConnectorRole.CONSUMER, enable_prefix_caching=False)
+    reservation = consumer.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "r")
+    sources = []
+    real_request_finished = producer.engine.connector.request_finished
+
+    def remember_blocks(request_id, block_ids, send):
+        sources.extend(block_ids)
+        return real_request_finished(request_id, block_ids, send)
+    producer.engine.connector.request_finished = remember_blocks
+    output = run_prefill(producer.engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "r",
+                         send_params(consumer.engine, reservation, "r"))
+    assert output.kv_transfer.num_bytes == 3 * producer.engine.executor.kv_cache_layout.bytes_per_block
+    sent = producer.engine.executor.kv_cache[:, :, sources]
+    assert torch.equal(consumer.engine.executor.kv_cache[:, :, reservation.block_ids], sent)
+    assert_pool_is_whole(producer)  # freed once sent
+    consumer.engine.step()
+    assert consumer.engine.drain_kv_arrivals() == [("r", None)]
+    consumer.engine.abort_request("r")
+    assert_pool_is_whole(consumer)
+
+
+def test_a_failed_send_frees_the_blocks_and_the_consumer_waits_for_a_retry(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    reservation = engine.reserve_request(PROMPT, params, "d")
+    engine.connector.fail_next_sends = 1
+    failed = run_prefill(engine, PROMPT, first_token_params(params), "p1", send_params(engine, reservation, "d"))
+    assert failed.kv_transfer is None and "injected" in failed.kv_transfer_error
+    engine.step()
+    assert [error is not None for _, error in engine.drain_kv_arrivals()] == [True]
+    with pytest.raises(InvalidRequestError, match="has not arrived"):
+        engine.start_reserved("d", 1)
+    retried = run_prefill(engine, PROMPT, first_token_params(params), "p2", send_params(engine, reservation, "d"))
+    assert retried.kv_transfer is not None
+    local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
+    from tests.unit.kv_split import decode_after
+    assert decode_after(engine, "d", retried.outputs[0].token_ids[0]) == local
+    assert_pool_is_whole(llm)
+
+
+def test_a_wrong_token_writes_nothing(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine = llm.engine
+    reservation = engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
+    before = engine.executor.kv_cache[:, :, reservation.block_ids].clone()
+    send = send_params(engine, reservation, "d")
+    forged = type(send)(send.remote_address, "d", send.remote_block_ids, 0, b"forged")
+    output = run_prefill(engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "p", forged)
+    assert output.kv_transfer_error.startswith("transfer_token")
+    assert torch.equal(engine.executor.kv_cache[:, :, reservation.block_ids], before)
+    assert engine.drain_kv_arrivals() == []  # the consumer is not disturbed
+    engine.abort_request("d")
+    assert_pool_is_whole(llm)
+
+
+def test_blocks_the_consumer_holds_are_not_sent(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
+    engine = llm.engine
     llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1))
-    reservation = llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), request_id="d")
-    assert reservation.num_cached_tokens == 32 and len(reservation.block_ids) == 3
-    llm.engine.abort_request("d")
-    assert llm.engine.block_pool.num_free_blocks == llm.engine.block_pool.num_blocks
+    reservation = engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
+    assert reservation.num_cached_tokens == 32 and reservation.num_skip_blocks == 2
+    output = run_prefill(engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
+                         send_params(engine, reservation, "d"))
+    assert output.kv_transfer.num_bytes == engine.executor.kv_cache_layout.bytes_per_block
+    engine.abort_request("d")
+    assert_pool_is_whole(llm)
+
+
+def test_aborting_a_request_whose_kv_is_being_sent_frees_its_blocks_once_sent(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine = llm.engine
+    reservation = engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
+    engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
+                       kv_send=send_params(engine, reservation, "d"))
+    while "p" not in engine.scheduler.sending:
+        assert not [o for o in engine.step() if o.request_id == "p"]
+    assert engine.abort_request("p") is None
+    engine.step()
+    assert "p" not in engine.scheduler.sending and not engine.scheduler.requests.get("p")
+    engine.abort_request("d")
+    assert_pool_is_whole(llm)
 
 
 def test_reserve_refuses_when_full_and_changes_nothing(tiny_llama_folder):
@@ -65,11 +126,19 @@ def test_reserve_refuses_when_full_and_changes_nothing(tiny_llama_folder):
     with pytest.raises(CapacityError):
         llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), request_id="b")
     assert not llm.engine.scheduler.requests.get("b")
-    llm.engine.abort_request("a")
+    assert llm.engine.release_reserved("a") and not llm.engine.release_reserved("a")
     assert llm.engine.block_pool.num_free_blocks == 4
 
 
-def test_activating_an_unknown_request_names_the_field(tiny_llama_folder):
+def test_starting_an_unknown_reservation_names_the_field(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
     with pytest.raises(InvalidRequestError, match="request_id"):
-        llm.engine.activate_request("nope", 1)
+        llm.engine.start_reserved("nope", 1)
+
+
+def test_an_engine_without_a_consumer_connector_refuses_reservations(tiny_llama_folder):
+    producer = connected_llm(tiny_llama_folder, KVConnectorRole.PRODUCER)
+    with pytest.raises(InvalidRequestError, match="kv_transfer"):
+        producer.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
+    assert_pool_is_whole(producer)
+    assert not producer.engine.has_unfinished_requests()

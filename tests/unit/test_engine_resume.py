@@ -8,33 +8,14 @@ import pytest
 
 from shared.engine import LLM, SamplingParams
 from shared.errors import InvalidRequestError
+from tests.unit.kv_split import run_split
 from tests.unit.test_engine_disaggregation import PROMPT, make_llm
 
 
 def run_resumed(llm: LLM, params: SamplingParams, earlier: list[int]) -> list[int]:
-    """Prefill `PROMPT + earlier` (resumed) on one side, decode on the other; the new tokens."""
-    engine, num_resumed = llm.engine, len(earlier)
-    prefill_params = SamplingParams(**{**params.__dict__, "max_tokens": num_resumed + 1,
-                                       "min_tokens": min(params.min_tokens, num_resumed + 1)})
-    engine.add_request(PROMPT + earlier, prefill_params, request_id="p", hold_blocks_on_finish=True,
-                       num_resumed_output_tokens=num_resumed)
-    first = None
-    while first is None:
-        for output in engine.step():
-            if output.finished:
-                [first] = output.token_ids
-    reservation = engine.reserve_request(PROMPT + earlier, params, request_id="d",
-                                         num_resumed_output_tokens=num_resumed)
-    kv_cache = engine.executor.kv_cache
-    num_skip = reservation.num_cached_tokens // engine.kv_manager.block_size
-    src = engine.held_block_ids("p")
-    kv_cache[:, :, reservation.block_ids[num_skip:]] = kv_cache[:, :, src[num_skip:]]
-    engine.release_request("p")
-    tokens = list(engine.activate_request("d", first)[0].token_ids)
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens = output.token_ids
-    return tokens
+    """Prefill `PROMPT + earlier` (resumed) with its KV sent to a reservation of the same
+    engine (both roles), then decode there; the new tokens."""
+    return run_split(llm, PROMPT + earlier, params, num_resumed=len(earlier))
 
 
 @pytest.mark.parametrize("params", [

@@ -12,7 +12,9 @@ import pytest
 from shared.engine import LLM, SamplingParams
 from shared.errors import InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
+from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.unit.guided_vocab import EOS_TOKEN_ID, VOCAB, decode, tiny_grammar_cache
+from tests.unit.kv_split import IN_MEMORY, run_prefill, send_params
 
 PROMPTS = [[5, 17, 92, 3, 44, 101, 7, 8], [11, 12, 13], [250, 1, 250, 1, 42, 9], list(range(20, 34))]
 DATE = r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"
@@ -23,8 +25,10 @@ CHOICES = ["yes", "no", "maybe"]
 
 
 def make_llm(folder, **kwargs) -> LLM:
+    """With the in-memory KV connector in both roles (prefill/decode splits in one engine)."""
     kwargs.setdefault("num_blocks", 64)
-    llm = LLM(model=str(folder), dtype="float32", block_size=4, **kwargs)
+    llm = LLM(model=str(folder), dtype="float32", block_size=4,
+              kv_transfer=KVTransferConfig(IN_MEMORY, KVConnectorRole.BOTH), **kwargs)
     llm.engine.guided.use_grammar_cache(tiny_grammar_cache())
     return llm
 
@@ -143,18 +147,14 @@ def test_an_engine_without_a_tokenizer_refuses_guided_requests(tiny_llama_folder
 
 
 def run_split(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[list[int], str]:
-    """Prefill under the grammar (max_tokens=1), copy the KV, decode from the first token."""
+    """Prefill under the grammar (max_tokens=1) with the KV sent to a reservation of the same
+    engine, then decode from the first token."""
     engine = llm.engine
-    first_params = SamplingParams(**{**params.__dict__, "max_tokens": 1, "min_tokens": 0})
-    engine.add_request(prompt, first_params, request_id="p", hold_blocks_on_finish=True)
-    first = None
-    while first is None:
-        first = next((o.outputs[0].token_ids[0] for o in engine.step() if o.finished), None)
     reservation = engine.reserve_request(prompt, params, request_id="d")
-    kv_cache = engine.executor.kv_cache
-    kv_cache[:, :, reservation.block_ids] = kv_cache[:, :, engine.held_block_ids("p")]
-    engine.release_request("p")
-    [output] = engine.activate_request("d", first)
+    first_params = SamplingParams(**{**params.__dict__, "max_tokens": 1, "min_tokens": 0})
+    prefilled = run_prefill(engine, prompt, first_params, "p", send_params(engine, reservation, "d"))
+    engine.step()
+    [output] = engine.start_reserved("d", prefilled.outputs[0].token_ids[0])
     while not output.finished:
         output = next(o for o in engine.step() if o.request_id == "d")
     return output.outputs[0].token_ids, output.outputs[0].finish_reason
@@ -174,8 +174,10 @@ def test_prefill_decode_split_equals_a_local_run(tiny_llama_folder, guided, temp
 
 def test_a_first_token_outside_the_grammar_aborts_the_decode(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
-    llm.engine.reserve_request(PROMPTS[0], SamplingParams(guided=Guided(choice=CHOICES)), "d")
-    [output] = llm.engine.activate_request("d", VOCAB.index("7"))
+    reservation = llm.engine.reserve_request(PROMPTS[0], SamplingParams(guided=Guided(choice=CHOICES)), "d")
+    run_prefill(llm.engine, PROMPTS[0], SamplingParams(max_tokens=1), "p", send_params(llm.engine, reservation, "d"))
+    llm.engine.step()
+    [output] = llm.engine.start_reserved("d", VOCAB.index("7"))
     assert output.finished and output.outputs[0].finish_reason == "abort"
     assert_pool_is_whole(llm)
 

@@ -14,6 +14,7 @@ import pytest
 import shared.guided.engine_support as engine_support
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine, RequestFailedError
+from shared.engine.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
 from shared.guided.limits import nesting_depth
@@ -134,10 +135,8 @@ class BlockedCompiles:
 
 
 async def collect(async_engine: AsyncEngine, request_id: str, prompt, params: SamplingParams):
-    engine = async_engine.engine
-    await async_engine.prepare(params)
     output = None
-    async for output in async_engine.generate(request_id, lambda: engine.add_request(prompt, params, request_id)):
+    async for output in async_engine.generate(GenerateRequest(request_id, tuple(prompt), params)):
         pass
     return output
 
@@ -146,7 +145,7 @@ def test_a_slow_compilation_never_stalls_other_requests(tiny_llama_folder, monke
     llm = make_llm(tiny_llama_folder)
     blocked = BlockedCompiles(llm.engine.guided.grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
-    async_engine.start()
+    asyncio.run(async_engine.start())
 
     async def scenario():
         guided_task = asyncio.create_task(collect(async_engine, "guided", PROMPTS[0],
@@ -162,7 +161,7 @@ def test_a_slow_compilation_never_stalls_other_requests(tiny_llama_folder, monke
         guided = asyncio.run(scenario())
     finally:
         blocked.release.set()
-        async_engine.stop()
+        asyncio.run(async_engine.stop())
     assert re.fullmatch("[0-9]{4}", decode(guided.token_ids))
     assert_pool_is_whole(llm)
 
@@ -171,14 +170,14 @@ def test_a_compilation_over_the_time_limit_is_refused(tiny_llama_folder, monkeyp
     llm = make_llm(tiny_llama_folder, compile_timeout_s=0.05)
     blocked = BlockedCompiles(llm.engine.guided.grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
-    async_engine.start()
+    asyncio.run(async_engine.start())
     params = SamplingParams(max_tokens=8, guided=DIGITS)
     try:
         with pytest.raises(InvalidRequestError, match="^guided.regex: took longer than 0.05 s to compile"):
             asyncio.run(collect(async_engine, "slow", PROMPTS[0], params))
     finally:
         blocked.release.set()
-        async_engine.stop()
+        asyncio.run(async_engine.stop())
     assert not llm.engine.has_unfinished_requests()
     assert_pool_is_whole(llm)
 
@@ -186,19 +185,22 @@ def test_a_compilation_over_the_time_limit_is_refused(tiny_llama_folder, monkeyp
 def test_a_request_failure_reaches_its_stream_and_the_engine_serves_on(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
     async_engine = AsyncEngine(llm.engine)
-    async_engine.start()
+    asyncio.run(async_engine.start())
     params = SamplingParams(temperature=0, max_tokens=8, guided=DIGITS)
 
-    def add_failing_after_one_token():
+    add_request = llm.engine.add_request
+
+    def add_failing_after_one_token(prompt, params, request_id, *args):
         # Breaks on the engine thread before any step: fails on its second token whatever the
         # timing (breaking it later, from the test, raced the request to its natural end).
-        outputs = llm.engine.add_request(PROMPTS[0], params, "bad")
-        for request in llm.engine.requests_of("bad"):
+        added = add_request(prompt, params, request_id, *args)
+        for request in llm.engine.requests_of(request_id) if request_id == "bad" else ():
             request.guided_matcher = FailsAfterAccepting(request.guided_matcher, num_accepted=1)
-        return outputs
+        return added
+    llm.engine.add_request = add_failing_after_one_token  # white box: fault injection
 
     async def scenario():
-        stream = async_engine.generate("bad", add_failing_after_one_token)
+        stream = async_engine.generate(GenerateRequest("bad", tuple(PROMPTS[0]), params))
         first = await anext(stream)
         assert len(first.token_ids) == 1 and first.outputs[0].finish_reason is None
         with pytest.raises(RequestFailedError, match="injected"):
@@ -209,9 +211,9 @@ def test_a_request_failure_reaches_its_stream_and_the_engine_serves_on(tiny_llam
     try:
         _, good = asyncio.run(scenario())
     finally:
-        async_engine.stop()
+        asyncio.run(async_engine.stop())
     assert good.outputs[0].finish_reason == "stop" and re.fullmatch("[0-9]{4}", decode(good.token_ids))
-    assert async_engine.error is None
+    assert async_engine.error is None  # the engine thread itself never failed
     assert_pool_is_whole(llm)
 
 
@@ -237,7 +239,7 @@ def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_lla
     grammars = llm.engine.guided.grammars
     blocked = BlockedCompiles(grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
-    async_engine.start()
+    asyncio.run(async_engine.start())
     params = SamplingParams(temperature=0, max_tokens=8, guided=DIGITS)
 
     async def scenario():
@@ -251,7 +253,7 @@ def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_lla
         outputs = asyncio.run(scenario())
     finally:
         blocked.release.set()
-        async_engine.stop()
+        asyncio.run(async_engine.stop())
     assert all(re.fullmatch("[0-9]{4}", decode(output.token_ids)) for output in outputs)
     assert grammars.num_misses == 1
     assert_pool_is_whole(llm)

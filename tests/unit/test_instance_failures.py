@@ -64,7 +64,7 @@ def test_a_failing_request_gets_internal_and_the_others_are_served(redis_server,
             assert [len(tokens) for tokens in results[1:]] == [8, 8, 8]
             after = await tokens_of(generate(colocated, "after", prompt_ids(20, 9), greedy(4)))
             assert len(after) == 4
-            assert colocated.runtime.async_engine.error is None
+            assert colocated.runtime.engine.is_alive
     asyncio.run(scenario())
 
 
@@ -80,7 +80,7 @@ def test_an_engine_failure_leaves_the_pool_and_reports_not_serving(redis_server,
 
             def dead_worker(*args, **kwargs):
                 raise RuntimeError("CUDA error: an illegal memory access (injected)")
-            monkeypatch.setattr(runtime.engine.executor.runner, "model", dead_worker)
+            monkeypatch.setattr(runtime.engine._engine.executor.runner, "model", dead_worker)  # fault injection
             async with grpc.aio.insecure_channel(runtime.grpc_address) as channel:
                 call = InstanceStub(channel).Generate(pb.InstanceGenerateRequest(
                     request_id="doomed", prompt_token_ids=prompt_ids(10, 3), sampling=greedy(4)), timeout=TIMEOUT_S)

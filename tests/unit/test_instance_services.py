@@ -81,7 +81,7 @@ async def assert_everything_freed(instance: Instance) -> None:
                 and status.num_running == status.num_waiting == status.num_held == 0)
         return status if idle else None
     status = await wait_until(is_idle, timeout_s=5.0)
-    assert status.num_total_blocks == instance.runtime.engine.block_pool.num_blocks
+    assert status.num_total_blocks == instance.runtime.engine.info.num_blocks
 
 
 @contextlib.asynccontextmanager
@@ -180,7 +180,8 @@ async def expect_status(call, code: grpc.StatusCode, details_prefix: str = "") -
 
 
 def bytes_per_block(instance: Instance) -> int:
-    return instance.runtime.engine.executor.kv_cache_layout.bytes_per_block
+    info = instance.runtime.engine.info
+    return info.kv_pool_bytes // info.num_blocks
 
 
 # ---- the disaggregated path --------------------------------------------------------------------
@@ -367,12 +368,14 @@ async def _status_if(instance: Instance, predicate):
 def test_a_reserve_past_its_deadline_leaves_nothing_reserved(redis_server, tiny_llama_folder):
     async def scenario():
         async with running(make_settings("decode", tiny_llama_folder, redis_server.url)) as decode:
-            decode.runtime.async_engine.submit(time.sleep, 0.5)  # the engine thread is busy past the deadline
+            engine = decode.runtime.engine._engine  # a test double: this reservation takes past the deadline
+            reserve_request = engine.reserve_request
+            engine.reserve_request = lambda *args: (time.sleep(0.5), reserve_request(*args))[1]
             call = decode.stub.Reserve(pb.ReserveRequest(request_id="late", prompt_token_ids=prompt_ids(40, 17),
                                                          sampling=greedy()), timeout=0.2)
             await expect_status(call, grpc.StatusCode.DEADLINE_EXCEEDED)
             # Commands run in order: this one runs after the late reservation and its abort.
-            await decode.runtime.async_engine.call(lambda: None)
+            await decode.runtime.engine.status()
             status = await decode.status()
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
             assert len(decode.runtime.handlers.decode.book) == 0
@@ -436,7 +439,7 @@ def test_invalid_requests_get_invalid_argument_naming_the_field(redis_server, ti
             generate = stub.Generate(pb.InstanceGenerateRequest(request_id="g", prompt_token_ids=prompt,
                                                                 sampling=gen_pb.SamplingParams(max_tokens=0))).read()
             await expect_status(generate, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens")
-            first_token = colocated.runtime.engine.model_config.vocab_size
+            first_token = colocated.runtime.engine.info.vocab_size
             bad_decode = stub.Decode(pb.DecodeRequest(request_id="ok", first_token_id=first_token), timeout=TIMEOUT_S).read()
             await expect_status(bad_decode, grpc.StatusCode.INVALID_ARGUMENT, "first_token_id")
             run = await run_disaggregated(colocated, colocated, "after", prompt, greedy(3))  # nothing else affected
@@ -485,7 +488,7 @@ def test_a_decode_stream_in_flight_finishes_during_a_graceful_stop(redis_server,
                 await stopping
             tokens = [t for m in [first, *rest] for t in m.token_ids]
             assert tokens == offline_output(offline, prompt, temperature=0.0, max_tokens=60, ignore_eos=True).token_ids
-            assert runtime.engine.block_pool.num_free_blocks == NUM_BLOCKS
+            assert runtime.engine.load().num_free_blocks == NUM_BLOCKS
         finally:
             await runtime.stop()
     asyncio.run(scenario())

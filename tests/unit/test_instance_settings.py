@@ -10,7 +10,7 @@ import services.decode
 import services.prefill
 from services.common.engine_setup import engine_config
 from services.common.flags import build_parser, env_name, flag_name, parse_settings
-from services.common.prefix_publisher import net_changes, snapshot
+from shared.engine.introspection import kv_cache_events
 from services.common.ready_file import write_ready_file
 from services.common.settings import DEFAULT_GRPC_PORTS, InstanceSettings, setting_fields
 from shared.kv_cache.block_pool import BlockPool
@@ -96,6 +96,17 @@ def test_ready_file_is_the_json_a_launcher_reads(tmp_path):
 
 def _cache(pool: BlockPool, block_id: int, block_hash: bytes) -> None:
     pool.cache(pool.blocks[block_id], block_hash, (block_id,))
+
+
+def net_changes(pool: BlockPool) -> tuple[list[bytes], list[bytes]]:
+    events = kv_cache_events(pool)
+    return list(events.stored), list(events.removed)
+
+
+def snapshot(pool: BlockPool) -> list[bytes]:
+    events = kv_cache_events(pool, snapshot=True)
+    assert events.is_snapshot
+    return list(events.stored)
 
 
 def test_prefix_index_deltas_net_out_and_a_snapshot_consumes_them():

@@ -1,5 +1,5 @@
 """No request leaves Python memory behind: hundreds of requests of every kind through a prefill
-engine and a decode engine (in process, KV copied as the transfer would), then tracemalloc's
+engine and a decode engine (in process, KV carried by the in-memory KV connector), then tracemalloc's
 retained bytes and blocks per request must be near zero and every KV block back in its pool.
 
 Kinds: plain, long prompts, n=2 with logprobs=5 (two decode requests, as the gateway fans out),
@@ -16,7 +16,9 @@ import tracemalloc
 
 from shared.engine import LLM, SamplingParams
 from shared.guided import GuidedDecodingParams as Guided
+from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.unit.guided_vocab import tiny_grammar_cache
+from tests.unit.kv_split import IN_MEMORY, send_params
 
 KINDS = ("plain", "long", "n2_logprobs", "cancelled", "guided")
 BATCH = 20
@@ -28,9 +30,9 @@ MAX_RETAINED_BYTES_PER_REQUEST = 256
 MAX_RETAINED_BLOCKS_PER_REQUEST = 1.0
 
 
-def make_llm(folder) -> LLM:
+def make_llm(folder, role: KVConnectorRole) -> LLM:
     llm = LLM(model=str(folder), dtype="float32", num_blocks=256, block_size=16,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, kv_transfer=KVTransferConfig(IN_MEMORY, role))
     llm.engine.guided.use_grammar_cache(tiny_grammar_cache(max_entries=8))
     return llm
 
@@ -55,25 +57,25 @@ def batch_requests(kind: str, first_index: int, rng: random.Random) -> list[tupl
     return requests
 
 
-def prefill_all(prefill: LLM, requests) -> dict[str, int]:
-    """First token of every request, its prompt's blocks held."""
-    engine = prefill.engine
+def prefill_all(prefill: LLM, decode: LLM, requests) -> dict[str, int]:
+    """Reserve each request on the decode engine, prefill it with its KV sent there through the
+    in-memory connector; the first tokens."""
     for request_id, prompt, params in requests:
+        reservation = decode.engine.reserve_request(prompt, params, request_id=request_id)
         first_params = SamplingParams(**{**params.__dict__, "max_tokens": 1, "min_tokens": 0})
-        engine.add_request(prompt, first_params, request_id=request_id, hold_blocks_on_finish=True)
+        prefill.engine.add_request(prompt, first_params, request_id=request_id,
+                                   kv_send=send_params(decode.engine, reservation, request_id))
     first_tokens = {}
-    while engine.has_unfinished_requests():
-        first_tokens.update({o.request_id: o.outputs[0].token_ids[0] for o in engine.step() if o.finished})
+    while prefill.engine.has_unfinished_requests():
+        first_tokens.update({o.request_id: o.outputs[0].token_ids[0] for o in prefill.engine.step() if o.finished})
     return first_tokens
 
 
-def decode_all(prefill: LLM, decode: LLM, requests, first_tokens: dict[str, int], is_cancelled: bool) -> None:
-    for request_id, prompt, params in requests:
-        reservation = decode.engine.reserve_request(prompt, params, request_id=request_id)
-        src = prefill.engine.held_block_ids(request_id)
-        decode.engine.executor.kv_cache[:, :, reservation.block_ids] = prefill.engine.executor.kv_cache[:, :, src]
-        prefill.engine.release_request(request_id)
-        decode.engine.activate_request(request_id, first_tokens[request_id])
+def decode_all(decode: LLM, requests, first_tokens: dict[str, int], is_cancelled: bool) -> None:
+    decode.engine.step()  # applies the arrivals
+    assert len(decode.engine.drain_kv_arrivals()) == len(requests)
+    for request_id, _, _ in requests:
+        decode.engine.start_reserved(request_id, first_tokens[request_id])
     decode.engine.step()
     if is_cancelled:
         for request_id, _, _ in requests:
@@ -86,7 +88,7 @@ def run_round(prefill: LLM, decode: LLM, first_index: int, rng: random.Random) -
     num_requests = 0
     for kind in KINDS:
         requests = batch_requests(kind, first_index, rng)
-        decode_all(prefill, decode, requests, prefill_all(prefill, requests), kind == "cancelled")
+        decode_all(decode, requests, prefill_all(prefill, decode, requests), kind == "cancelled")
         num_requests += len(requests)
     return num_requests
 
@@ -112,7 +114,8 @@ def assert_pools_whole(*llms: LLM) -> None:
 def test_requests_of_every_kind_leave_no_python_memory_behind(tiny_llama_folder):
     tracemalloc.start()  # before the engines exist, so that what they allocate at start is traced too
     try:
-        prefill, decode = make_llm(tiny_llama_folder), make_llm(tiny_llama_folder)
+        prefill = make_llm(tiny_llama_folder, KVConnectorRole.PRODUCER)
+        decode = make_llm(tiny_llama_folder, KVConnectorRole.CONSUMER)
         rng = random.Random(0)
         for batch in range(NUM_WARMUP_BATCHES):  # fills the grammar cache
             run_round(prefill, decode, BATCH * batch, rng)
@@ -127,4 +130,4 @@ def test_requests_of_every_kind_leave_no_python_memory_behind(tiny_llama_folder)
     assert num_blocks / num_requests < MAX_RETAINED_BLOCKS_PER_REQUEST, top
     assert_pools_whole(prefill, decode)
     assert len(prefill.engine.scheduler.requests) == len(decode.engine.scheduler.requests) == 0
-    assert not prefill.engine.scheduler.held
+    assert not prefill.engine.scheduler.sending

@@ -18,7 +18,7 @@ import zmq
 from shared.engine.core_process.core_loop import CoreLoop
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
                                                  decode_startup, encode)
-from shared.engine.core_queries import engine_info
+from shared.engine.introspection import engine_info
 from shared.engine.engine_core import EngineCore
 from shared.isolation import describe_error
 from shared.memory.idle_trim import IdleTrimmer

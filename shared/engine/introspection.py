@@ -1,0 +1,70 @@
+"""What the engine API reports about an LLMEngine: its fixed info, its status (load, counters,
+KV transfer, memory) and its prefix-cache events. Called on the engine's thread for a
+consistent snapshot, or from another thread for a latest-values read (plain ints and lengths:
+each value some recent one, never a torn one)."""
+
+from shared.engine.client import (
+    CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, SpecDecodeCounts,
+)
+from shared.engine.llm_engine import LLMEngine
+from shared.kv_cache.block_pool import BlockPool
+from shared.kv_transfer.types import KVConnectorStats
+from shared.memory.engine_memory import grammar_cache_usage, kv_pool_bytes, weight_bytes
+
+
+def engine_info(engine: LLMEngine) -> EngineInfo:
+    layout = engine.executor.kv_cache_layout
+    cache = CacheSettings(
+        model_id=engine.kv_manager.model_key, block_size=layout.block_size,
+        prefix_hash_algo=engine.kv_manager.hash_algo, dtype=str(layout.dtype).removeprefix("torch."),
+        kv_layout=f"layers={layout.num_layers},kv_heads={layout.num_kv_heads},head_dim={layout.head_dim}",
+        tensor_parallel_size=engine.config.parallel.tensor_parallel_size)
+    address = engine.connector.address if engine.connector is not None else ""
+    return EngineInfo(cache, layout.num_blocks, engine.model_config.vocab_size, engine.max_model_len,
+                      weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address)
+
+
+def engine_load(engine: LLMEngine) -> EngineLoad:
+    scheduler, pool = engine.scheduler, engine.block_pool
+    return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.waiting_for_remote_kv),
+                      pool.num_free_blocks, pool.num_blocks)
+
+
+def engine_status(engine: LLMEngine) -> EngineStatus:
+    stats, spec = engine.stats, engine.spec_stats
+    return EngineStatus(
+        load=engine_load(engine), num_held=len(engine.scheduler.sending),
+        num_prompt_tokens=stats.num_prompt_tokens, num_prompt_tokens_computed=stats.num_prompt_tokens_computed,
+        num_cached_prompt_tokens=stats.num_cached_prompt_tokens, num_generation_tokens=stats.num_generation_tokens,
+        num_requests_finished=stats.num_requests_finished, num_prefix_cache_queries=stats.num_prefix_cache_queries,
+        num_prefix_cache_hits=stats.num_prefix_cache_hits, num_preemptions=stats.num_preemptions,
+        num_steps=stats.num_steps,
+        spec_decode=SpecDecodeCounts(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+                                     tuple(spec.accepted_per_position)),
+        kv_transfer=engine.connector.stats() if engine.connector is not None else KVConnectorStats(),
+        memory=engine_memory(engine))
+
+
+def engine_memory(engine: LLMEngine) -> EngineMemory:
+    scheduler = engine.scheduler
+    caches = {"request_state": (len(scheduler.requests) + len(scheduler.sending), -1, -1)}
+    grammars = grammar_cache_usage(engine)
+    if grammars is not None:
+        caches[grammars.name] = (grammars.num_entries, grammars.max_entries, grammars.memory_bytes)
+    return EngineMemory(caches)
+
+
+def kv_cache_events(pool: BlockPool, snapshot: bool = False) -> KVCacheEvents:
+    """The prefix-cache changes since the last call, netted (a hash stored and evicted ends as
+    the pool has it now); every cached hash instead when asked or when events were dropped."""
+    if snapshot or pool.events_overflowed:
+        pool.drain_events()
+        return KVCacheEvents(stored=tuple(pool.cached_hashes()), is_snapshot=True)
+    events = pool.drain_events()
+    stored, removed = set(events.stored), set(events.evicted)
+    both = stored & removed
+    if both:
+        cached = set(pool.cached_hashes())
+        stored -= both - cached
+        removed -= both & cached
+    return KVCacheEvents(stored=tuple(sorted(stored)), removed=tuple(sorted(removed)))

@@ -1,0 +1,93 @@
+"""Plain data a KV connector takes and reports: parameters, results, counters (all of it
+crosses a process boundary as is)."""
+
+import enum
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_STAGING_BYTES = 256 << 20
+
+
+class KVConnectorRole(enum.Enum):
+    PRODUCER = "kv_producer"  # sends the KV of prompts it computed (prefill)
+    CONSUMER = "kv_consumer"  # receives prompts' KV into reserved blocks (decode)
+    BOTH = "kv_both"          # both (colocated)
+
+    @property
+    def is_producer(self) -> bool:
+        return self in (KVConnectorRole.PRODUCER, KVConnectorRole.BOTH)
+
+    @property
+    def is_consumer(self) -> bool:
+        return self in (KVConnectorRole.CONSUMER, KVConnectorRole.BOTH)
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """Which connector an engine runs, and its settings."""
+    connector: str                      # "package.module:ClassName", a KVConnector subclass
+    role: KVConnectorRole
+    host: str = "127.0.0.1"             # the address a consumer advertises to producers
+    port: int = 0                       # 0: a free port
+    max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES
+
+
+@dataclass(frozen=True)
+class KVSendParams:
+    """Producer side: where this request's prompt KV goes once computed."""
+    remote_address: str                 # the consumer connector's address ("host:port")
+    remote_request_id: str              # the request's id on the consumer (its reservation)
+    remote_block_ids: tuple[int, ...]   # one per prompt block, in prompt order
+    num_skip_blocks: int                # leading blocks the consumer already holds (not sent)
+    transfer_token: bytes               # the consumer's per-reservation secret
+
+
+@dataclass(frozen=True)
+class KVTransferResult:
+    """What one completed transfer moved, as seen on this side."""
+    num_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class KVTransferOutcome:
+    """A transfer that ended: `result` when it completed, else `error` says why."""
+    request_id: str
+    result: KVTransferResult | None = None
+    error: str | None = None
+
+    @property
+    def is_ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class FinishedTransfers:
+    """Transfers that ended since the previous `KVConnector.get_finished`."""
+    sending: tuple[KVTransferOutcome, ...] = ()
+    receiving: tuple[KVTransferOutcome, ...] = ()
+
+
+@dataclass(frozen=True)
+class KVTransferCounts:
+    """Totals for one direction since start."""
+    num_transfers: int = 0
+    num_failed: int = 0
+    total_bytes: int = 0
+    total_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class KVStagingUsage:
+    """Host staging buffers kept for reuse (bounded in bytes)."""
+    num_free_buffers: int = 0
+    memory_bytes: int = 0
+    max_free_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class KVConnectorStats:
+    sent: KVTransferCounts = field(default_factory=KVTransferCounts)
+    received: KVTransferCounts = field(default_factory=KVTransferCounts)
+    staging: KVStagingUsage = field(default_factory=KVStagingUsage)
+    # Operations of abandoned transfers still pending in the transport (their buffers are kept).
+    num_lingering: int = 0

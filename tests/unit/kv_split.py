@@ -1,0 +1,51 @@
+"""Prefill/decode splits inside one process through the in-memory KV connector (helpers)."""
+
+from shared.engine import LLM, SamplingParams
+from shared.engine.llm_engine import LLMEngine, Reservation
+from shared.kv_transfer.types import KVConnectorRole, KVSendParams, KVTransferConfig
+
+IN_MEMORY = "shared.kv_transfer.in_memory:InMemoryConnector"
+
+
+def connected_llm(folder, role: KVConnectorRole = KVConnectorRole.BOTH, **kwargs) -> LLM:
+    return LLM(model=str(folder), dtype="float32", num_blocks=kwargs.pop("num_blocks", 32),
+               kv_transfer=KVTransferConfig(IN_MEMORY, role), **kwargs)
+
+
+def send_params(consumer: LLMEngine, reservation: Reservation, consumer_id: str) -> KVSendParams:
+    return KVSendParams(consumer.connector.address, consumer_id, tuple(reservation.block_ids),
+                        reservation.num_skip_blocks, reservation.transfer_token)
+
+
+def first_token_params(params: SamplingParams, num_resumed: int = 0) -> SamplingParams:
+    return SamplingParams(**{**params.__dict__, "max_tokens": num_resumed + 1,
+                             "min_tokens": min(params.min_tokens, num_resumed + 1)})
+
+
+def run_prefill(engine: LLMEngine, prompt: list[int], params: SamplingParams, request_id: str,
+                send: KVSendParams, num_resumed: int = 0):
+    """Prefill `prompt` with its KV sent per `send`; the final output (after the send)."""
+    engine.add_request(prompt, params, request_id, num_resumed_output_tokens=num_resumed, kv_send=send)
+    while True:
+        for output in engine.step():
+            if output.request_id == request_id and output.finished:
+                return output
+
+
+def decode_after(engine: LLMEngine, request_id: str, first_token_id: int) -> list[int]:
+    """Start a reservation whose KV arrived and decode it to the end; its tokens."""
+    engine.step()  # applies the arrival
+    [output] = engine.start_reserved(request_id, first_token_id)
+    while not output.finished:
+        output = next(o for o in engine.step() if o.request_id == request_id)
+    return output.outputs[0].token_ids
+
+
+def run_split(llm: LLM, prompt: list[int], params: SamplingParams, num_resumed: int = 0) -> list[int]:
+    """Reserve on the consumer side, prefill with the KV sent there, decode: one engine, both roles."""
+    engine = llm.engine
+    reservation = engine.reserve_request(prompt, params, "d", num_resumed_output_tokens=num_resumed)
+    prefilled = run_prefill(engine, prompt, first_token_params(params, num_resumed), "p",
+                            send_params(engine, reservation, "d"), num_resumed)
+    assert prefilled.kv_transfer is not None, prefilled.kv_transfer_error
+    return decode_after(engine, "d", prefilled.outputs[0].token_ids[-1])
