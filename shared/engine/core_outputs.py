@@ -9,6 +9,7 @@ plain msgspec structs.
 import msgspec
 
 from shared.executor.base import SampledLogprobs
+from shared.kv_transfer.types import KVTransferResult
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -24,6 +25,11 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     # With finish_reason "error": what went wrong computing this request.
     error: str | None = None
+    # time.monotonic() of the first step that scheduled it (a clock all processes share).
+    first_scheduled_time: float | None = None
+    # Final output of a request whose prompt KV was sent: what moved, or why it did not.
+    kv_transfer: KVTransferResult | None = None
+    kv_transfer_error: str | None = None
 
     @property
     def finished(self) -> bool:

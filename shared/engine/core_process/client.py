@@ -22,11 +22,13 @@ import zmq
 import zmq.asyncio
 
 from shared.config import EngineConfig
-from shared.engine.client import (EngineDeadError, EngineInfo, EngineLoad, EngineMemory, EngineStatus,
-                                  GenerateRequest, KVCacheEvents, KVReservation, RequestFailedError)
-from shared.engine.core_process.messages import (AbortRequests, AddRequest, CoreFailed, CoreMessage, FinishRequests,
-                                                 Query, QueryResult, Ready, Rejected, Shutdown, StepOutputs,
-                                                 decode_core_message, encode)
+from shared.engine.client import (CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
+                                  EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+                                  KVTransferFailedError, RequestFailedError)
+from shared.engine.core_process.kv_waits import ReservationWait
+from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
+                                                 FinishRequests, Query, Ready, Rejected, ReleaseKV, ReserveKV,
+                                                 Shutdown, StartReserved, StepOutputs, decode_core_message, encode)
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
 from shared.engine.output_processor import OutputProcessor
 from shared.engine.outputs import RequestOutput
@@ -57,7 +59,8 @@ class CoreProcessClient:
         self._core: CoreHandle | None = None
         self._tasks: list[asyncio.Task] = []
         self._streams: dict[str, asyncio.Queue] = {}
-        self._queries: dict[int, asyncio.Future] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._reservations: dict[str, ReservationWait] = {}
         self._call_ids = itertools.count()
         self._output_processor = OutputProcessor(tokenizer)
         self._load = EngineLoad(0, 0, 0, 0, 0)
@@ -133,10 +136,13 @@ class CoreProcessClient:
     def _fail_everything(self, error: EngineDeadError) -> None:
         for stream in self._streams.values():
             stream.put_nowait(error)
-        for future in self._queries.values():
+        for future in self._calls.values():
             if not future.done():
                 future.set_exception(error)
-        self._queries.clear()
+        self._calls.clear()
+        for wait in self._reservations.values():
+            wait.fail(error)
+        self._reservations.clear()
         self._output_processor = OutputProcessor(self.tokenizer)
         self._load = EngineLoad(0, 0, 0, self._load.num_free_blocks, self._load.num_total_blocks)
 
@@ -145,9 +151,17 @@ class CoreProcessClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Queue the request in the core and stream its outputs until it finishes; closing the
         stream early aborts it. InvalidRequestError for bad input, RequestFailedError when
-        this request failed, EngineDeadError when the core died."""
+        this request failed, KVTransferFailedError when its KV could not be sent,
+        EngineDeadError when the core died."""
         self._check_alive()
         self._check_request(request)
+        message = AddRequest(request.request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
+                             request.num_resumed_output_tokens, request.kv_send)
+        async for output in self._stream(request, message):
+            yield output
+
+    async def _stream(self, request: GenerateRequest, start) -> AsyncIterator[RequestOutput]:
+        """Track `request`'s outputs, send `start` to the core, yield until it finishes."""
         request_id = request.request_id
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
@@ -157,8 +171,7 @@ class CoreProcessClient:
             self._notify(self.observer.on_start, request_id)
         finished = False
         try:
-            self._send(AddRequest(request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                                  request.num_resumed_output_tokens))
+            self._send(start)
             while not finished:
                 output = await stream.get()
                 if isinstance(output, BaseException):
@@ -166,6 +179,8 @@ class CoreProcessClient:
                 finished = output.finished
                 if output.error is not None:
                     raise RequestFailedError(output.error)
+                if output.kv_transfer_error is not None:
+                    raise KVTransferFailedError(f"KV transfer of {request_id!r}: {output.kv_transfer_error}")
                 yield output
         finally:
             self._streams.pop(request_id, None)
@@ -179,8 +194,6 @@ class CoreProcessClient:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already running")
         if request.params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer")
-        if request.kv_send is not None:
-            raise InvalidRequestError("kv_send", "KV transfer needs the KV connector, which this engine core lacks")
 
     @staticmethod
     def _notify(hook, *args) -> None:
@@ -205,20 +218,48 @@ class CoreProcessClient:
             self._send(AbortRequests([request_id]))
         return output
 
-    # ---- disaggregation (the KV connector is not in this core yet) -----------------------------
+    # ---- disaggregation: the KV connector runs in the core ---------------------------------
 
     async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
-        raise NotImplementedError("reserve_kv needs the KV connector in the engine core")
+        """CapacityError when there is no room (the caller tries another instance)."""
+        self._check_alive()
+        request_id = request.request_id
+        if request_id in self._reservations or request_id in self._streams:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already reserved or running")
+        self._reservations[request_id] = ReservationWait(request)
+        try:
+            result = await self._call(lambda call_id: ReserveKV(
+                call_id, request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
+                request.num_resumed_output_tokens))
+        except BaseException:
+            self._reservations.pop(request_id, None)
+            if self.is_alive:  # cancelled while the core reserved: free what it may have made
+                self._send(AbortRequests([request_id]))
+            raise
+        return result.reservation
 
     async def wait_kv(self, request_id: str) -> None:
-        raise NotImplementedError("wait_kv needs the KV connector in the engine core")
+        """Returns once the reservation's KV arrived; KVTransferFailedError after a failed
+        transfer (the connector waits for a retry)."""
+        wait = self._reservations.get(request_id)
+        if wait is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        await wait.wait()
 
-    def generate_reserved(self, request_id: str, first_token_id: int,
-                          first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:
-        raise NotImplementedError("generate_reserved needs the KV connector in the engine core")
+    async def generate_reserved(self, request_id: str, first_token_id: int,
+                                first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:
+        """Decode a reservation whose KV arrived, from the producer's first token."""
+        self._check_alive()
+        wait = self._reservations.pop(request_id, None)
+        if wait is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        async for output in self._stream(wait.request, StartReserved(request_id, first_token_id, first_logprobs)):
+            yield output
 
     async def release_kv(self, request_id: str) -> bool:
-        raise NotImplementedError("release_kv needs the KV connector in the engine core")
+        """Free a reservation that will not be decoded; False if there is none."""
+        self._reservations.pop(request_id, None)
+        return (await self._call(lambda call_id: ReleaseKV(call_id, request_id))).released
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -234,24 +275,32 @@ class CoreProcessClient:
         return self._status
 
     async def status(self) -> EngineStatus:
-        return (await self._query("status")).status
+        return (await self._call(lambda call_id: Query(call_id, "status"))).status
 
     async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
-        return (await self._query("kv_snapshot" if snapshot else "kv_events")).kv_events
+        what = "kv_snapshot" if snapshot else "kv_events"
+        return (await self._call(lambda call_id: Query(call_id, what))).kv_events
 
     async def memory(self) -> EngineMemory:
-        return (await self._query("memory")).memory
+        return (await self._call(lambda call_id: Query(call_id, "memory"))).memory
 
-    async def _query(self, what: str) -> QueryResult:
+    async def _call(self, make_message) -> CallResult:
+        """Send `make_message(call_id)` and wait for its CallResult; a refused call raises
+        InvalidRequestError or CapacityError."""
         self._check_alive()
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
-        self._queries[call_id] = future
+        self._calls[call_id] = future
         try:
-            self._send(Query(call_id, what))
-            return await future
+            self._send(make_message(call_id))
+            result = await future
         finally:
-            self._queries.pop(call_id, None)
+            self._calls.pop(call_id, None)
+        if result.error_kind == "invalid":
+            raise InvalidRequestError(result.error_field, result.error)
+        if result.error_kind == "capacity":
+            raise CapacityError(result.error)
+        return result
 
     # ---- the core's outputs ------------------------------------------------------------------
 
@@ -280,8 +329,8 @@ class CoreProcessClient:
             self._load = message.load
             self._status = message.status or self._status
             self._process(message)
-        elif isinstance(message, QueryResult):
-            future = self._queries.get(message.call_id)
+        elif isinstance(message, CallResult):
+            future = self._calls.get(message.call_id)
             if future is not None and not future.done():
                 future.set_result(message)
         elif isinstance(message, Rejected):
@@ -295,6 +344,10 @@ class CoreProcessClient:
             logger.warning("ignoring a second Ready from the engine core")
 
     def _process(self, message: StepOutputs) -> None:
+        for arrival in message.kv_arrivals:
+            wait = self._reservations.get(arrival.request_id)
+            if wait is not None:
+                wait.settle(arrival.error)
         processed = self._output_processor.process(message.outputs)
         if processed.stopped_ids:
             self._send(FinishRequests(processed.stopped_ids, "stop"))

@@ -2,14 +2,17 @@
 
 While requests run it never blocks: it drains whatever messages arrived, steps, and sends the
 step's token outputs with the load; the service detokenizes them while the next step runs.
-Idle, it waits for messages (waking every `IDLE_POLL_MS` to trim memory). Grammar compilation
-happens on worker threads (GuidedDecoding.prepare): a guided request waits outside the
-scheduler until its grammar is ready, while the others keep stepping. A failure of the engine
-as a whole (a forward pass) propagates: the caller reports it and the process exits.
+Idle, it waits for a message or for the KV connector's wake-up (a transfer ended), waking
+every `IDLE_POLL_MS` to trim memory. Grammar compilation happens on worker threads
+(GuidedDecoding.prepare): a guided request waits outside the scheduler until its grammar is
+ready, while the others keep stepping. A failure of the engine as a whole (a forward pass)
+propagates: the caller reports it and the process exits.
 """
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,20 +21,22 @@ from concurrent.futures import Future
 import zmq
 
 from shared.core.request import RequestStatus
-from shared.engine.core_process.messages import (AbortRequests, AddRequest, FinishRequests, Query, QueryResult,
-                                                 Rejected, ServiceMessage, Shutdown, StepOutputs,
-                                                 decode_service_message, encode)
-from shared.engine.core_queries import engine_load, engine_memory, engine_status, kv_cache_events
+from shared.engine.client import KVReservation
+from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests, KVArrival,
+                                                 Query, Rejected, ReleaseKV, ReserveKV, ServiceMessage, Shutdown,
+                                                 StartReserved, StepOutputs, decode_service_message, encode)
 from shared.engine.engine_core import EngineCore
+from shared.engine.errors import CapacityError
+from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
 from shared.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000
-# How often the step outputs carry the engine's status (for metrics scrapes without a round trip).
-STATUS_INTERVAL_S = 0.5
 # While grammars compile and nothing steps: how often to look whether one is ready.
 COMPILE_POLL_MS = 5
+# How often the step outputs carry the engine's status (for metrics scrapes without a round trip).
+STATUS_INTERVAL_S = 0.5
 
 
 class GrammarPreparer:
@@ -52,6 +57,28 @@ class GrammarPreparer:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
 
+class WakeupPipe:
+    """Lets another thread (the KV connector's) wake the loop while it waits on its socket."""
+
+    def __init__(self):
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # already full: the loop wakes anyway
+            os.write(self._write_fd, b"w")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.read_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
+
 class CoreLoop:
     def __init__(self, core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket,
                  on_idle: Callable[[], object] | None = None):
@@ -60,6 +87,13 @@ class CoreLoop:
         self.outbox = outbox
         self.on_idle = on_idle
         self.preparer = GrammarPreparer(core)
+        self.wakeup = WakeupPipe()
+        self.poller = zmq.Poller()
+        self.poller.register(inbox, zmq.POLLIN)
+        self.poller.register(self.wakeup.read_fd, zmq.POLLIN)
+        if core.connector is not None:
+            core.connector.set_wakeup(self.wakeup.wake)
+        self.kv_transfer_address = engine_info(core).kv_transfer_address
         self._compiling: dict[str, tuple[Future, AddRequest]] = {}
         self._is_stopping = False
         self._last_status_time = float("-inf")
@@ -72,31 +106,37 @@ class CoreLoop:
                 self._run_once()
         finally:
             self.preparer.stop()
+            self.wakeup.close()
 
     def _run_once(self) -> None:
         is_stepping = self.core.scheduler.num_unfinished > 0
         if not is_stepping and not self._compiling and self.on_idle is not None:
             self.on_idle()
         timeout = 0 if is_stepping else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
-        changed = self._handle_messages(timeout)
+        changed = self._wait_and_handle_messages(timeout)
         changed = self._admit_compiled() or changed
-        if self.core.scheduler.num_unfinished > 0:
-            self._send(self._step_outputs(self.core.step()))
-        elif changed:
-            self._send(self._step_outputs([]))
+        outputs = self.core.step()  # applies finished KV transfers first; no-op when idle
+        arrivals = [KVArrival(request_id, error) for request_id, error in self.core.drain_kv_arrivals()]
+        if outputs or arrivals or changed or is_stepping:
+            self._send(self._step_outputs(outputs, arrivals))
 
-    def _step_outputs(self, outputs: list) -> StepOutputs:
+    def _step_outputs(self, outputs: list, arrivals: list[KVArrival] | None = None) -> StepOutputs:
         """The outputs with the load, and the status when due or when the core went idle."""
         now = time.monotonic()
         is_idle = self.core.scheduler.num_unfinished == 0
+        status = None
         if is_idle or now - self._last_status_time >= STATUS_INTERVAL_S:
             self._last_status_time = now
-            return StepOutputs(outputs, engine_load(self.core), engine_status(self.core))
-        return StepOutputs(outputs, engine_load(self.core))
+            status = engine_status(self.core)
+        return StepOutputs(outputs, engine_load(self.core), status, arrivals or [])
 
-    def _handle_messages(self, timeout_ms: int) -> bool:
-        """Handle every message waiting (after up to `timeout_ms` for the first); True if any."""
-        if not self.inbox.poll(timeout_ms):
+    def _wait_and_handle_messages(self, timeout_ms: int) -> bool:
+        """Handle every message waiting (after up to `timeout_ms` for the first message or a
+        wake-up); True if there were any."""
+        events = dict(self.poller.poll(timeout_ms))
+        if self.wakeup.read_fd in events:
+            self.wakeup.drain()
+        if self.inbox not in events:
             return False
         while True:
             try:
@@ -111,6 +151,10 @@ class CoreLoop:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
                 self._add(message)
+        elif isinstance(message, (ReserveKV, ReleaseKV, Query)):
+            self._send(self._answer(message))
+        elif isinstance(message, StartReserved):
+            self._start_reserved(message)
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
                 self._compiling.pop(request_id, None)
@@ -118,17 +162,23 @@ class CoreLoop:
         elif isinstance(message, FinishRequests):
             status = RequestStatus.FINISHED_STOPPED if message.reason == "stop" else RequestStatus.FINISHED_ERROR
             self.core.finish_requests(message.child_ids, status, message.error)
-        elif isinstance(message, Query):
-            self._send(self._answer(message))
         elif isinstance(message, Shutdown):
             self._is_stopping = True
 
     def _add(self, message: AddRequest) -> None:
         try:
             self.core.add_request(message.request_id, message.prompt_token_ids, message.params, message.cache_salt,
-                                  message.hold_blocks_on_finish, message.num_resumed_output_tokens)
+                                  message.num_resumed_output_tokens, message.kv_send)
         except InvalidRequestError as error:
             self._send(Rejected(message.request_id, error.field, error.message))
+
+    def _start_reserved(self, message: StartReserved) -> None:
+        try:
+            outputs = self.core.start_reserved(message.request_id, message.first_token_id, message.first_logprobs)
+        except InvalidRequestError as error:
+            self._send(Rejected(message.request_id, error.field, error.message))
+            return
+        self._send(self._step_outputs(outputs))
 
     def _admit_compiled(self) -> bool:
         """Admit the guided requests whose grammar is ready (or reject them); True if any."""
@@ -144,12 +194,31 @@ class CoreLoop:
                 self._send(Rejected(request_id, "guided", f"compiling the constraint failed: {error}"))
         return bool(ready)
 
-    def _answer(self, query: Query) -> QueryResult:
+    def _answer(self, call: ReserveKV | ReleaseKV | Query) -> CallResult:
+        try:
+            if isinstance(call, ReserveKV):
+                return CallResult(call.call_id, reservation=self._reserve(call))
+            if isinstance(call, ReleaseKV):
+                return CallResult(call.call_id, released=self.core.release_reserved(call.request_id))
+            return self._query(call)
+        except InvalidRequestError as error:
+            return CallResult(call.call_id, error_kind="invalid", error_field=error.field, error=error.message)
+        except CapacityError as error:
+            return CallResult(call.call_id, error_kind="capacity", error=str(error))
+
+    def _reserve(self, call: ReserveKV) -> KVReservation:
+        reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id, call.cache_salt,
+                                                call.num_resumed_output_tokens)
+        return KVReservation(call.request_id, tuple(reservation.block_ids), reservation.num_cached_tokens,
+                             reservation.num_skip_blocks, self.kv_transfer_address, reservation.transfer_token)
+
+    def _query(self, query: Query) -> CallResult:
         if query.what == "status":
-            return QueryResult(query.call_id, status=engine_status(self.core))
+            return CallResult(query.call_id, status=engine_status(self.core))
         if query.what == "memory":
-            return QueryResult(query.call_id, memory=engine_memory(self.core))
-        return QueryResult(query.call_id, kv_events=kv_cache_events(self.core, snapshot=query.what == "kv_snapshot"))
+            return CallResult(query.call_id, memory=engine_memory(self.core))
+        snapshot = query.what == "kv_snapshot"
+        return CallResult(query.call_id, kv_events=kv_cache_events(self.core.block_pool, snapshot))
 
     def _send(self, message) -> None:
         self.outbox.send(encode(message), copy=False)

@@ -15,8 +15,10 @@ from typing import Literal
 import msgspec
 
 from shared.config import EngineConfig
-from shared.engine.client import EngineInfo, EngineLoad, EngineStatus, KVCacheEvents, EngineMemory
+from shared.engine.client import EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, KVReservation
 from shared.engine.core_outputs import EngineCoreOutput
+from shared.executor.base import SampledLogprobs
+from shared.kv_transfer.types import KVSendParams
 from shared.sampling.params import SamplingParams
 
 PROTOCOL_VERSION = 1
@@ -44,7 +46,32 @@ class AddRequest(msgspec.Struct, tag=True, frozen=True):
     params: SamplingParams
     cache_salt: str | None = None
     num_resumed_output_tokens: int = 0
-    hold_blocks_on_finish: bool = False
+    # Prefill role: where the KV connector ships the prompt's KV once computed.
+    kv_send: KVSendParams | None = None
+
+
+class ReserveKV(msgspec.Struct, tag=True, frozen=True):
+    """Decode role: allocate blocks for a prompt whose KV arrives through the connector;
+    answered by a CallResult with the reservation, or why not."""
+    call_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    num_resumed_output_tokens: int = 0
+
+
+class StartReserved(msgspec.Struct, tag=True, frozen=True):
+    """Decode role: the reservation's KV arrived; decode from the producer's first token."""
+    request_id: str
+    first_token_id: int
+    first_logprobs: SampledLogprobs | None = None
+
+
+class ReleaseKV(msgspec.Struct, tag=True, frozen=True):
+    """Free a reservation that will not be decoded; CallResult.released says if there was one."""
+    call_id: int
+    request_id: str
 
 
 class AbortRequests(msgspec.Struct, tag=True, frozen=True):
@@ -60,7 +87,7 @@ class FinishRequests(msgspec.Struct, tag=True, frozen=True):
 
 
 class Query(msgspec.Struct, tag=True, frozen=True):
-    """A read of the engine's state between steps, answered by `QueryResult` with `call_id`."""
+    """A read of the engine's state between steps, answered by `CallResult` with `call_id`."""
     call_id: int
     what: Literal["status", "kv_events", "kv_snapshot", "memory"]
 
@@ -69,7 +96,7 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
-ServiceMessage = AddRequest | AbortRequests | FinishRequests | Query | Shutdown
+ServiceMessage = AddRequest | ReserveKV | StartReserved | ReleaseKV | AbortRequests | FinishRequests | Query | Shutdown
 
 
 # ---- core -> service -------------------------------------------------------------------------
@@ -80,25 +107,39 @@ class Ready(msgspec.Struct, tag=True, frozen=True):
     pid: int
 
 
+class KVArrival(msgspec.Struct, array_like=True, frozen=True):
+    """A transfer into a reservation ended: its KV arrived, or `error` says why not (the
+    connector then waits for a retry)."""
+    request_id: str
+    error: str | None = None
+
+
 class StepOutputs(msgspec.Struct, tag=True, omit_defaults=True):
     outputs: list[EngineCoreOutput]
     load: EngineLoad
     # Every STATUS_INTERVAL_S or so while stepping, and whenever the core goes idle.
     status: EngineStatus | None = None
+    kv_arrivals: list[KVArrival] = []
 
 
 class Rejected(msgspec.Struct, tag=True, frozen=True):
-    """An AddRequest the core refused (InvalidRequestError naming `field`)."""
+    """An AddRequest or StartReserved the core refused (InvalidRequestError naming `field`)."""
     request_id: str
     field: str
     message: str
 
 
-class QueryResult(msgspec.Struct, tag=True, frozen=True):
+class CallResult(msgspec.Struct, tag=True, frozen=True):
+    """The answer to a Query, ReserveKV or ReleaseKV with the same call_id. A refused call
+    has `error_kind` "invalid" (InvalidRequestError naming `error_field`) or "capacity"."""
     call_id: int
     status: EngineStatus | None = None
     kv_events: KVCacheEvents | None = None
     memory: EngineMemory | None = None
+    reservation: KVReservation | None = None
+    released: bool | None = None
+    error_kind: Literal["invalid", "capacity"] | None = None
+    error_field: str = ""
     error: str | None = None
 
 
@@ -107,7 +148,7 @@ class CoreFailed(msgspec.Struct, tag=True, frozen=True):
     error: str
 
 
-CoreMessage = Ready | StepOutputs | Rejected | QueryResult | CoreFailed
+CoreMessage = Ready | StepOutputs | Rejected | CallResult | CoreFailed
 
 
 _encoder = msgspec.msgpack.Encoder()
