@@ -5,24 +5,36 @@ import msgspec
 import pytest
 
 from shared.config import CacheConfig, EngineConfig
-from shared.engine.client import CacheSettings, EngineInfo, EngineLoad, EngineStatus, KVCacheEvents
+from shared.engine.client import (CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
+                                  KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
-from shared.engine.core_process.messages import (PROTOCOL_VERSION, AbortRequests, AddRequest, CoreFailed,
-                                                 CoreStartup, FinishRequests, ProtocolError, Query, QueryResult,
-                                                 Ready, Rejected, Shutdown, StepOutputs, check_version,
-                                                 decode_core_message, decode_service_message, decode_startup,
-                                                 encode)
+from shared.engine.core_process.messages import (PROTOCOL_VERSION, AbortRequests, AddRequest, CallResult,
+                                                 CoreFailed, CoreStartup, FinishRequests, KVArrival, ProtocolError,
+                                                 Query, Ready, Rejected, ReleaseKV, ReserveKV, Shutdown,
+                                                 StartReserved, StepOutputs, check_version, decode_core_message,
+                                                 decode_service_message, decode_startup, encode)
 from shared.executor.base import SampledLogprobs
 from shared.guided.params import GuidedDecodingParams
+from shared.kv_transfer.types import (KVConnectorRole, KVConnectorStats, KVSendParams, KVTransferConfig,
+                                      KVTransferResult)
 from shared.sampling.params import SamplingParams
 
 LOAD = EngineLoad(num_waiting=1, num_running=2, num_reserved=0, num_free_blocks=7, num_total_blocks=64)
-INFO = EngineInfo(CacheSettings("tiny", 4, "sha256", "float32", "kv,layer,block"), num_blocks=64,
-                  vocab_size=256, max_model_len=128, weight_bytes=1000, kv_pool_bytes=2000)
+INFO = EngineInfo(CacheSettings("tiny", 4, "sha256", "float32", "layers=2,kv_heads=2,head_dim=16"), num_blocks=64,
+                  vocab_size=256, max_model_len=128, weight_bytes=1000, kv_pool_bytes=2000,
+                  kv_transfer_address="127.0.0.1:4000")
+STATUS = EngineStatus(LOAD, num_held=1, num_prompt_tokens=30, num_prompt_tokens_computed=10,
+                      num_cached_prompt_tokens=4, num_generation_tokens=20, num_requests_finished=3,
+                      num_prefix_cache_queries=5, num_prefix_cache_hits=2, num_preemptions=0, num_steps=40,
+                      kv_transfer=KVConnectorStats(), memory=EngineMemory({"request_state": (3, -1, -1)}))
+SEND = KVSendParams("127.0.0.1:4000", "r1", (7, 8, 9), 1, b"\x05" * 16)
 SERVICE_MESSAGES = [
     AddRequest("r1", [5, 6, 7], SamplingParams(n=2, temperature=0.5, seed=3, stop=["x"], logprobs=2,
                                                  guided=GuidedDecodingParams(regex="[0-9]+")),
-               cache_salt="tenant", num_resumed_output_tokens=1, hold_blocks_on_finish=True),
+               cache_salt="tenant", num_resumed_output_tokens=1, kv_send=SEND),
+    ReserveKV(3, "r4", [1, 2, 3], SamplingParams(max_tokens=4), "tenant", 0),
+    StartReserved("r4", 17, SampledLogprobs(-0.25, [(17, -0.25)])),
+    ReleaseKV(4, "r4"),
     AbortRequests(["r1", "r2"]),
     FinishRequests(["r1#0"], "stop"),
     FinishRequests(["r2"], "error", "detokenizer failed"),
@@ -32,11 +44,16 @@ SERVICE_MESSAGES = [
 CORE_MESSAGES = [
     Ready(PROTOCOL_VERSION, INFO, pid=1234),
     StepOutputs([EngineCoreOutput("r1#1", [9, 10], [SampledLogprobs(-0.5, [(9, -0.5), (3, -1.5)])] * 2,
-                                  [SampledLogprobs(-2.0, [])], "length", None, 4),
-                 EngineCoreOutput("r2", finish_reason="error", error="sampling failed")], LOAD),
+                                  [SampledLogprobs(-2.0, [])], "length", None, 4, first_scheduled_time=12.5),
+                 EngineCoreOutput("r2", finish_reason="error", error="sampling failed"),
+                 EngineCoreOutput("p1", [4], finish_reason="length", kv_transfer=KVTransferResult(4096, 0.01))],
+                LOAD, STATUS, [KVArrival("r4"), KVArrival("r5", "CRC mismatch")]),
     Rejected("r3", "prompt_token_ids", "token id 999 is outside the vocabulary"),
-    QueryResult(7, status=EngineStatus(LOAD, 0, 10, 4, 20, 3)),
-    QueryResult(8, kv_events=KVCacheEvents(stored=(b"\x01" * 32,), removed=(b"\x02" * 32,))),
+    CallResult(7, status=STATUS),
+    CallResult(8, kv_events=KVCacheEvents(stored=(b"\x01" * 32,), removed=(b"\x02" * 32,))),
+    CallResult(3, reservation=KVReservation("r4", (1, 2), 16, 1, "127.0.0.1:4000", b"\x07" * 16)),
+    CallResult(4, released=True),
+    CallResult(5, error_kind="capacity", error="no room for 300 prompt tokens"),
     CoreFailed("RuntimeError: forward pass failed"),
 ]
 
@@ -52,8 +69,10 @@ def test_core_messages_round_trip(message):
 
 
 def test_startup_round_trips_the_engine_config():
-    config = EngineConfig(model="/models/tiny", dtype="float32", num_threads=2, cache=CacheConfig(block_size=4,
-                                                                                                 num_blocks=64))
+    config = EngineConfig(model="/models/tiny", dtype="float32", num_threads=2,
+                          cache=CacheConfig(block_size=4, num_blocks=64),
+                          kv_transfer=KVTransferConfig("shared.transfer.ucx_connector:UCXConnector",
+                                                       KVConnectorRole.CONSUMER, port=0))
     startup = CoreStartup(PROTOCOL_VERSION, config, "ipc:///tmp/x/requests", "ipc:///tmp/x/outputs", 10.0)
     assert decode_startup(encode(startup)) == startup
 
