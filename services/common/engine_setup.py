@@ -1,12 +1,16 @@
-"""Builds an instance's engine from its settings (its KV connector by role) and starts it on
-its own thread behind the engine API."""
+"""Builds an instance's engine from its settings (its KV connector by role) and starts it
+behind the engine API: in an engine-core child process (default) or on a thread."""
 
 import asyncio
+import dataclasses
 import logging
 import os
 
 from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
+from shared.engine.core_process.client import CoreProcessClient
+from shared.engine.loading import load_tokenizer_if_present
+from shared.model.default_model import resolve_model
 from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
@@ -52,11 +56,32 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
 
 
 async def start_engine(settings: InstanceSettings) -> EngineClient:
-    """Load the model off the event loop (health stays NOT_SERVING meanwhile), start the engine thread."""
+    """Load the model off the event loop (health stays NOT_SERVING meanwhile) and start the
+    engine core: in a child process (`--engine-core process`) or on a thread of this one."""
     os.environ[ONEDNN_CACHE_CAPACITY_VARIABLE] = str(settings.onednn_cache_capacity)  # before the model loads
-    engine = await asyncio.to_thread(LLMEngine.from_config, engine_config(settings))
+    config = engine_config(settings)
+    if settings.engine_core == "process":
+        client = await start_core_process(settings, config)
+    else:
+        client = await start_engine_thread(settings, config)
+    logger.info("engine ready: %d KV blocks of %d tokens", client.info.num_blocks, client.info.cache.block_size)
+    return client
+
+
+async def start_engine_thread(settings: InstanceSettings, config: EngineConfig) -> AsyncEngine:
+    engine = await asyncio.to_thread(LLMEngine.from_config, config)
     on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle if settings.idle_trim_interval_s > 0 else None
     client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or None)
     await client.start()
-    logger.info("engine ready: %d KV blocks of %d tokens", client.info.num_blocks, client.info.cache.block_size)
+    return client
+
+
+async def start_core_process(settings: InstanceSettings, config: EngineConfig) -> CoreProcessClient:
+    """The model folder is resolved here (a GGUF converted once) so that the core loads the
+    same folder; this process keeps the tokenizer for detokenization and stop strings."""
+    folder = await asyncio.to_thread(resolve_model, config.model)
+    config = dataclasses.replace(config, model=str(folder))
+    tokenizer = await asyncio.to_thread(load_tokenizer_if_present, folder)
+    client = CoreProcessClient(config, tokenizer, idle_trim_interval_s=settings.idle_trim_interval_s)
+    await client.start()
     return client

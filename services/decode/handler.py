@@ -57,6 +57,9 @@ class DecodeHandler(RoleHandler):
     def add_status(self, status: pb.InstanceStatus) -> None:
         status.num_lease_expiries += self.book.num_lease_expiries
 
+    async def on_engine_restart(self) -> None:
+        self.book.forget_all()
+
     async def reserve(self, request: pb.ReserveRequest,
                       caller_is_gone: Callable[[], bool] = lambda: False) -> pb.ReserveResponse:
         """Reserve blocks; if the caller's deadline passed meanwhile (its reply would be lost and

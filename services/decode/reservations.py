@@ -12,13 +12,14 @@ or running on a prefill instance.
 """
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
 import grpc
 
 from shared.cluster.leases import LeaseTable
-from shared.engine.client import EngineClient, GenerateRequest, KVReservation, KVTransferFailedError
+from shared.engine.client import EngineClient, EngineDeadError, GenerateRequest, KVReservation, KVTransferFailedError
 from shared.errors import InvalidRequestError
 from services.common.errors import ServiceError
 
@@ -88,7 +89,8 @@ class ReservationBook:
         if pending.watcher is not None:
             pending.watcher.cancel()
         self.leases.release(request_id)
-        await self.engine.release_kv(request_id)
+        with contextlib.suppress(EngineDeadError):  # a dead engine holds nothing any more
+            await self.engine.release_kv(request_id)
         return True
 
     def renew(self, request_id: str, lease_s: float) -> bool:
@@ -111,6 +113,15 @@ class ReservationBook:
         for request_id in list(self._pending):
             await self.release(request_id)
 
+    def forget_all(self) -> None:
+        """The engine core died, and every reservation with it: drop them and their leases
+        (there is nothing left to free in the engine)."""
+        for request_id, pending in list(self._pending.items()):
+            if pending.watcher is not None:
+                pending.watcher.cancel()
+            self.leases.release(request_id)
+        self._pending.clear()
+
     def _track(self, reservation: KVReservation, lease_s: float) -> None:
         pending = PendingTransfer(reservation)
         self.leases.grant(reservation.request_id, pending.dst_block_ids, lease_s)
@@ -123,6 +134,8 @@ class ReservationBook:
         while True:
             try:
                 await self.engine.wait_kv(pending.request_id)
+            except EngineDeadError:
+                return  # the reservation died with the engine core (see forget_all)
             except KVTransferFailedError as error:
                 pending.num_failed_transfers += 1
                 logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id, error)
