@@ -43,6 +43,8 @@ def test_environment_gives_defaults_and_flags_override_them():
     (["--grpc-port", "70000"], {}, "--grpc-port: must be in"),
     (["--deployment", "a:b"], {}, "--deployment: must be"),
     (["--lease-ms", "0"], {}, "--lease-ms: must be > 0"),
+    (["--engine-core", "fork"], {}, "--engine-core: 'fork' is not one of ['process', 'thread']"),
+    (["--max-engine-restarts", "-1"], {}, "--max-engine-restarts: must be >= 0"),
     (["--role", "prefill"], {}, "invalid choice: 'prefill'"),
     ([], {"PDSERVE_ROLE": "prefill"}, "invalid choice 'prefill'"),
 ])
