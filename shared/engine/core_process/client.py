@@ -55,7 +55,6 @@ class CoreProcessClient:
         # Sees each streamed request start, every output dispatched, and each stream's end.
         self.observer = None
         self.num_starts = 0
-        self._context = zmq.asyncio.Context()
         self._core: CoreHandle | None = None
         self._tasks: list[asyncio.Task] = []
         self._streams: dict[str, asyncio.Queue] = {}
@@ -76,7 +75,7 @@ class CoreProcessClient:
         self._is_stopping = False
         self.error = None
         self._last_words = None
-        core = await spawn_core(self._context, self.config, self.idle_trim_interval_s, self.startup_timeout_s)
+        core = await spawn_core(self.config, self.idle_trim_interval_s, self.startup_timeout_s)
         self._core, self.info, self.num_starts = core, core.ready.info, self.num_starts + 1
         self._load = EngineLoad(0, 0, 0, self.info.num_blocks, self.info.num_blocks)
         self._output_processor = OutputProcessor(self.tokenizer)
@@ -108,6 +107,7 @@ class CoreProcessClient:
         self._fail_everything(self.error or EngineDeadError("the engine is stopped"))
         for task in self._tasks:
             task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         core.close()
 
     @property

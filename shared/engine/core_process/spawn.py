@@ -28,6 +28,7 @@ CODE_ROOT = str(Path(__file__).resolve().parents[3])
 class CoreHandle:
     """A running core: its process and this side's ends of the two sockets."""
     process: asyncio.subprocess.Process
+    context: zmq.asyncio.Context
     requests: zmq.asyncio.Socket   # PUSH, bound: service -> core
     outputs: zmq.asyncio.Socket    # PULL, bound: core -> service
     folder: str                    # the private directory of the ipc:// socket files
@@ -36,6 +37,7 @@ class CoreHandle:
     def close(self) -> None:
         self.requests.close(linger=0)
         self.outputs.close(linger=0)
+        self.context.term()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -56,10 +58,10 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-async def spawn_core(context: zmq.asyncio.Context, config: EngineConfig, idle_trim_interval_s: float,
-                     startup_timeout_s: float) -> CoreHandle:
+async def spawn_core(config: EngineConfig, idle_trim_interval_s: float, startup_timeout_s: float) -> CoreHandle:
     """Start a core and wait for its Ready; EngineDeadError if it exits or times out first."""
     folder = tempfile.mkdtemp(prefix="pdserve-core-")
+    context = zmq.asyncio.Context()
     requests, outputs = context.socket(zmq.PUSH), context.socket(zmq.PULL)
     input_address, output_address = f"ipc://{folder}/requests", f"ipc://{folder}/outputs"
     requests.bind(input_address)
@@ -73,13 +75,14 @@ async def spawn_core(context: zmq.asyncio.Context, config: EngineConfig, idle_tr
         await process.stdin.drain()
         process.stdin.close()
         ready = await _handshake(process, outputs, startup_timeout_s)
-        return CoreHandle(process, requests, outputs, folder, ready)
+        return CoreHandle(process, context, requests, outputs, folder, ready)
     except BaseException:
         if process is not None and process.returncode is None:
             process.kill()
             await process.wait()
         requests.close(linger=0)
         outputs.close(linger=0)
+        context.term()
         shutil.rmtree(folder, ignore_errors=True)
         raise
 
