@@ -18,13 +18,13 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from shared.engine.client import (
     EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-    KVTransferFailedError, RequestFailedError,
+    KVTransferFailedError, OutputObserver, RequestFailedError,
 )
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
 from shared.engine.llm_engine import LLMEngine
@@ -35,19 +35,6 @@ from shared.executor.base import SampledLogprobs
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncEngine", "EngineDeadError", "KVTransferFailedError", "OutputObserver", "RequestFailedError"]
-
-
-class OutputObserver(Protocol):
-    """Called on the engine thread; must be quick. Sees plain outputs, never engine state."""
-
-    def on_start(self, request_id: str) -> None:
-        """A streamed request was added (or, decode role, started from its reservation)."""
-
-    def on_outputs(self, outputs: list[RequestOutput]) -> None:
-        """Outputs about to be streamed (after each step, or from a start)."""
-
-    def on_stop(self, request_id: str) -> None:
-        """The request's stream closed, finished or not."""
 
 
 @dataclass
@@ -179,10 +166,12 @@ class AsyncEngine:
                                 first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:
         engine = self._engine
         stream = self._stream(request_id, lambda: engine.start_reserved(request_id, first_token_id, first_logprobs))
-        async with contextlib.aclosing(stream) as outputs:
-            async for output in outputs:
-                self._reservations.pop(request_id, None)  # started: its KV wait is over
-                yield output
+        try:
+            async with contextlib.aclosing(stream) as outputs:
+                async for output in outputs:
+                    yield output
+        finally:
+            self._reservations.pop(request_id, None)  # its KV wait is over, whatever happened
 
     async def release_kv(self, request_id: str) -> bool:
         self._reservations.pop(request_id, None)

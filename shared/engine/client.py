@@ -25,7 +25,7 @@ Roles of a disaggregated pair, through the KV connector (shared.kv_transfer):
   the prefill's first token; `release_kv` frees a reservation that will not be decoded.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +38,7 @@ from shared.sampling.params import SamplingParams
 __all__ = [
     "CacheSettings", "CapacityError", "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
     "EngineStatus", "GenerateRequest", "KVCacheEvents", "KVReservation", "KVSendParams", "KVTransferFailedError",
+    "OutputObserver",
     "KVTransferResult", "RequestFailedError", "SpecDecodeCounts",
 ]
 
@@ -139,8 +140,26 @@ class KVCacheEvents:
     is_snapshot: bool = False
 
 
+class OutputObserver(Protocol):
+    """Sees plain outputs, never engine state; must be quick (the in-thread client calls it on
+    the engine thread)."""
+
+    def on_start(self, request_id: str) -> None:
+        """A streamed request was added (or, decode role, started from its reservation)."""
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Outputs about to be streamed."""
+
+    def on_stop(self, request_id: str) -> None:
+        """The request's stream closed, finished or not."""
+
+
 class EngineClient(Protocol):
     info: EngineInfo
+    # Set by the service before requests flow: sees each stream's start, outputs and end
+    # (shared.engine.async_engine.OutputObserver); and is told once if the engine fails.
+    observer: OutputObserver | None
+    on_failure: Callable[[BaseException], None] | None
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...

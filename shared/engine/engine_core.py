@@ -277,10 +277,16 @@ class EngineCore:
         sent = self.poll_kv_transfers()
         if not self.scheduler.num_unfinished and not self._in_flight:
             return sent
+        if self.connector is not None:
+            self.connector.start_load_kv()
         if self.executor.max_concurrent_batches > 1:
-            return sent + self._step_with_batches_in_flight()
-        scheduler_output, failed = self._schedule()
-        return sent + self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
+            outputs = self._step_with_batches_in_flight()
+        else:
+            scheduler_output, failed = self._schedule()
+            outputs = self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
+        if self.connector is not None:
+            self.connector.wait_for_save()
+        return sent + outputs
 
     def _schedule(self) -> tuple[SchedulerOutput, dict[str, str]]:
         """The next batch, and the requests whose guided masks failed (by id, with the error)."""

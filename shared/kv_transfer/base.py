@@ -17,9 +17,11 @@ Scheduler side
   flight is abandoned and still reported once, as failed.
 
 Worker side
-- `start_load_kv()` before each step and `wait_for_save()` after it; `wait_for_layer_load(i)`
-  and `save_kv_layer(i)` around layer i of the forward pass. Connectors that move whole
-  prompts after they are computed (both here) need none of them: the defaults do nothing.
+- `start_load_kv()` before each step's forward pass and `wait_for_save()` after it (the engine
+  calls both); `wait_for_layer_load(i)` and `save_kv_layer(i)` around layer i, for a model
+  runner that overlaps transfers with layers (ours does not call them yet). Connectors that
+  move whole prompts after they are computed (both here) need none of them: the defaults
+  do nothing.
 - `get_finished()`: transfers that ended since the last call (sends and receives, each with
   its outcome); the engine frees sent blocks, and marks received KV as arrived.
 

@@ -8,6 +8,7 @@
 """
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -134,16 +135,16 @@ def test_cancelling_a_prefill_during_its_kv_transfer_frees_both_sides_at_once(re
 
     async def scenario():
         async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
-            sending = asyncio.Event()
+            sending = threading.Event()  # set on the KV connector's transfer thread
 
             async def stuck_send(*args, **kwargs):
                 sending.set()
                 await asyncio.sleep(3600)
-            prefill.runtime.handlers.prefill.sender.send = stuck_send
+            prefill.runtime.engine._engine.connector.sender.send = stuck_send  # white box: a send that hangs
             reserved = await reserve(decode, "mid-transfer", prompt, greedy(4))
             call = prefill.stub.Prefill(prefill_request(reserved, "mid-transfer", prompt, sampling=greedy(4)),
                                         timeout=TIMEOUT_S)
-            await asyncio.wait_for(sending.wait(), TIMEOUT_S)
+            assert await asyncio.to_thread(sending.wait, TIMEOUT_S)
             assert (await prefill.status()).num_held == 1
             call.cancel()
             await wait_until(lambda: _status_if(prefill, lambda s: s.num_held == 0 and s.num_free_blocks == NUM_BLOCKS))
