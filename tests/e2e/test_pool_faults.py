@@ -210,7 +210,8 @@ CORE_MODULE = b"shared.engine.core_process.main"
 def engine_core_pid(stack, name: str) -> int | None:
     """The pid of instance `name`'s engine-core child process, if it has one now."""
     child = next(child for child in stack.stack.children() if child.name == name)
-    children = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+    children = [pid for task in Path(f"/proc/{child.pid}/task").iterdir()
+                for pid in (task / "children").read_text().split()]
     for pid in children:
         with contextlib.suppress(OSError):
             if CORE_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes():
