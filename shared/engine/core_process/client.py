@@ -311,8 +311,10 @@ class CoreProcessClient:
             raise EngineDeadError("the engine is stopped")
 
     def _send(self, message) -> None:
-        """Queue a message for the core (PUSH never blocks at these volumes)."""
-        self._core.requests.send(encode(message), copy=False)
+        """Queue a message for the core (PUSH never blocks at these volumes); nothing once
+        the core is dead (callers that wait for an answer checked `is_alive` first)."""
+        if self._core is not None and self.error is None:
+            self._core.requests.send(encode(message), copy=False)
 
     async def _read_outputs(self, core: CoreHandle) -> None:
         try:
