@@ -6,7 +6,8 @@ import dataclasses
 import logging
 import os
 
-from shared.config import CacheConfig, EngineConfig, SchedulerConfig
+from shared.config import CacheConfig, EngineConfig
+from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.loading import load_tokenizer_if_present
