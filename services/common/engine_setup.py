@@ -5,7 +5,8 @@ import asyncio
 import logging
 import os
 
-from shared.config import CacheConfig, EngineConfig, SchedulerConfig
+from shared.config import CacheConfig, EngineConfig
+from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine

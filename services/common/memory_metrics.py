@@ -2,8 +2,9 @@
 the KV connector's staging buffers and the engine's bounded caches from its latest status,
 read at scrape time."""
 
-from shared.memory.collector import CacheUsage, MemoryCollector
+from shared.memory.cache_usage import CacheUsage
 from shared.memory.components import memory_by_component
+from shared.metrics.memory_collector import MemoryCollector
 from shared.model.cpu_runtime import onednn_cache_capacity
 
 
