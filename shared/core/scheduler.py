@@ -120,12 +120,16 @@ class Scheduler:
         num_external = self.connector.get_num_new_matched_tokens(request.request_id, request.num_tokens, num_local)
         if not self.kv.allocate(request, num_external, prefix_blocks):
             return False
+        try:
+            self.connector.update_state_after_alloc(request.request_id, self.kv.block_ids(request.request_id),
+                                                    num_external, transfer_token)
+        except BaseException:
+            self.kv.free(request)
+            raise
         request.num_cached_prompt_tokens = num_local
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
         self.requests[request.request_id] = request
         self.waiting_for_remote_kv[request.request_id] = request
-        self.connector.update_state_after_alloc(request.request_id, self.kv.block_ids(request.request_id),
-                                                num_external, transfer_token)
         return True
 
     def start_after_remote_kv(self, request_id: str, first_token_id: int) -> Request:

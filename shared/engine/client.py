@@ -157,7 +157,7 @@ class OutputObserver(Protocol):
 class EngineClient(Protocol):
     info: EngineInfo
     # Set by the service before requests flow: sees each stream's start, outputs and end
-    # (shared.engine.async_engine.OutputObserver); and is told once if the engine fails.
+    # (OutputObserver, above); and is told once if the engine fails.
     observer: OutputObserver | None
     on_failure: Callable[[BaseException], None] | None
 

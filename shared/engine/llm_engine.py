@@ -9,7 +9,6 @@ Services drive it from one thread; the offline `LLM` wraps it in a loop. No tran
 import logging
 
 from shared.config import EngineConfig
-from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request, RequestStatus
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.engine_core import EngineCore, Reservation

@@ -142,3 +142,15 @@ def test_an_engine_without_a_consumer_connector_refuses_reservations(tiny_llama_
         producer.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
     assert_pool_is_whole(producer)
     assert not producer.engine.has_unfinished_requests()
+
+
+def test_a_connector_that_cannot_arm_the_receive_leaves_nothing_reserved(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder)
+
+    def cannot_arm(*args):
+        raise RuntimeError("listener gone (injected)")
+    llm.engine.connector.update_state_after_alloc = cannot_arm
+    with pytest.raises(RuntimeError, match="injected"):
+        llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
+    assert_pool_is_whole(llm)
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.scheduler.requests
