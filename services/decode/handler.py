@@ -86,7 +86,7 @@ class DecodeHandler(RoleHandler):
         if request.first_token_id >= vocab_size:
             raise InvalidRequestError("first_token_id", f"{request.first_token_id} is outside the vocabulary "
                                                         f"[0, {vocab_size})")
-        self.book.take(request.request_id)
+        await self.book.take(request.request_id)
         first_logprobs = logprobs_from_proto(request.first_logprobs) if request.HasField("first_logprobs") else None
         stream = self.engine.generate_reserved(request.request_id, request.first_token_id, first_logprobs)
         self._decoding.add(request.request_id)

@@ -25,6 +25,9 @@ from services.common.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
+# A Decode that finds its KV not arrived yet waits this long for the engine to note it.
+ARRIVAL_GRACE_S = 5.0
+
 
 @dataclass
 class PendingTransfer:
@@ -65,12 +68,15 @@ class ReservationBook:
             raise
         return reservation
 
-    def take(self, request_id: str) -> PendingTransfer:
-        """Hand a reservation whose KV has arrived to Decode; its lease ends."""
-        pending = self._pending.get(request_id)
-        if pending is None:
-            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no reservation for {request_id!r} (never made, "
-                                                          "released, expired, or already decoding)")
+    async def take(self, request_id: str, arrival_grace_s: float = ARRIVAL_GRACE_S) -> PendingTransfer:
+        """Hand a reservation whose KV has arrived to Decode; its lease ends. The engine
+        notes an arrival between steps, so a Decode that follows the producer's answer at once
+        may come first: it waits up to `arrival_grace_s` for the arrival."""
+        pending = self._pending_or_not_found(request_id)
+        if not pending.arrived.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pending.arrived.wait(), arrival_grace_s)
+            pending = self._pending_or_not_found(request_id)  # released or expired meanwhile?
         if not pending.arrived.is_set():
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"the KV of {request_id!r} has not arrived "
@@ -79,6 +85,13 @@ class ReservationBook:
         if pending.watcher is not None:
             pending.watcher.cancel()
         self.leases.release(request_id)
+        return pending
+
+    def _pending_or_not_found(self, request_id: str) -> PendingTransfer:
+        pending = self._pending.get(request_id)
+        if pending is None:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no reservation for {request_id!r} (never made, "
+                                                          "released, expired, or already decoding)")
         return pending
 
     async def release(self, request_id: str) -> bool:

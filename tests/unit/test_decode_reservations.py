@@ -56,7 +56,7 @@ def test_the_kv_may_arrive_again_until_decode_takes_the_reservation(tiny_llama_f
             assert pending.num_failed_transfers == 1
             assert committed == [list(reservation.block_ids)]
             assert await prefill(engine, "p2", reservation) is None  # the retried prefill's copy is accepted
-            assert book.take("r1") is pending
+            assert await book.take("r1") is pending
             stream = engine.generate_reserved("r1", 5, None)
             outputs = [output async for output in stream]
             assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 4
