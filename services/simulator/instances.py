@@ -2,6 +2,8 @@
 
 PrefillSim: a FIFO that computes one prompt at a time (a batched prefill moves the same
 tokens per second on these machines), remembering which common prefixes it has cached.
+`busy_until` is when it would be free if every queued prompt took its profiled time (what the
+gateway's choice uses); the cluster starts each prompt when the previous one ends.
 DecodeSim: continuous batching. Sequences join at a step boundary and leave when done; a step
 lasts decode_step_s(batch, mean context). Bookkeeping is O(1) per step plus O(1) per
 finishing sequence: each sequence's finish step is known when it joins, and the running
@@ -9,6 +11,7 @@ context sum follows from the joins."""
 
 import heapq
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 from services.planner.profile_data import PerfProfile
@@ -31,8 +34,10 @@ class PrefillSim:
     name: str
     life: Lifetime
     busy_until: float = 0.0
-    outstanding: int = 0
+    outstanding: int = 0  # queued + computing
     cached_prefixes: set[int] = field(default_factory=set)
+    queue: deque = field(default_factory=deque)  # (request, seconds alone)
+    is_busy: bool = False
 
     def cached_tokens(self, request: SimRequest) -> int:
         return request.prefix_tokens if request.prefix_id in self.cached_prefixes else 0
@@ -40,14 +45,16 @@ class PrefillSim:
     def backlog_s(self, now: float) -> float:
         return max(0.0, self.busy_until - now)
 
-    def enqueue(self, request: SimRequest, now: float, profile: PerfProfile) -> tuple[float, int]:
-        """Queue the prompt; returns (time its prefill ends, tokens it found cached)."""
+    def enqueue(self, request: SimRequest, now: float, profile: PerfProfile) -> int:
+        """Queue the prompt; returns the tokens it found cached."""
         cached = self.cached_tokens(request)
-        self.busy_until = max(now, self.busy_until) + profile.prefill_s(request.prompt_tokens, cached)
+        cost = profile.prefill_s(request.prompt_tokens, cached)
+        self.busy_until = max(now, self.busy_until, self.life.ready_s) + cost
+        self.queue.append((request, cost))
         self.outstanding += 1
         if request.prefix_id is not None:
             self.cached_prefixes.add(request.prefix_id)
-        return self.busy_until, cached
+        return cached
 
 
 @dataclass
@@ -71,6 +78,7 @@ class DecodeSim:
         self.sum_prompt = 0
         self.sum_join = 0
         self.is_stepping = False
+        self.step_started = 0.0
         self.step_durations = array("d")
         self.step_batches = array("i")
 
