@@ -1,10 +1,10 @@
 """The simulator's validation against the real local stack: fixed 1 prefill + 1 decode
 (1 thread each) under Poisson load at a few constant rates, one after the other on the same
-stack; every request's TTFT and token times are recorded, with each process's CPU seconds and
+stack after a few unrecorded warm-up requests; every request's TTFT and token times are recorded, with each process's CPU seconds and
 the load average, so `benchmarks.sim_validate_report` can replay the same requests in the
 simulator and compare percentiles. Run it on a quiet machine (`/work/wt/quiet ...`).
 
-    python -m benchmarks.sim_validate --rates 1 2 3 --duration 90 --out bench-results/sim-validate
+    python -m benchmarks.sim_validate --rates 0.3 0.6 0.9 --duration 110 --out bench-results/sim-validate
 """
 
 import argparse
@@ -24,24 +24,22 @@ from services.launcher.config import StackConfig
 from services.launcher.stack import LocalStack
 from services.simulator.workload import poisson_arrivals
 
-PROMPT_RANGE = (64, 192)
-OUTPUT_RANGE = (32, 64)
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 3.0])
-    parser.add_argument("--duration", type=float, default=90.0, help="seconds of arrivals per rate")
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.3, 0.6, 0.9])
+    parser.add_argument("--duration", type=float, default=110.0, help="seconds of arrivals per rate")
     parser.add_argument("--out", type=Path, default=Path("bench-results/sim-validate"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-range", type=int, nargs=2, default=[32, 96], help="uniform prompt tokens")
+    parser.add_argument("--output-range", type=int, nargs=2, default=[16, 48], help="uniform output tokens")
     return parser.parse_args()
 
 
-def poisson_workload(rate: float, duration_s: float, token_ids: list[int], seed: int):
+def poisson_workload(rate: float, duration_s: float, token_ids: list[int], seed: int, args: argparse.Namespace):
     rng = random.Random(seed)
     arrivals = poisson_arrivals(rng, rate, duration_s)
-    prompts = [BenchPrompt([rng.choice(token_ids) for _ in range(rng.randint(*PROMPT_RANGE))],
-                           rng.randint(*OUTPUT_RANGE)) for _ in arrivals]
+    prompts = [BenchPrompt([rng.choice(token_ids) for _ in range(rng.randint(*args.prompt_range))],
+                           rng.randint(*args.output_range)) for _ in arrivals]
     return arrivals, prompts
 
 
@@ -62,7 +60,7 @@ def cpu_by_process(stack: LocalStack) -> dict[str, float]:
 
 
 def run_rate(stack: LocalStack, rate: float, args: argparse.Namespace, token_ids: list[int]) -> dict:
-    arrivals, prompts = poisson_workload(rate, args.duration, token_ids, args.seed + int(rate * 1000))
+    arrivals, prompts = poisson_workload(rate, args.duration, token_ids, args.seed + int(rate * 1000), args)
     cpu_before, load_before, started = cpu_by_process(stack), os.getloadavg()[0], time.perf_counter()
     records = asyncio.run(send_all(stack.gateway_address, arrivals, prompts, started))
     wall = time.perf_counter() - started
@@ -84,6 +82,8 @@ def main() -> None:
     results = []
     with LocalStack(config) as stack:
         stack.start()
+        warm_arrivals, warm_prompts = poisson_workload(1.0, 8.0, token_ids, args.seed - 1, args)  # not recorded
+        asyncio.run(send_all(stack.gateway_address, warm_arrivals, warm_prompts, time.perf_counter()))
         for rate in args.rates:
             results.append(run_rate(stack, rate, args, token_ids))
             (args.out / "runs.json").write_text(json.dumps({"host_cores": len(os.sched_getaffinity(0)),
