@@ -78,6 +78,12 @@ class PerfProfile:
         a, b, c = self.prefill_fit
         return max(1e-4, a + b * new_tokens + c * new_tokens ** 2)
 
+    def prefill_batch_s(self, new_token_counts: list[float]) -> float:
+        """Seconds of one engine step computing these prompts together (the per-step cost `a`
+        once, the per-token and attention terms per prompt)."""
+        a, b, c = self.prefill_fit
+        return max(1e-4, a + sum(b * max(1.0, n) + c * max(1.0, n) ** 2 for n in new_token_counts))
+
     def decode_step_s(self, batch_size: float, context_tokens: float) -> float:
         """Seconds of one decode step for `batch_size` sequences of `context_tokens` each."""
         a, b, c = self.decode_fit

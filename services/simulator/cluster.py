@@ -39,6 +39,7 @@ class SimConfig:
     kv_transfer_latency_s: float = 0.002
     startup_s: float = 30.0
     max_batch: int = 128
+    max_prefill_batch_tokens: int = 2048  # an instance's --max-num-batched-tokens
     interval_s: float = 10.0
     # None: every instance on a machine of its own; else all share one host of this many cores.
     host_cores: int | None = None
@@ -123,9 +124,9 @@ class ClusterSim:
             instance.is_busy = True  # until it is ready
             self.schedule(instance.life.ready_s, "prefill_wake", instance)
             return
-        request, cost = instance.queue.popleft()
+        requests, new_tokens = instance.take_batch(self.config.max_prefill_batch_tokens)
         instance.is_busy = True
-        self._compute(cost, "prefilled", request, instance)
+        self._compute(self.profile.prefill_batch_s(new_tokens), "prefilled", requests, instance)
 
     def _prefill_wake(self, instance: PrefillSim, _) -> None:
         instance.is_busy = False
@@ -138,15 +139,16 @@ class ClusterSim:
         config = self.config
         return config.kv_transfer_latency_s + request.prompt_tokens * config.kv_bytes_per_token / config.kv_bandwidth_bytes_s
 
-    def _prefilled(self, request: SimRequest, instance: PrefillSim) -> None:
-        instance.outstanding -= 1
+    def _prefilled(self, requests: list[SimRequest], instance: PrefillSim) -> None:
+        instance.outstanding -= len(requests)
         instance.is_busy = False
         if instance.life.draining and instance.outstanding == 0:
             instance.life.stopped_s = self.now
         self._start_prefill(instance)
-        arrives_at = self.now + self.transfer_s(request)
-        self.recorder.on_first_token(request, arrives_at)
-        self.schedule(arrives_at, "kv_arrived", request)
+        for request in requests:
+            arrives_at = self.now + self.transfer_s(request)
+            self.recorder.on_first_token(request, arrives_at)
+            self.schedule(arrives_at, "kv_arrived", request)
 
     def _decode_candidates(self) -> list[DecodeSim]:
         """Routable decode instances (cached until the pool changes or one becomes ready);

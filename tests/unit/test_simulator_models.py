@@ -86,3 +86,16 @@ def test_least_cost_ratio_equals_brute_force():
     assert attainment[(result.num_prefill, result.num_decode)] >= 0.9
     assert result.num_prefill >= 2 and result.num_decode >= 2  # both pools matter in this case
     assert len(result.tried) < len(attainment)  # it did not try everything
+
+
+def test_queued_prompts_are_prefilled_together_within_the_token_budget():
+    profile = dataclasses.replace(PROFILE, prefill_fit=[0.1, 0.001, 0.0])  # 0.1 s a step + 1 ms a token
+    no_transfer = dataclasses.replace(CONFIG, kv_bytes_per_token=0)
+    requests = [SimRequest(0, 0.0, 100, 2, None, 0), SimRequest(1, 0.05, 100, 2, None, 0),
+                SimRequest(2, 0.05, 100, 2, None, 0)]
+    batched = ClusterSim(profile, no_transfer, FixedScaler(1, 1), 1, 1).run(requests)
+    # 0 runs alone (0.2 s); 1 and 2 wait, then share one step: 0.1 + 2 x 0.1 -> both done at 0.5
+    assert [batched.ttft[i] + requests[i].arrival_s for i in range(3)] == pytest.approx([0.2, 0.5, 0.5])
+    one_at_a_time = dataclasses.replace(no_transfer, max_prefill_batch_tokens=150)
+    alone = ClusterSim(profile, one_at_a_time, FixedScaler(1, 1), 1, 1).run(requests)
+    assert [alone.ttft[i] + requests[i].arrival_s for i in range(3)] == pytest.approx([0.2, 0.4, 0.6])
