@@ -1,8 +1,9 @@
 """The simulator's validation against the real local stack: fixed 1 prefill + 1 decode
 (1 thread each) under Poisson load at a few constant rates, one after the other on the same
-stack after a few unrecorded warm-up requests; every request's TTFT and token times are recorded, with each process's CPU seconds and
-the load average, so `benchmarks.sim_validate_report` can replay the same requests in the
-simulator and compare percentiles. Run it on a quiet machine (`/work/wt/quiet ...`).
+stack after a few unrecorded warm-up requests; every request's TTFT and token times are
+recorded, with each process's CPU seconds and the load average, so
+`benchmarks.sim_validate_report` can replay the same requests in the simulator and compare
+percentiles. Run it on a quiet machine (`/work/wt/quiet ...`).
 
     python -m benchmarks.sim_validate --rates 0.3 0.6 0.9 --duration 110 --out bench-results/sim-validate
 """

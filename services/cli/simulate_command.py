@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         planned, timeline = simulate_planner(profile, config, config_from_args(args), requests)
         searched = f"{len(ratio.tried)} runs in {search_s:.0f} s"
         met = "" if ratio.met else f" (misses {args.target:.0%} even at {args.max_per_pool} per pool)"
-        print(_line(f"least-cost fixed {ratio.num_prefill}P:{ratio.num_decode}D", ratio.summary) + f"  [{searched}]{met}")
+        label = f"least-cost fixed {ratio.num_prefill}P:{ratio.num_decode}D"
+        print(_line(label, ratio.summary) + f"  [{searched}]{met}")
         print(_line("planner", planned))
         results = {"least_cost_fixed": {"num_prefill": ratio.num_prefill, "num_decode": ratio.num_decode,
                                         "met": ratio.met, "search_s": search_s,

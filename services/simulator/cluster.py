@@ -137,7 +137,8 @@ class ClusterSim:
         if profiled is not None:
             return profiled
         config = self.config
-        return config.kv_transfer_latency_s + request.prompt_tokens * config.kv_bytes_per_token / config.kv_bandwidth_bytes_s
+        num_bytes = request.prompt_tokens * config.kv_bytes_per_token
+        return config.kv_transfer_latency_s + num_bytes / config.kv_bandwidth_bytes_s
 
     def _prefilled(self, requests: list[SimRequest], instance: PrefillSim) -> None:
         instance.outstanding -= len(requests)
