@@ -55,6 +55,9 @@ class EngineConfig:
     # Threads for torch's intra-op pool; None leaves torch's choice.
     num_threads: int | None = None
     seed: int = 0
+    # Batch-invariant computation (CPU): greedy output and logits are the same bits alone or in
+    # any batch, with or without prefix hits, chunking or speculation (docs/deterministic.md).
+    deterministic: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
