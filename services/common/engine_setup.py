@@ -33,6 +33,7 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         attention_backend=settings.attention_backend,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
+                        deterministic=settings.deterministic,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
                         parallel=parallel_config(settings))
 

@@ -59,6 +59,8 @@ class InstanceSettings:
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
     seed: int = _setting(0, "global sampling seed for unseeded requests")
+    deterministic: bool = _setting(False, "batch-invariant computation (CPU): greedy output identical alone or "
+                                          "in any batch, with prefix hits or chunking, and to the offline engine")
     max_grammar_bytes: int = _setting(64 * 1024, "longest guided schema, regex or grammar (bytes)")
     max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
     grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")

@@ -40,6 +40,8 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
         argv += ["--ucx-host", config.host]
     if config.num_threads is not None:
         argv += ["--num-threads", str(config.num_threads)]
+    if config.deterministic:
+        argv.append("--deterministic")
     return argv + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
 
 
