@@ -4,6 +4,10 @@ Run by `make bench-offline` (`python -m benchmarks.offline [flags]`). Builds a f
 prompts from common English words (random lengths in [128, 256] tokens, fixed seed), runs
 pdserve's offline engine on all of them at once, then transformers' `generate` in left-padded
 batches of 16, greedy with EOS ignored, and prints throughput, KV memory and output agreement.
+`--beside-hog` and `--compare-deterministic` run pdserve alone in other ways
+(benchmarks/offline_contention.py). Threads: `--num-threads`, default the CPUs this process
+may use (affinity mask and cgroup quota); OpenMP threads wait passively unless
+OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (shared/model/cpu_budget.py).
 """
 
 import argparse
@@ -17,6 +21,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from shared.model.cpu_budget import cpu_budget, prefer_passive_waiting  # noqa: E402
+
+prefer_passive_waiting()  # before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
 
@@ -70,6 +78,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="both engines' device: cpu, cuda or auto (default cpu)")
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads (default 0: the CPUs this process may use)")
+    parser.add_argument("--deterministic", action="store_true", help="pdserve in deterministic mode")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--beside-hog", action="store_true",
+                      help="instead: pdserve quiet, then beside `yes > /dev/null` on one CPU; prints the ratio")
+    mode.add_argument("--compare-deterministic", action="store_true",
+                      help="instead: pdserve default vs deterministic=True; prints the cost")
     parser.add_argument("--parallel", nargs="?", const="1x1,1x1:2,3x1,1x2", default=None, metavar="LAYOUTS",
                         help="instead: rows per tensor x pipeline layout, "
                              "TxP[:threads per rank] (default 1x1,1x1:2,3x1,1x2)")
@@ -90,14 +106,18 @@ def build_prompt_ids(tokenizer: Any, num_prompts: int, seed: int) -> list[list[i
     return prompts
 
 
-def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
-    """Times LLM.generate on all prompts at once (after a 2-prompt warm-up).
+def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace,
+                deterministic: bool | None = None) -> tuple:
+    """Times LLM.generate on all prompts at once (after a 2-prompt warm-up) on a new engine
+    (`deterministic` defaults to --deterministic).
 
     Returns (RunResult, per-prompt output token ids, the LLM for its KV usage).
     """
     from shared.engine import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), dtype=args.dtype, device=args.device)
+    deterministic = args.deterministic if deterministic is None else deterministic
+    llm = LLM(model=str(model_dir), dtype=args.dtype, device=args.device, num_threads=torch.get_num_threads(),
+              deterministic=deterministic)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     warmup_params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], warmup_params)
@@ -223,7 +243,7 @@ def print_kv_memory(kv: dict[str, float], num_prompts: int) -> None:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.num_threads or cpu_budget())
     from transformers import AutoTokenizer
 
     from shared.model.default_model import resolve_model
@@ -237,6 +257,14 @@ def main() -> None:
         rows = run_parallel_rows(model_dir, prompt_ids, args.dtype, args.output_len, parse_layouts(args.parallel))
         if args.json is not None:
             args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "parallel": rows}, indent=2))
+        return
+    if args.beside_hog or args.compare_deterministic:
+        from benchmarks.offline_contention import run_beside_hog, run_deterministic_comparison
+        mode = run_beside_hog if args.beside_hog else run_deterministic_comparison
+        figures = mode(run_pdserve, model_dir, prompt_ids, args)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, **figures}, indent=2))
         return
     ours, our_ids, llm = run_pdserve(model_dir, prompt_ids, args)
     results = [ours]
