@@ -81,6 +81,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-threads", type=int, default=0,
                         help="torch threads (default 0: the CPUs this process may use)")
     parser.add_argument("--deterministic", action="store_true", help="pdserve in deterministic mode")
+    parser.add_argument("--vllm-python", type=Path, default=os.environ.get("PDSERVE_VLLM_PYTHON") or None,
+                        help="also run vLLM's offline engine with this interpreter (its own virtualenv; "
+                             "env PDSERVE_VLLM_PYTHON)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--beside-hog", action="store_true",
                       help="instead: pdserve quiet, then beside `yes > /dev/null` on one CPU; prints the ratio")
@@ -131,6 +134,23 @@ def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Nam
     output_ids = [list(completion.token_ids) for completion in completions]
     result = RunResult("pdserve", wall_s, sum(map(len, prompt_ids)), sum(map(len, output_ids)))
     return result, output_ids, llm
+
+
+def run_vllm(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
+    """Times vLLM on the same ids in a child process (benchmarks/vllm_peer.py). Returns
+    (RunResult, output ids)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pdserve-vllm-") as folder:
+        request, result = Path(folder) / "request.json", Path(folder) / "result.json"
+        request.write_text(json.dumps({"model": str(model_dir), "dtype": args.dtype, "output_len": args.output_len,
+                                       "prompt_ids": prompt_ids}))
+        script = Path(__file__).with_name("vllm_peer.py")
+        subprocess.run([str(args.vllm_python), str(script), str(request), str(result)], check=True)
+        figures = json.loads(result.read_text())
+    run = RunResult("vllm", figures["wall_s"], figures["num_prompt_tokens"], figures["num_output_tokens"])
+    return run, figures["output_ids"]
 
 
 def _synchronize(device: str) -> None:
@@ -224,7 +244,8 @@ def print_throughput(results: list[RunResult]) -> None:
               f"{result.total_tokens_per_s:>14.1f}")
     if len(results) == 2:
         ours, theirs = results
-        print(f"{'pdserve/hf':<14}{theirs.wall_s / ours.wall_s:>9.2f}x"
+        label = "pdserve/hf" if theirs.name == "transformers" else f"pdserve/{theirs.name}"
+        print(f"{label:<14}{theirs.wall_s / ours.wall_s:>9.2f}x"
               f"{ours.output_tokens_per_s / theirs.output_tokens_per_s:>14.2f}x"
               f"{ours.total_tokens_per_s / theirs.total_tokens_per_s:>13.2f}x")
 
@@ -273,6 +294,11 @@ def main() -> None:
         theirs, their_ids = run_transformers(model_dir, prompt_ids, args)
         results.append(theirs)
         report["agreement"] = agreement(our_ids, their_ids)
+    if args.vllm_python is not None:
+        peer, peer_ids = run_vllm(model_dir, prompt_ids, args)
+        report["vllm_agreement"] = agreement(our_ids, peer_ids)
+        print_throughput([ours, peer])
+        print()
     print_throughput(results)
     report["runs"] = [asdict(r) | {"output_tokens_per_s": r.output_tokens_per_s,
                                    "total_tokens_per_s": r.total_tokens_per_s} for r in results]
