@@ -94,3 +94,10 @@ def test_instance_command_line_carries_threads_and_deterministic(tmp_path):
     argv = instance_argv(StackConfig(deterministic=True), "decode-0", "decode", "redis://x", tmp_path / "r", 2)
     assert argv[argv.index("--num-threads") + 1] == "2" and "--deterministic" in argv
     assert "--deterministic" not in instance_argv(StackConfig(), "decode-0", "decode", "redis://x", tmp_path / "r")
+
+
+def test_up_deterministic_flag_reaches_the_stack_config():
+    from services.cli.main import build_parser
+    from services.cli.up_command import config_from_args
+    assert config_from_args(build_parser().parse_args(["up", "--deterministic"])).deterministic
+    assert not config_from_args(build_parser().parse_args(["up"])).deterministic
