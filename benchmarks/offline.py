@@ -308,6 +308,10 @@ def main() -> None:
         match = report["agreement"]
         print(f"\ngreedy outputs identical to transformers: {match['num_identical']}/{match['num_compared']} "
               f"(mean common prefix {match['mean_common_prefix_tokens']:.1f} tokens)")
+    if "vllm_agreement" in report:
+        match = report["vllm_agreement"]
+        print(f"greedy outputs identical to vLLM: {match['num_identical']}/{match['num_compared']} "
+              f"(mean common prefix {match['mean_common_prefix_tokens']:.1f} tokens)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

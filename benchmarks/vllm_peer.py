@@ -12,6 +12,8 @@ import json
 import sys
 import time
 
+MEMORY_UTILIZATION = 0.15
+
 
 def main(request_path: str, result_path: str) -> None:
     from vllm import LLM, SamplingParams
@@ -19,7 +21,10 @@ def main(request_path: str, result_path: str) -> None:
     with open(request_path) as file:
         request = json.load(file)
     prompt_ids = request["prompt_ids"]
-    llm = LLM(model=request["model"], dtype=request["dtype"], seed=0)
+    # On its CPU backend this share of the machine's memory is what vLLM reserves (weights and
+    # KV); its 0.92 default fails on a machine where other processes hold memory.
+    llm = LLM(model=request["model"], dtype=request["dtype"], seed=0,
+              gpu_memory_utilization=request.get("memory_utilization", MEMORY_UTILIZATION))
     params = SamplingParams(temperature=0, max_tokens=request["output_len"], ignore_eos=True)
     warmup = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate([{"prompt_token_ids": ids[:16]} for ids in prompt_ids[:2]], warmup, use_tqdm=False)
