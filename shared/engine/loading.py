@@ -44,7 +44,7 @@ def build_engine_parts(config: EngineConfig):
                                      config.deterministic)
     model, model_config = load_model(folder, dtype, device=device, attn_backend=backend)
     if config.deterministic:
-        make_batch_invariant(model)
+        make_batch_invariant(model, config.scheduler.max_num_batched_tokens)
     tokenizer = load_tokenizer_if_present(folder)
     draft_config = draft_model_config(config.speculative, folder)
     layout = kv_cache_layout(config, model_config, dtype, draft_config, kv_cache_memory_bytes(config, device))

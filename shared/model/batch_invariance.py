@@ -63,37 +63,39 @@ def is_row_invariant(module: nn.Module, width: int, dtype: torch.dtype, device: 
 
 
 @torch.inference_mode()
-def make_batch_invariant(model: nn.Module) -> int:
-    """Probe each distinct row-wise layer shape of `model`; wrap the layers of shapes that fail
-    in `RowTiled`. Returns how many layers were wrapped; raises RuntimeError when a layer is
-    not batch-invariant even on fixed tiles, or an RMSNorm is not."""
+def make_batch_invariant(model: nn.Module, max_rows: int = PROBE_ROW_COUNTS[-1]) -> int:
+    """Probe each distinct row-wise layer shape of `model` (up to `max_rows` rows at once, a
+    step's token budget); wrap the layers of shapes that fail in `RowTiled`. Returns how many
+    layers were wrapped; raises RuntimeError when a layer is not batch-invariant even on fixed
+    tiles, or an RMSNorm is not."""
+    row_counts = tuple(sorted(set(PROBE_ROW_COUNTS) | {max_rows}))
     verdicts: dict[tuple, bool] = {}
     wrapped = 0
     for name, module in list(model.named_modules()):
         if isinstance(module, RMSNorm):
-            _check_norm(name, module, verdicts)
+            _check_norm(name, module, verdicts, row_counts)
         if not isinstance(module, ROW_WISE_TYPES) or _parent_is_row_wise(model, name):
             continue
         key = _shape_key(module)
         if key not in verdicts:
-            verdicts[key] = _probe(module, name)
+            verdicts[key] = _probe(module, name, row_counts)
         if not verdicts[key]:
-            _wrap(model, name, module, key)
+            _wrap(model, name, module, key, row_counts)
             wrapped += 1
     logger.info("deterministic mode: %d layer shapes probed, %d layers on fixed %d-row tiles",
                 len(verdicts), wrapped, ROW_TILE)
     return wrapped
 
 
-def _probe(module: nn.Module, name: str, tile: int | None = None) -> bool:
+def _probe(module: nn.Module, name: str, row_counts: tuple[int, ...], tile: int | None = None) -> bool:
     width, dtype, device = _input_spec(module)
-    counts = LM_HEAD_PROBE_ROW_COUNTS if name.endswith("lm_head") else PROBE_ROW_COUNTS
+    counts = LM_HEAD_PROBE_ROW_COUNTS if name.endswith("lm_head") else row_counts
     probed = module if tile is None else RowTiled(module, tile)
     return is_row_invariant(probed, width, dtype, device, counts)
 
 
-def _wrap(model: nn.Module, name: str, module: nn.Module, key: tuple) -> None:
-    if not _probe(module, name, ROW_TILE):
+def _wrap(model: nn.Module, name: str, module: nn.Module, key: tuple, row_counts: tuple[int, ...]) -> None:
+    if not _probe(module, name, row_counts, ROW_TILE):
         raise RuntimeError(f"deterministic mode: layer {name} {key} gives batch-dependent results even on "
                            f"fixed {ROW_TILE}-row tiles on this CPU")
     parent_name, _, child_name = name.rpartition(".")
@@ -101,10 +103,11 @@ def _wrap(model: nn.Module, name: str, module: nn.Module, key: tuple) -> None:
     setattr(parent, child_name, RowTiled(module))
 
 
-def _check_norm(name: str, norm: RMSNorm, verdicts: dict[tuple, bool]) -> None:
+def _check_norm(name: str, norm: RMSNorm, verdicts: dict[tuple, bool], row_counts: tuple[int, ...]) -> None:
     key = ("RMSNorm", norm.weight.shape[0], norm.weight.dtype)
     if key not in verdicts:
-        verdicts[key] = is_row_invariant(norm, norm.weight.shape[0], norm.weight.dtype, norm.weight.device)
+        verdicts[key] = is_row_invariant(norm, norm.weight.shape[0], norm.weight.dtype, norm.weight.device,
+                                         row_counts)
     if not verdicts[key]:
         raise RuntimeError(f"deterministic mode: RMSNorm {name} gives batch-dependent results on this CPU")
 

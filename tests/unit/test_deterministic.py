@@ -174,3 +174,15 @@ def test_prefix_cache_hits_give_the_same_output(tiny_llama_folder, each_alone):
 def test_deterministic_mode_is_refused_where_it_cannot_hold(tiny_llama_folder):
     with pytest.raises(ValueError, match="decode_kernel"):
         TorchPagedAttention(4, 2, 16, decode_kernel="torch", deterministic=True)
+
+
+def test_layers_failing_the_probe_run_on_fixed_tiles_and_hopeless_ones_are_an_error(monkeypatch):
+    from shared.model import batch_invariance
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    monkeypatch.setattr(batch_invariance, "is_row_invariant",
+                        lambda module, *args: isinstance(module, RowTiled) or module.out_features == 4)
+    assert make_batch_invariant(model) == 1
+    assert isinstance(model[0], RowTiled) and isinstance(model[1], torch.nn.Linear)
+    monkeypatch.setattr(batch_invariance, "is_row_invariant", lambda module, *args: False)
+    with pytest.raises(RuntimeError, match="batch-dependent results even on fixed 64-row tiles"):
+        make_batch_invariant(torch.nn.Sequential(torch.nn.Linear(8, 8)))
