@@ -6,8 +6,8 @@ pdserve's offline engine on all of them at once, then transformers' `generate` i
 batches of 16, greedy with EOS ignored, and prints throughput, KV memory and output agreement.
 `--beside-hog` and `--compare-deterministic` run pdserve alone in other ways
 (benchmarks/offline_contention.py). Threads: `--num-threads`, default the CPUs this process
-may use (affinity mask and cgroup quota); OpenMP threads wait passively unless
-OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (shared/model/cpu_budget.py).
+may use (affinity mask and cgroup quota); OpenMP threads spin only briefly before sleeping
+unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (shared/model/cpu_budget.py).
 """
 
 import argparse
@@ -22,9 +22,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from shared.model.cpu_budget import cpu_budget, prefer_passive_waiting  # noqa: E402
+from shared.model.cpu_budget import cpu_budget, prefer_bounded_spinning  # noqa: E402
 
-prefer_passive_waiting()  # before torch loads the OpenMP runtime
+prefer_bounded_spinning()  # before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
 

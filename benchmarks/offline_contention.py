@@ -8,7 +8,10 @@ one with `deterministic=True` on the same prompts and prints the slowdown and ho
 outputs are identical.
 """
 
+import ctypes
+import ctypes.util
 import os
+import signal
 import subprocess
 import time
 from contextlib import contextmanager
@@ -17,11 +20,20 @@ from typing import Iterator
 
 from shared.model.cpu_budget import allowed_cpus
 
+PR_SET_PDEATHSIG = 1
+
+
+def _pin_and_die_with_parent(cpu: int) -> None:
+    """In the hog before exec: on `cpu` only, and SIGTERMed if the benchmark dies first."""
+    os.sched_setaffinity(0, {cpu})
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 @contextmanager
 def cpu_hog(cpu: int) -> Iterator[subprocess.Popen]:
     """`yes > /dev/null` pinned to `cpu` while the block runs; stopped (by its pid) afterwards."""
-    hog = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    hog = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, preexec_fn=lambda: _pin_and_die_with_parent(cpu))
     try:
         time.sleep(0.2)  # let it reach its core before the timed run starts (not a sync point)
         yield hog

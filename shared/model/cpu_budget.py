@@ -7,12 +7,14 @@ running. `cpu_budget()` is the smaller of the CPUs in the affinity mask and the 
 (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, rounded down, at least 1);
 engines use it as their default thread count.
 
-OpenMP threads that finish early spin before sleeping (libgomp: ~300,000 polls by default);
-beside another busy process that spinning takes the CPU the late thread needs. `OMP_WAIT_POLICY`
-is read once, when the OpenMP runtime loads (with torch), so it must be in the environment of
-a process before it imports torch: `omp_environment` gives the variables for child processes
-(`pdserve up` sets them) and `prefer_passive_waiting` sets them in this process if torch is
-not loaded yet. Measured figures: docs/performance.md.
+OpenMP threads that finish early spin before sleeping (libgomp: 300,000 polls by default,
+a good fraction of a millisecond); beside another busy process that spinning takes the CPU the
+late thread needs. pdserve bounds it (`GOMP_SPINCOUNT=20000`, tens of microseconds): long
+enough to catch the next of a step's back-to-back parallel regions, short enough to give the
+core away when the other thread is late. libgomp reads it once, when it loads (with torch), so
+it must be in a process's environment before it imports torch: `omp_environment` gives the
+variables for child processes (`pdserve up` sets them) and `prefer_bounded_spinning` sets them
+in this process if torch is not loaded yet. Measured figures: docs/performance.md.
 """
 
 import math
@@ -21,9 +23,9 @@ import sys
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-# libgomp's spin count before a waiting thread sleeps (its default is 300,000 polls; PASSIVE
-# means 0). A short bounded spin keeps back-to-back parallel regions cheap on a quiet machine.
-DEFAULT_WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+# libgomp's spin count before a waiting thread sleeps (its default is 300,000 polls;
+# OMP_WAIT_POLICY=PASSIVE means 0, which made every region pay a futex wake-up).
+DEFAULT_WAIT_POLICY = {"GOMP_SPINCOUNT": "20000"}
 
 
 def allowed_cpus() -> list[int]:
@@ -62,7 +64,7 @@ def omp_environment(num_threads: int, environ: dict[str, str] | None = None) -> 
     return variables
 
 
-def prefer_passive_waiting() -> bool:
+def prefer_bounded_spinning() -> bool:
     """Set the default wait policy in this process's environment (unless one is set);
     returns False when torch was already imported, too late for it to apply."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:

@@ -56,9 +56,10 @@ def test_budget_never_exceeds_the_affinity_mask():
     assert 1 <= budget.cpu_budget() <= len(os.sched_getaffinity(0))
 
 
-def test_omp_environment_waits_passively_unless_told_otherwise():
-    assert budget.omp_environment(3, {}) == {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "PASSIVE"}
+def test_omp_environment_bounds_spinning_unless_told_otherwise():
+    assert budget.omp_environment(3, {}) == {"OMP_NUM_THREADS": "3", "GOMP_SPINCOUNT": "20000"}
     assert budget.omp_environment(1, {"GOMP_SPINCOUNT": "1000"}) == {"OMP_NUM_THREADS": "1"}
+    assert budget.omp_environment(1, {"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_NUM_THREADS": "1"}
 
 
 def plan(num_prefill=1, num_decode=1, cpus=(0, 1, 2, 3, 4), **kwargs):
