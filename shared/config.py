@@ -52,7 +52,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     # None = the model's own limit.
     max_model_len: int | None = None
-    # Threads for torch's intra-op pool; None leaves torch's choice.
+    # Threads for torch's intra-op pool; None: the CPUs this process may use (affinity mask,
+    # cgroup quota; shared/model/cpu_budget.py).
     num_threads: int | None = None
     seed: int = 0
     # Batch-invariant computation (CPU): greedy output and logits are the same bits alone or in

@@ -56,7 +56,8 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on a GPU: each instance's share of its memory (default 0.9; instances "
                              "sharing one GPU must together stay below 1)")
     parser.add_argument("--num-threads", type=int, default=_env("PDSERVE_NUM_THREADS", None, int),
-                        help="torch threads per instance (default: torch's choice; env PDSERVE_NUM_THREADS)")
+                        help="torch threads per instance (default: one per CPU the instance is given, see "
+                             "docs/performance.md; env PDSERVE_NUM_THREADS)")
     parser.add_argument("--deterministic", action="store_true", default=_env_flag("PDSERVE_DETERMINISTIC"),
                         help="batch-invariant instances: greedy output identical to the offline engine's "
                              "with deterministic=True (env PDSERVE_DETERMINISTIC=1; docs/deterministic.md)")

@@ -51,7 +51,7 @@ class InstanceSettings:
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis holding the cluster state")
     deployment: str = _setting("default", "deployment name; namespaces the Redis keys")
     instance_id: str = _setting("", "instance id in Redis ('' = generated from role and a random suffix)")
-    num_threads: int = _setting(0, "torch intra-op threads (0 = torch's choice)")
+    num_threads: int = _setting(0, "torch intra-op threads (0 = the CPUs this process may use: affinity mask, cgroup quota)")
     kv_cache_memory_gb: float = _setting(1.0, "memory for the KV block pool, GiB")
     num_blocks: int = _setting(0, "KV blocks; overrides --kv-cache-memory-gb when > 0")
     block_size: int = _setting(16, "tokens per KV block (must match across the deployment)")
