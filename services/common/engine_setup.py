@@ -12,7 +12,7 @@ from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import IdleTrimmer
-from shared.model.cpu_budget import cpu_budget
+from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
@@ -50,6 +50,6 @@ async def start_engine(settings: InstanceSettings) -> AsyncEngine:
     async_engine.start()
     # OpenMP thread counts are per calling thread: set it where the steps run too (the
     # default: the CPUs this process may use, affinity mask and cgroup quota).
-    await async_engine.call(torch.set_num_threads, settings.num_threads or cpu_budget())
+    await async_engine.call(torch.set_num_threads, settings.num_threads or default_num_threads())
     logger.info("engine ready: %d KV blocks of %d tokens", engine.block_pool.num_blocks, engine.kv_manager.block_size)
     return async_engine

@@ -14,7 +14,7 @@ from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
 from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
 from shared.model.batch_invariance import make_batch_invariant
-from shared.model.cpu_budget import cpu_budget
+from shared.model.cpu_budget import default_num_threads
 from shared.model.loader import load_model
 from shared.spec_decode.builder import build_speculator, draft_model_config
 
@@ -37,7 +37,7 @@ def build_engine_parts(config: EngineConfig):
     folder = resolve_model(config.model)
     if config.parallel.is_parallel:
         return build_parallel_engine_parts(config, folder, dtype, device)
-    torch.set_num_threads(config.num_threads or cpu_budget())
+    torch.set_num_threads(config.num_threads or default_num_threads())
     torch.manual_seed(config.seed)
     started = time.perf_counter()
     backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder),

@@ -5,7 +5,7 @@ mask (`taskset`, a launcher's pinning) and a cgroup CPU quota (a container's `--
 more threads than CPUs every parallel region waits at its barrier for a thread that is not
 running. `cpu_budget()` is the smaller of the CPUs in the affinity mask and the cgroup quota
 (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, rounded down, at least 1);
-engines use it as their default thread count.
+engines use it as their default thread count unless OMP_NUM_THREADS says otherwise.
 
 OpenMP threads that finish early spin before sleeping (libgomp: 300,000 polls by default,
 a good fraction of a millisecond); beside another busy process that spinning takes the CPU the
@@ -53,6 +53,13 @@ def cpu_budget(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cg
     if quota is not None:
         budget = min(budget, math.floor(quota))
     return max(1, budget)
+
+
+def default_num_threads() -> int:
+    """An engine's thread count when none is configured: OMP_NUM_THREADS when the environment
+    sets it (as `pdserve up` does for its instances), else `cpu_budget()`."""
+    text = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(text) if text.isdigit() and int(text) > 0 else cpu_budget()
 
 
 def omp_environment(num_threads: int, environ: dict[str, str] | None = None) -> dict[str, str]:

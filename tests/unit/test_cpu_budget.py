@@ -56,6 +56,13 @@ def test_budget_never_exceeds_the_affinity_mask():
     assert 1 <= budget.cpu_budget() <= len(os.sched_getaffinity(0))
 
 
+def test_default_threads_follow_omp_num_threads_when_set(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert budget.default_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "x")
+    assert budget.default_num_threads() == budget.cpu_budget()
+
+
 def test_omp_environment_bounds_spinning_unless_told_otherwise():
     assert budget.omp_environment(3, {}) == {"OMP_NUM_THREADS": "3", "GOMP_SPINCOUNT": "20000"}
     assert budget.omp_environment(1, {"GOMP_SPINCOUNT": "1000"}) == {"OMP_NUM_THREADS": "1"}
