@@ -36,7 +36,7 @@ help:
 	@echo "make run            local stack: redis + prefill + decode + gateway on 127.0.0.1:$(GATEWAY_PORT) (UP_ARGS=...)"
 	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
-	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
+	@echo "make bench-offline  offline throughput vs transformers; BENCH_ARGS=--beside-hog, --compare-deterministic, --vllm-python PY"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"

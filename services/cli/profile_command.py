@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"where to write the JSON (default {DEFAULT_OUTPUT})")
     parser.add_argument("--model", default=None, help="HF folder or GGUF file (default: bundled SmolLM2)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: the CPUs this process may use)")
     parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
                         help="KV pool size, as a serving instance's --kv-cache-memory-gb (default 1.0)")
     parser.add_argument("--quick", action="store_true",
