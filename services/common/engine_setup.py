@@ -17,6 +17,7 @@ from shared.engine.llm_engine import LLMEngine
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import IdleTrimmer
+from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
@@ -52,6 +53,7 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         attention_backend=settings.attention_backend,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
+                        deterministic=settings.deterministic,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
                         parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings))
 
@@ -72,7 +74,9 @@ async def start_engine(settings: InstanceSettings) -> EngineClient:
 async def start_engine_thread(settings: InstanceSettings, config: EngineConfig) -> AsyncEngine:
     engine = await asyncio.to_thread(LLMEngine.from_config, config)
     on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle if settings.idle_trim_interval_s > 0 else None
-    client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or None)
+    # OpenMP thread counts are per calling thread: the engine thread sets it (the default: the
+    # CPUs this process may use, affinity mask and cgroup quota).
+    client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or default_num_threads())
     await client.start()
     return client
 
@@ -81,7 +85,9 @@ async def start_core_process(settings: InstanceSettings, config: EngineConfig) -
     """The model folder is resolved here (a GGUF converted once) so that the core loads the
     same folder; this process keeps the tokenizer for detokenization and stop strings."""
     folder = await asyncio.to_thread(resolve_model, config.model)
-    config = dataclasses.replace(config, model=str(folder))
+    # The core's step loop runs on its main thread with this many OpenMP threads (the default:
+    # the CPUs this process, and so the core, may use).
+    config = dataclasses.replace(config, model=str(folder), num_threads=config.num_threads or default_num_threads())
     tokenizer = await asyncio.to_thread(load_tokenizer_if_present, folder)
     client = CoreProcessClient(config, tokenizer, idle_trim_interval_s=settings.idle_trim_interval_s)
     await client.start()
