@@ -13,6 +13,7 @@ from shared.engine.llm_engine import LLMEngine
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import IdleTrimmer
+from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
@@ -48,6 +49,7 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         attention_backend=settings.attention_backend,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
+                        deterministic=settings.deterministic,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
                         parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings))
 
@@ -57,7 +59,9 @@ async def start_engine(settings: InstanceSettings) -> EngineClient:
     os.environ[ONEDNN_CACHE_CAPACITY_VARIABLE] = str(settings.onednn_cache_capacity)  # before the model loads
     engine = await asyncio.to_thread(LLMEngine.from_config, engine_config(settings))
     on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle if settings.idle_trim_interval_s > 0 else None
-    client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or None)
+    # OpenMP thread counts are per calling thread: the engine thread sets it where the steps run
+    # (the default: the CPUs this process may use, affinity mask and cgroup quota).
+    client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or default_num_threads())
     await client.start()
     logger.info("engine ready: %d KV blocks of %d tokens", client.info.num_blocks, client.info.cache.block_size)
     return client
