@@ -78,7 +78,7 @@ def _argument_kind(annotation: Any, takes_one_value: bool) -> dict[str, Any]:
         return {"action": "append", "metavar": "VALUE"}
     if origin is typing.Literal:
         return {"choices": list(typing.get_args(annotation))}
-    return {"metavar": "VALUE" if origin else getattr(annotation, "__name__", "VALUE").upper()}
+    return {}  # one value, shown as the setting's name in capitals
 
 
 def _without_none(annotation: Any) -> Any:

@@ -126,9 +126,10 @@ def env_name(flag: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register every gateway flag and --config."""
+    """Register every gateway flag (the request limits last) and --config."""
     add_config_flag(parser)
-    add_settings_flags(parser, GatewaySettings)
+    own = [name for name in GatewaySettings.model_fields if name not in RequestLimits.model_fields]
+    add_settings_flags(parser, GatewaySettings, only=[*own, *RequestLimits.model_fields])
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
