@@ -24,6 +24,7 @@ from services.common.settings_base import ServiceSettings
 from services.common.settings_flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
 from services.planner.actuator import Actuator, LogActuator
 from services.planner.flags import PLANNER_ENV_PREFIX, add_policy_arguments, config_from_args
+from services.planner.config import PlannerConfig
 from services.planner.metrics import PlannerMetrics
 from services.planner.observer import Observer
 from services.planner.planner import Planner
@@ -80,29 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def model_key_of(args: PlannerServiceSettings) -> str:
-    if args.model_key:
-        return args.model_key
+def model_key_of(settings: PlannerServiceSettings) -> str:
+    if settings.model_key:
+        return settings.model_key
     from services.gateway.served_model import model_folder
-    return model_folder(args.model or None).name
+    return model_folder(settings.model or None).name
 
 
-def build_actuator(args: PlannerServiceSettings, config) -> Actuator:
-    if args.actuator == "kubernetes":
+def build_actuator(settings: PlannerServiceSettings, config: PlannerConfig) -> Actuator:
+    if settings.actuator == "kubernetes":
         from services.planner.k8s_actuator import KubernetesActuator
-        return KubernetesActuator.in_cluster(args.k8s_namespace, {"prefill": args.k8s_prefill_deployment,
-                                                                  "decode": args.k8s_decode_deployment})
+        return KubernetesActuator.in_cluster(settings.k8s_namespace, {"prefill": settings.k8s_prefill_deployment,
+                                                                  "decode": settings.k8s_decode_deployment})
     return LogActuator(config.prefill.min_replicas, config.decode.min_replicas)
 
 
-async def serve(args: PlannerServiceSettings, config) -> int:
-    actuator = build_actuator(args, config)
-    client = redis.asyncio.Redis.from_url(args.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    registry = InstanceRegistry(client, ClusterNamespace(args.deployment, model_key_of(args)))
-    planner = Planner(config, PerfProfile.load(args.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
-    service = PlannerService(planner, Observer(registry, args.gateway_metrics_url), actuator)
-    if args.metrics_port >= 0:
-        service.metrics.server.start(args.metrics_host, args.metrics_port)
+async def serve(settings: PlannerServiceSettings, config: PlannerConfig) -> int:
+    actuator = build_actuator(settings, config)
+    client = redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    registry = InstanceRegistry(client, ClusterNamespace(settings.deployment, model_key_of(settings)))
+    planner = Planner(config, PerfProfile.load(settings.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
+    service = PlannerService(planner, Observer(registry, settings.gateway_metrics_url), actuator)
+    if settings.metrics_port >= 0:
+        service.metrics.server.start(settings.metrics_host, settings.metrics_port)
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
