@@ -46,9 +46,9 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[Servi
         if name in choices:
             kind["choices"] = list(choices[name])
         default = "none" if info.default is None else repr(info.default)
+        help_text = f"{info.description} [env {settings_cls.env_name(name)}; default: {default}]"
         parser.add_argument(flag_name(name), dest=name, default=argparse.SUPPRESS,
-                            help=f"{info.description} [env {settings_cls.env_name(name)}; default: {default}]",
-                            **kind)
+                            help=help_text.replace("%", "%%"), **kind)
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
