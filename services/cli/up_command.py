@@ -39,7 +39,11 @@ class UpSettings(ServiceSettings):
         None, description="on a GPU: each instance's share of its memory (none: 0.9; instances sharing "
                           "one GPU must together stay below 1)")
     num_threads: int | None = Field(None, validation_alias="PDSERVE_NUM_THREADS",
-                                    description="torch threads per instance (none: torch's choice)")
+                                    description="torch threads per instance (none: one per CPU the instance is "
+                                                "given, see docs/performance.md)")
+    deterministic: bool = Field(False, validation_alias="PDSERVE_DETERMINISTIC",
+                                description="batch-invariant instances: greedy output identical to the offline "
+                                            "engine's with deterministic=True (docs/deterministic.md)")
     redis_url: str | None = Field(None, description="use this Redis instead of starting redis-server")
     run_dir: Path | None = Field(None, description="folder for logs and ready files (none: a new temp folder)")
     ready_timeout: float = Field(600.0, description="seconds to wait for every service to be SERVING")
@@ -148,7 +152,8 @@ def config_from_args(args: argparse.Namespace):
                   "colocated": args.decode_args}
     return StackConfig(
         num_prefill=settings.num_prefill, num_decode=settings.num_decode, colocated=settings.colocated,
-        model=settings.model, dtype=settings.dtype, num_threads=settings.num_threads, host=settings.host,
+        model=settings.model, dtype=settings.dtype, num_threads=settings.num_threads,
+        deterministic=settings.deterministic, host=settings.host,
         gateway_port=settings.gateway_port, redis_url=settings.redis_url, run_dir=settings.run_dir,
         ready_timeout_s=settings.ready_timeout, stop_grace_s=settings.stop_grace, extra_args=extra_args,
         prefill_cpus=settings.prefill_cpus, decode_cpus=settings.decode_cpus, gateway_cpus=settings.gateway_cpus,

@@ -42,7 +42,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[Servi
         if name in skip:
             continue
         info = settings_cls.model_fields[name]
-        kind = _argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE)
+        kind = _argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE, name.startswith("no_"))
         if name in choices:
             kind["choices"] = list(choices[name])
         default = "none" if info.default is None else repr(info.default)
@@ -68,12 +68,13 @@ def settings_from_args(args: argparse.Namespace, settings_cls: type[ServiceSetti
     return load_settings(settings_cls, flag_values(args, settings_cls), getattr(args, "config", None), other_keys)
 
 
-def _argument_kind(annotation: Any, takes_one_value: bool) -> dict[str, Any]:
-    """argparse keywords for a field's type: a switch, a repeatable flag or one value."""
+def _argument_kind(annotation: Any, takes_one_value: bool, is_negative: bool) -> dict[str, Any]:
+    """argparse keywords for a field's type: a switch (`--x` / `--no-x`, or just `--no-x` for a
+    setting named no_x), a repeatable flag or one value."""
     annotation = _without_none(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
-        return {"action": "store_true"}
+        return {"action": "store_true" if is_negative else argparse.BooleanOptionalAction}
     if origin in (tuple, list) and not takes_one_value:
         return {"action": "append", "metavar": "VALUE"}
     if origin is typing.Literal:

@@ -49,6 +49,10 @@ class PlannerServiceSettings(ServiceSettings):
     gateway_metrics_url: Annotated[tuple[str, ...], NoDecode] = Field(
         (), validation_alias="PDSERVE_PLANNER_GATEWAY_METRICS_URLS",
         description="a gateway's /metrics URL (repeatable; the variable is space separated)")
+    prefill_metrics_url: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), validation_alias="PDSERVE_PLANNER_PREFILL_METRICS_URLS",
+        description="a prefill instance's /metrics URL, for the prefix-hit ratio that sizes the prefill pool "
+                    "(repeatable; the variable is space separated; none: no hits assumed)")
     metrics_host: str = Field("127.0.0.1", description="address of the planner's /metrics")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="Prometheus /metrics port (0 = a free one; -1 = none)")
     actuator: Literal["log", "kubernetes"] = Field("log", description="log: decide and export only; "
@@ -60,7 +64,7 @@ class PlannerServiceSettings(ServiceSettings):
     log_format: Literal[LOG_FORMATS] = Field("text", validation_alias="PDSERVE_LOG_FORMAT",
                                              description="log lines as text or one JSON object each")
 
-    @field_validator("gateway_metrics_url", mode="before")
+    @field_validator("gateway_metrics_url", "prefill_metrics_url", mode="before")
     @classmethod
     def _split_urls(cls, value):
         return tuple(value.split()) if isinstance(value, str) else value
@@ -101,7 +105,8 @@ async def serve(settings: PlannerServiceSettings, config: PlannerConfig) -> int:
     client = redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     registry = InstanceRegistry(client, ClusterNamespace(settings.deployment, model_key_of(settings)))
     planner = Planner(config, PerfProfile.load(settings.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
-    service = PlannerService(planner, Observer(registry, settings.gateway_metrics_url), actuator)
+    service = PlannerService(planner, Observer(registry, settings.gateway_metrics_url,
+                                               prefill_metrics_urls=settings.prefill_metrics_url), actuator)
     if settings.metrics_port >= 0:
         service.metrics.server.start(settings.metrics_host, settings.metrics_port)
     stop = asyncio.Event()

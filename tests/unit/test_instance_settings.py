@@ -45,8 +45,19 @@ def test_environment_gives_defaults_and_flags_override_them(monkeypatch):
     assert (settings.num_blocks, settings.role, settings.deployment) == (7, "decode", "green")
 
 
+def test_switches_take_a_flag_its_negation_or_a_yes_no_variable(monkeypatch):
+    assert not parse_settings("x", DECODE_ROLES, []).deterministic
+    assert parse_settings("x", DECODE_ROLES, ["--deterministic"]).deterministic
+    assert engine_config(parse_settings("x", DECODE_ROLES, ["--deterministic"])).deterministic
+    monkeypatch.setenv("PDSERVE_DETERMINISTIC", "true")
+    assert parse_settings("x", DECODE_ROLES, []).deterministic
+    monkeypatch.setenv("PDSERVE_DETERMINISTIC", "1")
+    assert not parse_settings("x", DECODE_ROLES, ["--no-deterministic"]).deterministic
+
+
 @pytest.mark.parametrize("argv, environ, message", [
     ([], {"PDSERVE_NUM_BLOCKS": "many"}, "--num-blocks: Input should be a valid integer"),
+    ([], {"PDSERVE_DETERMINISTIC": "maybe"}, "--deterministic: Input should be a valid boolean"),
     (["--heartbeat-interval-s", "2", "--heartbeat-ttl-s", "1"], {}, "--heartbeat-ttl-s: must exceed"),
     (["--dtype", "int8"], {}, "argument --dtype: invalid choice: 'int8'"),
     (["--grpc-port", "70000"], {}, "--grpc-port: Input should be less than or equal to 65535"),
