@@ -69,7 +69,7 @@ def make_attention_backend(name: str, device: torch.device, config: ModelConfig,
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if deterministic and name != "torch":
-        raise InvalidRequestError("deterministic", f"runs on the CPU's torch attention backend only so far, "
+        raise ConfigurationError("deterministic", f"runs on the CPU's torch attention backend only so far, "
                                                    f"not {name} on {device}")
     if name == "torch":
         if device.type != "cpu":
