@@ -8,16 +8,16 @@ An infinite rate sends everything at once. Called by runner.run_benchmark.
 import math
 import random
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 def arrival_offsets(num_requests: int, request_rate: float, burstiness: float = 1.0,
                     seed: int = 0) -> list[float]:
     """Seconds from the benchmark's start at which each request is sent (non-decreasing)."""
     if not request_rate > 0:
-        raise InvalidRequestError("request-rate", f"must be > 0 or inf, got {request_rate}")
+        raise ConfigurationError("request-rate", f"must be > 0 or inf, got {request_rate}")
     if not burstiness > 0:
-        raise InvalidRequestError("burstiness", f"must be > 0, got {burstiness}")
+        raise ConfigurationError("burstiness", f"must be > 0, got {burstiness}")
     if math.isinf(request_rate):
         return [0.0] * num_requests
     rng = random.Random(seed)

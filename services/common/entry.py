@@ -5,13 +5,13 @@ or SIGINT, then shuts down gracefully (see InstanceRuntime.stop) and returns the
 """
 
 import asyncio
-import dataclasses
 import logging
 import signal
 from collections.abc import Callable, Sequence
 
 from shared.logging_setup import configure_logging as configure_log_output
-from services.common.flags import parse_settings
+from shared.errors import ConfigurationError
+from services.common.flags import flag_name, parse_settings
 from services.common.role import RoleHandlers
 from services.common.runtime import InstanceRuntime, new_instance_id
 from services.common.settings import InstanceSettings
@@ -24,15 +24,19 @@ BuildHandlers = Callable[[InstanceRuntime], RoleHandlers]
 
 def run_instance(prog: str, roles: Sequence[str], build_handlers: BuildHandlers,
                  argv: Sequence[str] | None = None) -> int:
-    """0 after a clean shutdown, 1 if the instance failed, 2 for bad flags (argparse's code)."""
+    """0 after a clean shutdown, 1 if the instance failed, 2 for a bad setting (argparse's code),
+    met while parsing or while starting (a taken port, an unreadable certificate, a bad model)."""
     try:
         settings = parse_settings(prog, roles, argv)
     except SystemExit as exit_request:  # --help or a bad flag; argparse printed why
         return exit_request.code if isinstance(exit_request.code, int) else 2
-    settings = dataclasses.replace(settings, instance_id=settings.instance_id or new_instance_id(settings.role))
+    settings = settings.model_copy(update={"instance_id": settings.instance_id or new_instance_id(settings.role)})
     configure_logging(settings)
     try:
         asyncio.run(serve_until_signalled(settings, build_handlers))
+    except ConfigurationError as error:
+        logger.error("%s instance cannot start: %s: %s", settings.role, flag_name(error.field), error.message)
+        return 2
     except Exception:  # noqa: BLE001 - reported, then a non-zero exit
         logger.exception("%s instance failed", settings.role)
         return 1

@@ -1,6 +1,10 @@
-"""How instance RPC handlers fail: raise, and `rpc_errors` turns it into a gRPC status.
+"""How RPC handlers fail: raise, and `rpc_errors` turns it into a gRPC status. The one map
+from exceptions to status codes (`grpc_status_of`), for instances and the gateway alike; the
+gateway's HTTP API maps codes on to HTTP statuses (services/gateway/http/errors.py).
 
     InvalidRequestError -> INVALID_ARGUMENT (the message starts with the field's name)
+    ConfigurationError  -> INTERNAL (a bad setting of this server; the client can't fix it)
+    InternalError       -> INTERNAL (a bug; logged with the request id)
     CapacityError       -> RESOURCE_EXHAUSTED (the gateway tries another instance)
     ServiceError        -> its own code: NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE, ABORTED
     EngineDeadError     -> UNAVAILABLE
@@ -15,7 +19,7 @@ import logging
 import grpc
 
 from shared.engine.client import CapacityError, EngineDeadError, RequestFailedError
-from shared.errors import REQUEST_FAILED_METADATA_KEY, InvalidRequestError
+from shared.errors import REQUEST_FAILED_METADATA_KEY, ConfigurationError, InternalError, InvalidRequestError
 
 from services.common.bounded_text import bounded
 
@@ -31,9 +35,14 @@ class ServiceError(Exception):
         self.message = message
 
 
-def _status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+def grpc_status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a failed call answers with."""
     if isinstance(error, InvalidRequestError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, ConfigurationError):
+        return grpc.StatusCode.INTERNAL, f"server misconfigured: {error}"
+    if isinstance(error, InternalError):
+        return grpc.StatusCode.INTERNAL, f"internal error: {error}"
     if isinstance(error, CapacityError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, ServiceError):
@@ -53,7 +62,7 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id:
     except grpc.aio.AbortError:
         raise
     except Exception as error:  # noqa: BLE001 - every failure becomes a status
-        code, message = _status_of(error)
+        code, message = grpc_status_of(error)
         message = bounded(message)
         fields = {"request_id": request_id or None, "status": code.name}
         if code == grpc.StatusCode.INTERNAL:

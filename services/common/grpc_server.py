@@ -1,58 +1,108 @@
-"""The instance's grpc.aio server: the Instance service plus the standard health and reflection
-services.
+"""The one grpc.aio server set-up of the gateway and every instance.
 
-Health answers for "" (the whole server) and for the Instance service's full name:
-NOT_SERVING while the engine loads and while draining, SERVING in between.
+A GrpcServer serves one pdserve service plus the standard health service (answering for ""
+and for the service's full name: NOT_SERVING until `set_serving(True)`, and for good once
+stopping) and server reflection (grpcurl works without the .proto files). It binds with TLS
+when given credentials, refuses to share its port (Linux would otherwise let a second server
+bind an occupied port silently and split the traffic: `start` raises ConfigurationError naming
+the port setting instead), and stops gracefully: NOT_SERVING, no new RPCs, those in flight get
+the grace period, then are cancelled.
 """
 
 import logging
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from shared.errors import ConfigurationError
+from shared.hosts import host_port
 from shared.pb.pdserve.v1 import instance_pb2, instance_pb2_grpc
 
 from services.common.grpc_limits import message_size_options
 from services.common.malformed_requests import MalformedRequestInterceptor
 from services.common.reflection import enable_reflection
-from services.common.tls import add_port
 
 logger = logging.getLogger(__name__)
 
 INSTANCE_SERVICE_NAME = instance_pb2.DESCRIPTOR.services_by_name["Instance"].full_name
-HEALTH_SERVICE_NAMES = (health.OVERALL_HEALTH, INSTANCE_SERVICE_NAME)
-# Without this, Linux lets a second server bind an occupied port silently.
-SERVER_OPTIONS = [("grpc.so_reuseport", 0), *message_size_options()]
+NO_PORT_SHARING = ("grpc.so_reuseport", 0)
+
+__all__ = ["GrpcServer", "INSTANCE_SERVICE_NAME", "ServerHealth", "host_port", "instance_grpc_server"]
 
 
-def host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+class ServerHealth:
+    """The standard health service for the whole server ("") and one named service."""
+
+    def __init__(self, service_name: str):
+        self.servicer = health.aio.HealthServicer()
+        self.names = (health.OVERALL_HEALTH, service_name)
+        self.is_serving = False  # the gateway's HTTP `GET /health` answers from this too
+
+    async def set_serving(self, is_serving: bool) -> None:
+        self.is_serving = is_serving
+        status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in self.names:
+            await self.servicer.set(name, status)
+
+    async def shut_down(self) -> None:
+        """NOT_SERVING everywhere, for good (draining)."""
+        self.is_serving = False
+        await self.servicer.enter_graceful_shutdown()
 
 
 class GrpcServer:
-    def __init__(self, servicer: instance_pb2_grpc.InstanceServicer, host: str, port: int,
-                 credentials: grpc.ServerCredentials | None = None):
-        """`credentials`: TLS (services.common.tls.server_credentials); None: plain TCP."""
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MalformedRequestInterceptor()])
-        self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        instance_pb2_grpc.add_InstanceServicer_to_server(servicer, self.server)
-        enable_reflection(self.server, [INSTANCE_SERVICE_NAME, health.SERVICE_NAME])
-        self.port = add_port(self.server, host_port(host, port), credentials)
+    def __init__(self, service_name: str, add_servicer: Callable[[grpc.aio.Server], None], host: str, port: int,
+                 credentials: grpc.ServerCredentials | None = None, *, port_setting: str = "port",
+                 options: Sequence[tuple[str, int]] = (), interceptors: Sequence = ()):
+        """`add_servicer(server)` registers the service's servicer; `credentials`: TLS
+        (services.common.tls), None: plain TCP; `port_setting` names the setting a taken port
+        is blamed on."""
+        self.server = grpc.aio.server(options=[NO_PORT_SHARING, *options], interceptors=list(interceptors))
+        add_servicer(self.server)
+        self.health = ServerHealth(service_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.server)
+        enable_reflection(self.server, [service_name, health.SERVICE_NAME])
+        self.host = host
+        self.port = port  # the bound one once started
+        self.credentials = credentials
+        self.port_setting = port_setting
 
     async def start(self) -> int:
-        """Start answering (health NOT_SERVING); returns the bound port."""
-        await self.set_serving(False)
+        """Bind, start answering (health NOT_SERVING); returns the bound port."""
+        self.port = self._bind()
+        await self.health.set_serving(False)
         await self.server.start()
         return self.port
 
+    def _bind(self) -> int:
+        address = host_port(self.host, self.port)
+        try:
+            if self.credentials is None:
+                port = self.server.add_insecure_port(address)
+            else:
+                port = self.server.add_secure_port(address, self.credentials)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise ConfigurationError(self.port_setting, f"cannot listen on {address}: the port is taken (by "
+                                                        "another server?) or the host is not this machine's")
+        return port
+
     async def set_serving(self, is_serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in HEALTH_SERVICE_NAMES:
-            await self.health.set(name, status)
+        await self.health.set_serving(is_serving)
 
     async def stop(self, grace_s: float) -> None:
         """NOT_SERVING for good, refuse new RPCs, give those in flight `grace_s`, then cancel them."""
-        await self.set_serving(False)
-        await self.health.enter_graceful_shutdown()
+        await self.health.shut_down()
         await self.server.stop(grace_s)
+
+
+def instance_grpc_server(servicer: instance_pb2_grpc.InstanceServicer, host: str, port: int,
+                         credentials: grpc.ServerCredentials | None = None) -> GrpcServer:
+    """An instance's server: the Instance service, internal message limits, requests that must
+    arrive whole (services.common.malformed_requests)."""
+    return GrpcServer(INSTANCE_SERVICE_NAME, lambda server: instance_pb2_grpc.add_InstanceServicer_to_server(
+                          servicer, server),
+                      host, port, credentials, port_setting="grpc_port", options=message_size_options(),
+                      interceptors=[MalformedRequestInterceptor()])

@@ -6,9 +6,9 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-logger = logging.getLogger(__name__)
+from shared.hosts import host_port, local_host
 
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+logger = logging.getLogger(__name__)
 
 
 class MetricsServer:
@@ -22,8 +22,7 @@ class MetricsServer:
         bare_host = host.strip("[]")
         self._server, _ = start_http_server(port, addr=bare_host, registry=self.registry)
         bound_port = self._server.server_port
-        shown_host = "127.0.0.1" if host in WILDCARD_HOSTS else host
-        self.address = f"[{shown_host}]:{bound_port}" if ":" in shown_host else f"{shown_host}:{bound_port}"
+        self.address = host_port(local_host(host), bound_port)
         logger.info("Prometheus metrics on http://%s/metrics", self.address)
         return self.address
 

@@ -28,10 +28,11 @@ from collections.abc import Callable
 
 from shared.cluster.instances import InstanceInfo
 from shared.engine.client import EngineClient, EngineDeadError
+from shared.hosts import host_port, is_wildcard
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from services.common.engine_restart import RestartBudget
 from services.common.engine_setup import start_engine
-from services.common.grpc_server import GrpcServer, host_port
+from services.common.grpc_server import GrpcServer, instance_grpc_server
 from services.common.metrics import InstanceMetrics
 from services.common.presence import ClusterPresence
 from services.common.ready_file import write_ready_file
@@ -43,7 +44,6 @@ from services.common.tls import instance_credentials
 
 logger = logging.getLogger(__name__)
 
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 DRAIN_POLL_S = 0.05
 # After handing work back, how long its calls get to end before the server stops.
 HAND_BACK_WAIT_S = 2.0
@@ -57,7 +57,7 @@ def new_instance_id(role: str) -> str:
 def advertised_host(settings: InstanceSettings) -> str:
     if settings.advertise_host:
         return settings.advertise_host
-    return socket.gethostname() if settings.host in WILDCARD_HOSTS else settings.host
+    return socket.gethostname() if is_wildcard(settings.host) else settings.host
 
 
 class InstanceRuntime:
@@ -86,8 +86,8 @@ class InstanceRuntime:
         return self.engine.info.kv_transfer_address if self.engine is not None else ""
 
     async def start(self) -> None:
-        self.server = GrpcServer(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port,
-                                 instance_credentials(self.settings))
+        self.server = instance_grpc_server(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port,
+                                           instance_credentials(self.settings))
         port = await self.server.start()
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import grpc
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 def read_pem(path: str, setting: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as error:
-        raise InvalidRequestError(setting, f"cannot read {path}: {error.strerror}") from error
+        raise ConfigurationError(setting, f"cannot read {path}: {error.strerror}") from error
 
 
 def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None = None) -> grpc.ServerCredentials:
@@ -36,13 +36,6 @@ def channel_credentials(ca_file: str, cert_file: str | None = None,
         root_certificates=read_pem(ca_file, "instance_tls_ca_file"),
         private_key=read_pem(key_file, "instance_tls_key_file") if key_file else None,
         certificate_chain=read_pem(cert_file, "instance_tls_cert_file") if cert_file else None)
-
-
-def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind `address` with TLS when credentials are given; returns the port (0: failed)."""
-    if credentials is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, credentials)
 
 
 def instance_credentials(settings) -> grpc.ServerCredentials | None:

@@ -6,9 +6,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.logging_setup import configure_logging
 
+from services.common.settings_flags import flag_name
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings, parse_settings
 
@@ -39,14 +40,14 @@ async def serve(settings: GatewaySettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """0 after a signal, 1 if getting ready failed, 2 for a bad setting (named on stderr)."""
     try:
         settings = parse_settings(argv)
-    except InvalidRequestError as error:
-        print(f"gateway: error: {error}", file=sys.stderr)
+        configure_logging(settings.log_level, settings.log_format, {"role": "gateway"})
+        return asyncio.run(serve(settings))
+    except ConfigurationError as error:
+        print(f"gateway: error: {flag_name(error.field)}: {error.message}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format, {"role": "gateway"})
-    return asyncio.run(serve(settings))
-
 
 if __name__ == "__main__":
     sys.exit(main())

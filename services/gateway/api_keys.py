@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Iterable
 from pathlib import Path
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 BEARER_PREFIX = "bearer "
 MAX_KEY_CHARS = 4096
@@ -56,7 +56,7 @@ def read_keys_file(path: str) -> list[str]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as error:
-        raise InvalidRequestError("api_keys_file", f"cannot read {path}: {error.strerror}") from error
+        raise ConfigurationError("api_keys_file", f"cannot read {path}: {error.strerror}") from error
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 

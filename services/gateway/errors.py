@@ -1,8 +1,10 @@
-"""Errors the gateway answers with, each carrying its gRPC status code."""
+"""Errors the gateway answers with, each carrying its gRPC status code; `from_exception` is the
+gateway's one map from its own exceptions to status codes (the HTTP API maps the codes on to
+HTTP statuses: services/gateway/http/errors.py)."""
 
 import grpc
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InvalidRequestError
 
 from services.common.bounded_text import bounded
 
@@ -19,6 +21,18 @@ class GatewayError(Exception):
 
 def invalid_argument(error: InvalidRequestError) -> GatewayError:
     return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+def from_exception(error: Exception) -> GatewayError:
+    """Any exception raised while serving a call, as the client sees it: INVALID_ARGUMENT naming
+    the field for a bad request, INTERNAL for a bad setting or a bug (details in the log only)."""
+    if isinstance(error, GatewayError):
+        return error
+    if isinstance(error, InvalidRequestError):
+        return invalid_argument(error)
+    if isinstance(error, ConfigurationError):
+        return GatewayError(grpc.StatusCode.INTERNAL, f"gateway misconfigured: {error.field}; see the gateway log")
+    return GatewayError(grpc.StatusCode.INTERNAL, "internal gateway error; see the gateway log")
 
 
 def model_not_found(requested: str, served: str) -> GatewayError:

@@ -21,7 +21,7 @@ from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 
 from services.gateway.deadline import client_deadline
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, from_exception
 from services.gateway.limits import RequestLimits
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import relay_request
@@ -85,8 +85,8 @@ async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequ
                     extra={"request_id": request_id, "status": grpc.StatusCode.CANCELLED.name})
         raise
     except Exception as error:
-        relay.stats.record_failure(grpc.StatusCode.INTERNAL.name)
+        answer = from_exception(error)
+        relay.stats.record_failure(answer.code.name)
         logger.exception("request %s failed in the gateway", request_id,
-                         extra={"request_id": request_id, "status": grpc.StatusCode.INTERNAL.name})
-        raise GatewayError(grpc.StatusCode.INTERNAL,
-                           "internal gateway error; see the gateway log") from error
+                         extra={"request_id": request_id, "status": answer.code.name})
+        raise answer from error

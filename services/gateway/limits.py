@@ -9,12 +9,13 @@ never echoing the oversized value. Whatever passes fits every internal hop:
 for an instance stays under the instances' gRPC message limit.
 """
 
-from dataclasses import dataclass, field, fields
+from pydantic import Field
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2
 
 from services.common.grpc_limits import MAX_INTERNAL_MESSAGE_BYTES
+from services.common.settings_base import ServiceSettings
 
 MIB = 1024 * 1024
 # Room for everything in an internal message besides the limited fields (ids, scalars, framing).
@@ -22,15 +23,16 @@ INTERNAL_OVERHEAD_BYTES = 64 * 1024
 MAX_VARINT_BYTES = 10
 
 
-def _limit(default: int, help_text: str):
-    return field(default=default, metadata={"help": help_text})
+def _limit(default: int, help_text: str, minimum: int = 1):
+    return Field(default=default, description=help_text, ge=minimum)
 
 
-@dataclass(frozen=True)
-class RequestLimits:
+class RequestLimits(ServiceSettings):
+    """The limits; GatewaySettings inherits them as settings of its own."""
+
     max_request_bytes: int = _limit(32 * MIB, "largest HTTP body or gRPC request message, bytes")
     max_prompt_bytes: int = _limit(1 * MIB, "prompt text (or all chat messages) in UTF-8 bytes")
-    max_prompt_tokens: int = _limit(0, "prompt tokens (0: the model's length minus one)")
+    max_prompt_tokens: int = _limit(0, "prompt tokens (0: the model's length minus one)", minimum=0)
     max_prompts: int = _limit(64, "prompts in one /v1/completions request")
     max_messages: int = _limit(1024, "chat messages in one request")
     max_n: int = _limit(32, "completions per prompt (n, best_of)")
@@ -41,16 +43,10 @@ class RequestLimits:
     max_guided_bytes: int = _limit(512 * 1024, "guided json schema, regex, grammar or choices, UTF-8 bytes")
     max_model_name_chars: int = _limit(256, "characters in the model name")
 
-    def __post_init__(self) -> None:
-        for setting in fields(self):
-            minimum = 0 if setting.name == "max_prompt_tokens" else 1
-            if getattr(self, setting.name) < minimum:
-                raise InvalidRequestError(setting.name, f"must be >= {minimum}, got {getattr(self, setting.name)}")
-
-
-def limit_fields():
-    """The limits' dataclass fields (name, default, metadata["help"]), in flag order."""
-    return fields(RequestLimits)
+    @property
+    def limits(self) -> "RequestLimits":
+        """Just the limits (of a GatewaySettings, say)."""
+        return RequestLimits(**{name: getattr(self, name) for name in RequestLimits.model_fields})
 
 
 def check_generate_request(message: gateway_pb2.GenerateRequest, limits: RequestLimits) -> None:
@@ -135,8 +131,8 @@ def largest_internal_message_bytes(limits: RequestLimits, max_model_len: int) ->
 
 
 def check_fits_internal_hops(limits: RequestLimits, max_model_len: int) -> None:
-    """Raises InvalidRequestError when an accepted request could exceed an instance's limit."""
+    """Raises ConfigurationError when an accepted request could exceed an instance's limit."""
     size = largest_internal_message_bytes(limits, max_model_len)
     if size > MAX_INTERNAL_MESSAGE_BYTES:
-        raise InvalidRequestError("max_guided_bytes", f"these limits allow internal messages of {size} bytes, "
-                                                      f"over the instances' {MAX_INTERNAL_MESSAGE_BYTES}")
+        raise ConfigurationError("max_guided_bytes", f"these limits allow internal messages of {size} bytes, "
+                                                     f"over the instances' {MAX_INTERNAL_MESSAGE_BYTES}")

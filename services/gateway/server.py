@@ -16,23 +16,22 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import redis.asyncio
-from grpc_health.v1 import health
 
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
+from shared.errors import ConfigurationError
+from shared.hosts import host_port, local_host
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 
 from services.common.grpc_limits import message_size_options
+from services.common.grpc_server import GrpcServer
 from services.common.malformed_requests import MalformedRequestInterceptor
-from services.common.reflection import enable_reflection
-from services.common.tls import add_port
 from services.gateway.access_interceptor import AccessInterceptor
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
-from services.gateway.health import GATEWAY_SERVICE_NAME, GatewayHealth
+from services.gateway.health import GATEWAY_SERVICE_NAME
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
 from services.gateway.http.tool_choice import ToolOptions
@@ -47,7 +46,6 @@ from services.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
-WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 REDIS_POLL_S = 0.2
 # How often the gateway drops prefix-index entries of instances that stopped heartbeating.
 INDEX_GC_INTERVAL_S = 2.0
@@ -63,13 +61,15 @@ class GatewayServer:
         self.metrics = GatewayMetrics(self.state)
         self.state.metrics = self.metrics
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any
-        self.health = GatewayHealth()
         self.access = access_control(settings)
         interceptors = [MalformedRequestInterceptor(settings.request_read_timeout_s), AccessInterceptor(self.access)]
-        self.server = grpc.aio.server(options=public_server_options(settings.limits), interceptors=interceptors)
-        gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(self.state), self.server)
-        self.health.add_to_server(self.server)
-        enable_reflection(self.server, [GATEWAY_SERVICE_NAME, health.SERVICE_NAME])
+        servicer = GatewayServicer(self.state)
+        self.grpc = GrpcServer(GATEWAY_SERVICE_NAME, lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(
+                                   servicer, server),
+                               settings.host, settings.port, public_credentials(settings),
+                               options=public_server_options(settings.limits), interceptors=interceptors)
+        self.server = self.grpc.server
+        self.health = self.grpc.health
         self.address: str | None = None
         self.http = None
         if settings.serves_http:
@@ -84,15 +84,14 @@ class GatewayServer:
 
     async def start(self) -> str:
         """Bind and start serving (not yet ready); returns "host:port"."""
-        port = add_port(self.server, f"{self.settings.host}:{self.settings.port}", public_credentials(self.settings))
-        if port == 0:
-            raise OSError(f"cannot bind {self.settings.host}:{self.settings.port}")
-        await self.health.set_serving(False)
-        await self.server.start()
-        host = "127.0.0.1" if self.settings.host in WILDCARD_HOSTS else self.settings.host
-        self.address = f"{host}:{port}"
+        port = await self.grpc.start()
+        self.address = host_port(local_host(self.settings.host), port)
         if self.http is not None:
-            self.http_address = await self.http.start(self.settings.http_host, self.settings.http_port)
+            try:
+                self.http_address = await self.http.start(self.settings.http_host, self.settings.http_port)
+            except OSError as error:
+                raise ConfigurationError("http_port", f"cannot listen on {self.settings.http_host}:"
+                                                      f"{self.settings.http_port}: {error.strerror}") from error
         if self.settings.metrics_port >= 0:
             self.metrics_address = self.metrics.server.start(self.settings.host, self.settings.metrics_port)
         if self.settings.ready_file:
@@ -120,13 +119,13 @@ class GatewayServer:
         logger.info("gateway ready: model %s, deployment %s", model.name, self.settings.deployment)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        await self.health.shut_down()
+        await self.health.shut_down()  # GET /health and the health service: NOT_SERVING first
         if self._garbage_collector is not None:
             self._garbage_collector.cancel()
         if self.http is not None:
-            await asyncio.gather(self.server.stop(grace_s), self.http.stop(grace_s))
+            await asyncio.gather(self.grpc.stop(grace_s), self.http.stop(grace_s))
         else:
-            await self.server.stop(grace_s)
+            await self.grpc.stop(grace_s)
         if self.state.relay is not None:
             await self.state.relay.drain_background()
         await self.channels.close()

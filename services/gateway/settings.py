@@ -1,20 +1,26 @@
-"""Gateway settings: every one a command-line flag and a `PDSERVE_*` environment variable.
+"""Gateway settings: every one a command-line flag, a `PDSERVE_*` environment variable and a
+key of the optional `--config` TOML file (services.common.settings_base).
 
 A flag given on the command line wins over its environment variable, which wins over the
-documented default. `parse_settings(argv)` returns a frozen GatewaySettings.
+settings file, which wins over the documented default. `parse_settings(argv)` returns a
+frozen GatewaySettings; the request limits (services.gateway.limits) are settings of it too.
 """
 
 import argparse
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from shared.cluster.keys import validate_name
 from shared.config import DEFAULT_BLOCK_SIZE
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
-from services.gateway.limits import RequestLimits, limit_fields
+from services.common.settings_flags import add_config_flag, add_settings_flags
+from services.common.settings_flags import settings_from_args as load_from_args
+from services.gateway.limits import RequestLimits
 
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
@@ -23,201 +29,113 @@ DEFAULT_DEPLOYMENT = "default"
 # Longer than the idle timeouts of load balancers in front (AWS ALB: 60 s), so that the gateway
 # never closes a pooled connection at the moment a client reuses it.
 DEFAULT_HTTP_KEEP_ALIVE_S = 75.0
+MAX_PORT = 65535
 
 
-@dataclass(frozen=True)
-class GatewaySettings:
-    model: str | None = None  # HF folder, .gguf file or None for the default model
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT  # 0: an ephemeral port (see ready_file)
-    redis_url: str = DEFAULT_REDIS_URL
-    deployment: str = DEFAULT_DEPLOYMENT
-    served_model_name: str | None = None  # None: the resolved model folder's name
-    max_model_len: int | None = None  # None: the model's own limit
-    block_size: int = DEFAULT_BLOCK_SIZE  # must equal the instances' block size
-    default_deadline_s: float = 300.0  # for client calls without a deadline
-    max_prefill_retries: int = 2  # further prefill instances tried after a failure
-    lease_s: float = 30.0  # how long a decode reservation waits for its Decode call
-    routing_cache_s: float = 0.5  # how long a listing of live instances is reused
-    prefer_colocated: bool = False
-    ready_file: str | None = None  # JSON {"grpc_address": ..., "http_address": ...} once bound
-    http_host: str = "127.0.0.1"  # the OpenAI-compatible HTTP API
-    http_port: int = DEFAULT_HTTP_PORT  # 0: an ephemeral port; negative: no HTTP API
-    no_http: bool = False  # no HTTP API, whatever http_port says
-    http_keep_alive_s: float = DEFAULT_HTTP_KEEP_ALIVE_S  # idle HTTP connections are closed after this
-    enable_auto_tool_choice: bool = False  # chat tool_choice "auto" (needs tool_call_parser)
-    tool_call_parser: str | None = None  # how "auto" finds calls in the text: "hermes"
-    # Prometheus /metrics on a port of its own (0: an ephemeral one; -1: none). The HTTP API
-    # serves /metrics too, whatever this says.
-    metrics_port: int = -1
-    drain_timeout_s: float = 20.0  # on SIGTERM: how long open calls and streams get to finish
-    log_level: str = "INFO"
-    log_format: str = "text"  # or "json": one JSON object per line
-    limits: RequestLimits = field(default_factory=RequestLimits)  # services.gateway.limits
-    # A gRPC call's request message must arrive whole within this (services.common.malformed_requests).
-    request_read_timeout_s: float = 10.0
+def _setting(default, help_text: str, **constraints):
+    return Field(default=default, description=help_text, **constraints)
+
+
+class GatewaySettings(RequestLimits):
+    model: str | None = _setting(None, "HF folder, .gguf file or model name (none: the bundled "
+                                       "SmolLM2-135M-Instruct)")
+    host: str = _setting("127.0.0.1", "address to bind")
+    port: int = _setting(DEFAULT_PORT, "gRPC port; 0 binds an ephemeral one (see --ready-file)", ge=0, le=MAX_PORT)
+    redis_url: str = _setting(DEFAULT_REDIS_URL, "cluster-state Redis")
+    deployment: str = _setting(DEFAULT_DEPLOYMENT, "deployment name in Redis keys")
+    served_model_name: str | None = _setting(None, "model name clients use (none: the model folder's name)")
+    max_model_len: int | None = _setting(None, "prompt + output limit (none: the model's own)", ge=2)
+    block_size: int = _setting(DEFAULT_BLOCK_SIZE, "KV block size of the instances (must equal theirs)", ge=1)
+    default_deadline_s: float = _setting(300.0, "deadline of calls that carry none, seconds", gt=0)
+    max_prefill_retries: int = _setting(2, "other prefill instances tried after one fails", ge=0)
+    lease_s: float = _setting(30.0, "how long a decode reservation waits for its Decode call, seconds", gt=0)
+    routing_cache_s: float = _setting(0.5, "reuse of the live-instance listing, seconds", ge=0)
+    prefer_colocated: bool = _setting(False, "route to colocated instances first")
+    ready_file: str | None = _setting(None, 'write {"grpc_address": ..., "http_address": ...} here once bound')
+    http_host: str = _setting("127.0.0.1", "address the OpenAI-compatible HTTP API binds")
+    http_port: int = _setting(DEFAULT_HTTP_PORT, "HTTP API port; 0 binds an ephemeral one, negative "
+                                                 "turns the HTTP API off", le=MAX_PORT)
+    no_http: bool = _setting(False, "serve no HTTP API, whatever --http-port says")
+    http_keep_alive_s: float = _setting(DEFAULT_HTTP_KEEP_ALIVE_S, "close idle HTTP connections after this "
+                                                                   "many seconds", gt=0)
+    enable_auto_tool_choice: bool = _setting(False, 'let chat requests use tool_choice "auto" (needs '
+                                                    "--tool-call-parser)")
+    tool_call_parser: Literal["hermes"] | None = _setting(None, 'how tool calls are found in "auto" output: '
+                                                                "hermes (<tool_call> tags)")
+    # The HTTP API serves /metrics too, whatever this says.
+    metrics_port: int = _setting(-1, "Prometheus /metrics port of its own; 0 binds an ephemeral one, -1 none "
+                                     "(the HTTP API serves /metrics anyway)", ge=-1, le=MAX_PORT)
+    drain_timeout_s: float = _setting(20.0, "on SIGTERM, seconds open calls and streams get to finish "
+                                            "while new ones are refused", ge=0)
+    log_level: str = _setting("INFO", "Python logging level")
+    log_format: Literal[LOG_FORMATS] = _setting("text", "log lines as text or one JSON object each")
+    # services.common.malformed_requests
+    request_read_timeout_s: float = _setting(10.0, "a gRPC request message must arrive whole within this, "
+                                                   "seconds", gt=0)
     # Access (services.gateway.access): API keys and per-key limits (0: off).
-    api_key: tuple[str, ...] = field(default=(), repr=False)
-    api_keys_file: str | None = None
-    metrics_requires_key: bool = False
-    rate_limit_rps: float = 0.0
-    rate_limit_burst: int = 0  # 0: max(1, rate_limit_rps)
-    max_concurrent_per_key: int = 0
+    api_key: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), repr=False, description="require 'Authorization: Bearer <key>' (repeatable; the "
+                                            "variable is comma separated; none: open)")
+    api_keys_file: str | None = _setting(None, "more API keys, one a line (# comments)")
+    metrics_requires_key: bool = _setting(False, "GET /metrics needs an API key too")
+    rate_limit_rps: float = _setting(0.0, "requests per second per API key (0: unlimited)", ge=0)
+    rate_limit_burst: int = _setting(0, "token-bucket burst per API key (0: the rate, at least 1)", ge=0)
+    max_concurrent_per_key: int = _setting(0, "requests in flight per API key (0: unlimited)", ge=0)
     # TLS on the public gRPC and HTTP ports; mutual TLS towards the instances (services.common.tls).
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    instance_tls_ca_file: str | None = None
-    instance_tls_cert_file: str | None = None
-    instance_tls_key_file: str | None = None
+    tls_cert_file: str | None = _setting(None, "serve gRPC and HTTP over TLS with this PEM certificate (chain)")
+    tls_key_file: str | None = _setting(None, "the PEM private key of --tls-cert-file")
+    instance_tls_ca_file: str | None = _setting(None, "CA that signed the instances' certificates: gRPC to "
+                                                      "them over TLS")
+    instance_tls_cert_file: str | None = _setting(None, "client certificate presented to the instances "
+                                                        "(mutual TLS)")
+    instance_tls_key_file: str | None = _setting(None, "the PEM private key of --instance-tls-cert-file")
 
-    def __post_init__(self) -> None:
-        _check(self.port, "port", lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
-        _check(self.http_port, "http_port", lambda v: v <= 65535, "must be <= 65535 (negative: off)")
-        _check(self.metrics_port, "metrics_port", lambda v: -1 <= v <= 65535, "must be in [-1, 65535]")
-        _check(self.log_format, "log_format", lambda v: v in LOG_FORMATS, f"must be one of {LOG_FORMATS}")
-        _check(self.block_size, "block_size", lambda v: v >= 1, "must be >= 1")
-        _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
-        _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
-        _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
-        _check(self.http_keep_alive_s, "http_keep_alive_s", lambda v: v > 0, "must be > 0")
-        _check(self.tool_call_parser, "tool_call_parser", lambda v: v in (None, "hermes"),
-               "must be hermes (the only parser)")
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _split_keys(cls, value):
+        """PDSERVE_API_KEY and the settings file may list keys comma separated."""
+        if isinstance(value, str):
+            return tuple(key.strip() for key in value.split(",") if key.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _check_together(self) -> "GatewaySettings":
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise InvalidRequestError("tool_call_parser", "is required with enable_auto_tool_choice")
-        _check(self.drain_timeout_s, "drain_timeout_s", lambda v: v >= 0, "must be >= 0")
-        _check(self.routing_cache_s, "routing_cache_s", lambda v: v >= 0, "must be >= 0")
-        validate_name("deployment", self.deployment)
-        if self.max_model_len is not None:
-            _check(self.max_model_len, "max_model_len", lambda v: v >= 2, "must be >= 2")
-        _check(self.request_read_timeout_s, "request_read_timeout_s", lambda v: v > 0, "must be > 0")
-        _check(self.rate_limit_rps, "rate_limit_rps", lambda v: v >= 0, "must be >= 0")
-        _check(self.rate_limit_burst, "rate_limit_burst", lambda v: v >= 0, "must be >= 0")
-        _check(self.max_concurrent_per_key, "max_concurrent_per_key", lambda v: v >= 0, "must be >= 0")
+            raise ConfigurationError("tool_call_parser", "is required with enable_auto_tool_choice")
+        try:
+            validate_name("deployment", self.deployment)
+        except InvalidRequestError as error:
+            raise ConfigurationError(error.field, error.message) from None
         _check_pair(self, "tls_cert_file", "tls_key_file")
         _check_pair(self, "instance_tls_cert_file", "instance_tls_key_file")
+        return self
 
     @property
     def serves_http(self) -> bool:
         return self.http_port >= 0 and not self.no_http
 
 
-def _check(value, field: str, is_ok: Callable[[object], bool], message: str) -> None:
-    if not is_ok(value):
-        raise InvalidRequestError(field, f"{message}, got {value!r}")
-
-
 def _check_pair(settings: GatewaySettings, first: str, second: str) -> None:
     if bool(getattr(settings, first)) != bool(getattr(settings, second)):
-        raise InvalidRequestError(first, f"{first} and {second} go together")
+        raise ConfigurationError(first, f"{first} and {second} go together")
 
 
 def env_name(flag: str) -> str:
     """`--redis-url` -> `PDSERVE_REDIS_URL`."""
-    return "PDSERVE_" + flag.lstrip("-").replace("-", "_").upper()
-
-
-def _env_bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _key_list(value: str) -> tuple[str, ...]:
-    """PDSERVE_API_KEY: comma-separated keys (the flag is repeated instead)."""
-    return tuple(key.strip() for key in value.split(",") if key.strip())
-
-
-# flag, type, help; the default comes from GatewaySettings.
-_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
-    ("--model", str, "HF folder, .gguf file or model name (default: bundled SmolLM2-135M-Instruct)"),
-    ("--host", str, "address to bind (default: 127.0.0.1)"),
-    ("--port", int, f"gRPC port; 0 binds an ephemeral one (default: {DEFAULT_PORT})"),
-    ("--redis-url", str, f"cluster-state Redis (default: {DEFAULT_REDIS_URL})"),
-    ("--deployment", str, f"deployment name in Redis keys (default: {DEFAULT_DEPLOYMENT})"),
-    ("--served-model-name", str, "model name clients use (default: the model folder's name)"),
-    ("--max-model-len", int, "prompt + output limit (default: the model's own)"),
-    ("--block-size", int, f"KV block size of the instances (default: {DEFAULT_BLOCK_SIZE})"),
-    ("--default-deadline-s", float, "deadline of calls that carry none (default: 300)"),
-    ("--max-prefill-retries", int, "other prefill instances tried after one fails (default: 2)"),
-    ("--lease-s", float, "decode reservation lease, seconds (default: 30)"),
-    ("--routing-cache-s", float, "reuse of the live-instance listing, seconds (default: 0.5)"),
-    ("--prefer-colocated", _env_bool, "route to colocated instances first (default: off)"),
-    ("--ready-file", str, "write {\"grpc_address\": ..., \"http_address\": ...} here once bound"),
-    ("--http-host", str, "address the OpenAI-compatible HTTP API binds (default: 127.0.0.1)"),
-    ("--http-port", int, f"HTTP API port; 0 binds an ephemeral one, negative turns it off "
-                         f"(default: {DEFAULT_HTTP_PORT})"),
-    ("--no-http", _env_bool, "serve no HTTP API (default: off)"),
-    ("--http-keep-alive-s", float, f"close idle HTTP connections after this many seconds "
-                                   f"(default: {DEFAULT_HTTP_KEEP_ALIVE_S:g})"),
-    ("--metrics-port", int, "Prometheus /metrics port of its own; 0 binds an ephemeral one "
-                            "(default: -1, none; the HTTP API serves /metrics anyway)"),
-    ("--enable-auto-tool-choice", _env_bool, "let chat requests use tool_choice \"auto\" (needs "
-                                             "--tool-call-parser; default: off)"),
-    ("--tool-call-parser", str, "how tool calls are found in \"auto\" output: hermes (<tool_call> tags)"),
-    ("--drain-timeout-s", float, "on SIGTERM, seconds open calls and streams get to finish "
-                                 "while new ones are refused (default: 20)"),
-    ("--log-level", str, "Python logging level (default: INFO)"),
-    ("--log-format", str, "log lines as text or one JSON object each: text or json (default: text)"),
-    ("--request-read-timeout-s", float, "a gRPC request message must arrive whole within this "
-                                        "(default: 10)"),
-    ("--api-key", _key_list, "require 'Authorization: Bearer <key>' (repeatable; the variable is "
-                             "comma separated) (default: none, open)"),
-    ("--api-keys-file", str, "more API keys, one a line (# comments)"),
-    ("--metrics-requires-key", _env_bool, "GET /metrics needs an API key too (default: open)"),
-    ("--rate-limit-rps", float, "requests per second per API key (default: 0, unlimited)"),
-    ("--rate-limit-burst", int, "token-bucket burst per API key (default: the rate, at least 1)"),
-    ("--max-concurrent-per-key", int, "requests in flight per API key (default: 0, unlimited)"),
-    ("--tls-cert-file", str, "serve gRPC and HTTP over TLS with this PEM certificate (chain)"),
-    ("--tls-key-file", str, "the PEM private key of --tls-cert-file"),
-    ("--instance-tls-ca-file", str, "CA that signed the instances' certificates: gRPC to them over TLS"),
-    ("--instance-tls-cert-file", str, "client certificate presented to the instances (mutual TLS)"),
-    ("--instance-tls-key-file", str, "the PEM private key of --instance-tls-cert-file"),
-)
-
-
-def _limit_flags() -> tuple[tuple[str, Callable[[str], object], str], ...]:
-    """One flag per request limit, e.g. `--max-prompt-bytes` (services.gateway.limits)."""
-    return tuple(("--" + f.name.replace("_", "-"), int, f"{f.metadata['help']} (default: {f.default})")
-                 for f in limit_fields())
+    return GatewaySettings.env_name(flag.lstrip("-").replace("-", "_"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register every gateway flag (also used by `pdserve serve gateway`)."""
-    for flag, kind, help_text in _FLAGS + _limit_flags():
-        help_text = f"{help_text} [env {env_name(flag)}]"
-        if kind is _env_bool:
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
-        elif kind is _key_list:
-            parser.add_argument(flag, action="append", default=None, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=None, help=help_text)
+    """Register every gateway flag (the request limits last) and --config."""
+    add_config_flag(parser)
+    own = [name for name in GatewaySettings.model_fields if name not in RequestLimits.model_fields]
+    add_settings_flags(parser, GatewaySettings, only=[*own, *RequestLimits.model_fields])
 
 
-def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> GatewaySettings:
-    """Flags first, then PDSERVE_* variables, then the defaults."""
-    environ = os.environ if environ is None else environ
-    values = _read_flags(args, environ, _FLAGS)
-    limits = RequestLimits(**_read_flags(args, environ, _limit_flags()))
-    return GatewaySettings(**values, limits=limits)
-
-
-def _read_flags(args: argparse.Namespace, environ, flags) -> dict[str, object]:
-    values = {}
-    for flag, kind, _ in flags:
-        name = flag.lstrip("-").replace("-", "_")
-        value = getattr(args, name, None)
-        if isinstance(value, list):
-            value = tuple(value)
-        if value is None and environ.get(env_name(flag)):
-            value = _parse_env(flag, kind, environ[env_name(flag)])
-        if value is not None:
-            values[name] = value
-    return values
-
-
-def _parse_env(flag: str, kind: Callable[[str], object], text: str) -> object:
-    try:
-        return kind(text)
-    except ValueError as error:
-        raise InvalidRequestError(env_name(flag), f"cannot parse {text!r}: {error}") from error
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    """Flags first, then PDSERVE_* variables, then the --config file, then the defaults.
+    Raises ConfigurationError naming the first bad setting."""
+    return load_from_args(args, GatewaySettings)
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> GatewaySettings:

@@ -3,9 +3,9 @@
 import os
 from pathlib import Path
 
-from services.launcher.config import StackConfig
+from shared.hosts import is_wildcard
 
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+from services.launcher.config import StackConfig
 
 SERVICE_MODULES = {
     "prefill": "services.prefill",
@@ -36,7 +36,7 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
         "--redis-url", redis_url, "--ready-file", str(ready_file), "--dtype", config.dtype,
         *_model_args(config),
     ]
-    if config.host not in WILDCARD_HOSTS:
+    if not is_wildcard(config.host):
         argv += ["--ucx-host", config.host]
     num_threads = num_threads or config.num_threads
     if num_threads is not None:

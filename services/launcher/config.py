@@ -4,6 +4,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.errors import ConfigurationError
+
 from services.launcher.supervisor import RestartPolicy
 
 DEFAULT_GATEWAY_PORT = 50051
@@ -13,7 +15,8 @@ DEFAULT_HOST = "127.0.0.1"
 
 @dataclass
 class StackConfig:
-    """A local stack: Redis, prefill + decode (or colocated) instances and one gateway.
+    """A local stack: Redis, prefill + decode (or colocated) instances and one gateway; built from
+    `pdserve up`'s settings (services.cli.up_command.UpSettings). Raises ConfigurationError.
 
     Ports are 0 (ephemeral) for every instance listener; only the gateway's port is fixed
     (default 50051, 0 for an ephemeral one). `extra_args` are appended to the command line
@@ -61,13 +64,13 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:
-            raise ValueError(f"num_decode must be >= 1, got {self.num_decode}")
+            raise ConfigurationError("num_decode", f"must be >= 1, got {self.num_decode}")
         if not self.colocated and self.num_prefill < 1:
-            raise ValueError(f"num_prefill must be >= 1 without --colocated, got {self.num_prefill}")
+            raise ConfigurationError("num_prefill", f"must be >= 1 without --colocated, got {self.num_prefill}")
         if not 0 <= self.gateway_port <= 65535:
-            raise ValueError(f"gateway_port must be in 0..65535, got {self.gateway_port}")
+            raise ConfigurationError("gateway_port", f"must be in 0..65535, got {self.gateway_port}")
         if self.gateway_http_port > 65535:
-            raise ValueError(f"gateway_http_port must be <= 65535, got {self.gateway_http_port}")
+            raise ConfigurationError("gateway_http_port", f"must be <= 65535, got {self.gateway_http_port}")
 
     def cpus_of(self, role: str) -> tuple[int, ...] | None:
         """The CPUs a child of this role is pinned to (colocated ones take decode's, redis the gateway's)."""

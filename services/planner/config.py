@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,13 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         for name in ("ttft_slo_s", "itl_slo_s", "interval_s", "max_prefill_utilization"):
             if not getattr(self, name) > 0:
-                raise InvalidRequestError(name, f"must be > 0, got {getattr(self, name)!r}")
+                raise ConfigurationError(name, f"must be > 0, got {getattr(self, name)!r}")
         for role, bounds in (("prefill", self.prefill), ("decode", self.decode)):
             if not 0 <= bounds.min_replicas <= bounds.max_replicas or bounds.max_replicas < 1:
-                raise InvalidRequestError(f"{role} bounds", f"need 0 <= min <= max and max >= 1, got "
+                raise ConfigurationError(f"{role} bounds", f"need 0 <= min <= max and max >= 1, got "
                                                             f"{bounds.min_replicas}..{bounds.max_replicas}")
         if self.scale_in_patience < 1 or self.max_scale_in_step < 1:
-            raise InvalidRequestError("scale_in_patience", "scale_in_patience and max_scale_in_step must be >= 1")
+            raise ConfigurationError("scale_in_patience", "scale_in_patience and max_scale_in_step must be >= 1")
 
     def bounds(self, role: str) -> PoolBounds:
         return self.prefill if role == "prefill" else self.decode

@@ -1,43 +1,52 @@
-"""The planner's policy flags (SLOs, pool bounds, timing), shared by `pdserve serve planner`
-and `pdserve up --autoscale`; every flag has a PDSERVE_PLANNER_* environment default."""
+"""The planner's policy settings (SLOs, pool bounds, timing), shared by `pdserve serve planner`
+and `pdserve up --autoscale`: each a flag, a PDSERVE_PLANNER_* variable and a key of the
+`--config` TOML file (services.common.settings_base)."""
 
 import argparse
-import os
 
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings_base import ServiceSettings
+from services.common.settings_flags import add_settings_flags, settings_from_args
 from services.planner.config import PlannerConfig, PoolBounds
 
-# flag -> (type, default, help)
-POLICY_FLAGS = {
-    "ttft-slo": (float, 2.0, "time-to-first-token SLO, seconds"),
-    "itl-slo": (float, 0.2, "inter-token latency SLO, seconds"),
-    "min-prefill": (int, 1, "fewest prefill instances"),
-    "max-prefill": (int, 4, "most prefill instances"),
-    "min-decode": (int, 1, "fewest decode instances"),
-    "max-decode": (int, 4, "most decode instances"),
-    "planner-interval": (float, 10.0, "seconds between planner decisions"),
-    "scale-out-cooldown": (float, 20.0, "seconds after a scale event before scaling out again"),
-    "scale-in-cooldown": (float, 60.0, "seconds after a scale event before scaling in"),
-    "scale-in-patience": (int, 3, "intervals in a row that must agree before scaling in"),
-    "scale-in-margin": (float, 0.25, "scale in only if the smaller pool holds at (1 + this) x the load"),
-}
+PLANNER_ENV_PREFIX = "PDSERVE_PLANNER_"
 
 
-def _env_name(flag: str) -> str:
-    return "PDSERVE_PLANNER_" + flag.upper().replace("-", "_")
+class PlannerPolicySettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix=PLANNER_ENV_PREFIX)
+
+    ttft_slo: float = Field(2.0, description="time-to-first-token SLO, seconds")
+    itl_slo: float = Field(0.2, description="inter-token latency SLO, seconds")
+    min_prefill: int = Field(1, description="fewest prefill instances")
+    max_prefill: int = Field(4, description="most prefill instances")
+    min_decode: int = Field(1, description="fewest decode instances")
+    max_decode: int = Field(4, description="most decode instances")
+    planner_interval: float = Field(10.0, description="seconds between planner decisions")
+    scale_out_cooldown: float = Field(20.0, description="seconds after a scale event before scaling out again")
+    scale_in_cooldown: float = Field(60.0, description="seconds after a scale event before scaling in")
+    scale_in_patience: int = Field(3, description="intervals in a row that must agree before scaling in")
+    scale_in_margin: float = Field(0.25, description="scale in only if the smaller pool holds at (1 + this) "
+                                                     "x the load")
+
+    def planner_config(self, max_batch_size: int = 128) -> PlannerConfig:
+        """Raises ConfigurationError naming the bad setting."""
+        return PlannerConfig(
+            ttft_slo_s=self.ttft_slo, itl_slo_s=self.itl_slo,
+            prefill=PoolBounds(self.min_prefill, self.max_prefill),
+            decode=PoolBounds(self.min_decode, self.max_decode),
+            interval_s=self.planner_interval, scale_out_cooldown_s=self.scale_out_cooldown,
+            scale_in_cooldown_s=self.scale_in_cooldown, scale_in_patience=self.scale_in_patience,
+            scale_in_margin=self.scale_in_margin, max_batch_size=max_batch_size)
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    for flag, (kind, default, text) in POLICY_FLAGS.items():
-        env = os.environ.get(_env_name(flag))
-        parser.add_argument(f"--{flag}", type=kind, default=kind(env) if env else default,
-                            help=f"{text} (default {default}; env {_env_name(flag)})")
+    add_settings_flags(parser, PlannerPolicySettings)
 
 
 def config_from_args(args: argparse.Namespace, max_batch_size: int = 128) -> PlannerConfig:
-    """Raises InvalidRequestError naming the bad setting."""
-    return PlannerConfig(
-        ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo,
-        prefill=PoolBounds(args.min_prefill, args.max_prefill), decode=PoolBounds(args.min_decode, args.max_decode),
-        interval_s=args.planner_interval, scale_out_cooldown_s=args.scale_out_cooldown,
-        scale_in_cooldown_s=args.scale_in_cooldown, scale_in_patience=args.scale_in_patience,
-        scale_in_margin=args.scale_in_margin, max_batch_size=max_batch_size)
+    """Flags > PDSERVE_PLANNER_* > args.config > defaults. Raises ConfigurationError naming
+    the bad setting."""
+    policy = settings_from_args(args, PlannerPolicySettings)
+    return policy.planner_config(max_batch_size)

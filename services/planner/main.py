@@ -6,18 +6,25 @@ them with --actuator (log: decide and export only; kubernetes: scale two Deploym
 import argparse
 import asyncio
 import logging
-import os
 import signal
+import sys
 from collections.abc import Sequence
+from typing import Annotated, Literal
 
 import redis.asyncio
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
-from shared.logging_setup import configure_logging
+from shared.errors import ConfigurationError
+from shared.logging_setup import LOG_FORMATS, configure_logging
 
+from services.common.settings_base import ServiceSettings
+from services.common.settings_flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
 from services.planner.actuator import Actuator, LogActuator
-from services.planner.flags import add_policy_arguments, config_from_args
+from services.planner.flags import PLANNER_ENV_PREFIX, add_policy_arguments, config_from_args
+from services.planner.config import PlannerConfig
 from services.planner.metrics import PlannerMetrics
 from services.planner.observer import Observer
 from services.planner.planner import Planner
@@ -27,61 +34,81 @@ from services.planner.service import PlannerService
 logger = logging.getLogger("services.planner")
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"PDSERVE_PLANNER_{name}", default)
+class PlannerServiceSettings(ServiceSettings):
+    """Where the planner reads and acts; PDSERVE_PLANNER_* variables, except the settings every
+    service shares (PDSERVE_REDIS_URL, PDSERVE_DEPLOYMENT, PDSERVE_MODEL, PDSERVE_LOG_*)."""
+
+    model_config = SettingsConfigDict(env_prefix=PLANNER_ENV_PREFIX)
+
+    profile: str = Field("", description="profile JSON from `pdserve profile` (required)")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="PDSERVE_REDIS_URL",
+                           description="Redis holding the instances' heartbeats")
+    deployment: str = Field("default", validation_alias="PDSERVE_DEPLOYMENT", description="deployment name")
+    model_key: str = Field("", description="the Redis namespace's model ('': the served model folder's name)")
+    model: str = Field("", validation_alias="PDSERVE_MODEL", description="to derive --model-key")
+    gateway_metrics_url: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), validation_alias="PDSERVE_PLANNER_GATEWAY_METRICS_URLS",
+        description="a gateway's /metrics URL (repeatable; the variable is space separated)")
+    prefill_metrics_url: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), validation_alias="PDSERVE_PLANNER_PREFILL_METRICS_URLS",
+        description="a prefill instance's /metrics URL, for the prefix-hit ratio that sizes the prefill pool "
+                    "(repeatable; the variable is space separated; none: no hits assumed)")
+    metrics_host: str = Field("127.0.0.1", description="address of the planner's /metrics")
+    metrics_port: int = Field(-1, ge=-1, le=65535, description="Prometheus /metrics port (0 = a free one; -1 = none)")
+    actuator: Literal["log", "kubernetes"] = Field("log", description="log: decide and export only; "
+                                                                      "kubernetes: scale two Deployments")
+    k8s_namespace: str = Field("pdserve", description="namespace of the Deployments")
+    k8s_prefill_deployment: str = Field("pdserve-prefill", description="the prefill Deployment")
+    k8s_decode_deployment: str = Field("pdserve-decode", description="the decode Deployment")
+    log_level: str = Field("INFO", validation_alias="PDSERVE_LOG_LEVEL", description="Python logging level")
+    log_format: Literal[LOG_FORMATS] = Field("text", validation_alias="PDSERVE_LOG_FORMAT",
+                                             description="log lines as text or one JSON object each")
+
+    @field_validator("gateway_metrics_url", "prefill_metrics_url", mode="before")
+    @classmethod
+    def _split_urls(cls, value):
+        return tuple(value.split()) if isinstance(value, str) else value
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_given(cls, value: str) -> str:
+        if not value:
+            raise ConfigurationError("profile", "is required: a profile JSON from `pdserve profile`")
+        return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve serve planner", description=__doc__)
-    parser.add_argument("--profile", default=_env("PROFILE"), required=_env("PROFILE") is None,
-                        help="profile JSON from `pdserve profile` (env PDSERVE_PLANNER_PROFILE)")
-    parser.add_argument("--redis-url", default=os.environ.get("PDSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--deployment", default=os.environ.get("PDSERVE_DEPLOYMENT", "default"))
-    parser.add_argument("--model-key", default=_env("MODEL_KEY"),
-                        help="the Redis namespace's model (default: the served model folder's name)")
-    parser.add_argument("--model", default=os.environ.get("PDSERVE_MODEL"), help="to derive --model-key")
-    parser.add_argument("--gateway-metrics-url", action="append", default=(_env("GATEWAY_METRICS_URLS") or "").split()
-                        or [], help="a gateway's /metrics URL (repeatable; env: space-separated)")
-    parser.add_argument("--prefill-metrics-url", action="append",
-                        default=(_env("PREFILL_METRICS_URLS") or "").split() or [],
-                        help="a prefill instance's /metrics URL, for the prefix-hit ratio that sizes the "
-                             "prefill pool (repeatable; env: space-separated; none: no hits assumed)")
-    parser.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"))
-    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "-1")),
-                        help="Prometheus /metrics port (0 = a free one; -1 = none)")
-    parser.add_argument("--actuator", choices=("log", "kubernetes"), default=_env("ACTUATOR", "log"))
-    parser.add_argument("--k8s-namespace", default=_env("K8S_NAMESPACE", "pdserve"))
-    parser.add_argument("--k8s-prefill-deployment", default=_env("K8S_PREFILL_DEPLOYMENT", "pdserve-prefill"))
-    parser.add_argument("--k8s-decode-deployment", default=_env("K8S_DECODE_DEPLOYMENT", "pdserve-decode"))
+    add_config_flag(parser)
+    add_settings_flags(parser, PlannerServiceSettings)
     add_policy_arguments(parser)
     return parser
 
 
-def model_key_of(args: argparse.Namespace) -> str:
-    if args.model_key:
-        return args.model_key
+def model_key_of(settings: PlannerServiceSettings) -> str:
+    if settings.model_key:
+        return settings.model_key
     from services.gateway.served_model import model_folder
-    return model_folder(args.model).name
+    return model_folder(settings.model or None).name
 
 
-def build_actuator(args: argparse.Namespace) -> Actuator:
-    if args.actuator == "kubernetes":
+def build_actuator(settings: PlannerServiceSettings, config: PlannerConfig) -> Actuator:
+    if settings.actuator == "kubernetes":
         from services.planner.k8s_actuator import KubernetesActuator
-        return KubernetesActuator.in_cluster(args.k8s_namespace, {"prefill": args.k8s_prefill_deployment,
-                                                                  "decode": args.k8s_decode_deployment})
-    return LogActuator(args.min_prefill, args.min_decode)
+        return KubernetesActuator.in_cluster(settings.k8s_namespace, {"prefill": settings.k8s_prefill_deployment,
+                                                                  "decode": settings.k8s_decode_deployment})
+    return LogActuator(config.prefill.min_replicas, config.decode.min_replicas)
 
 
-async def serve(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    actuator = build_actuator(args)
-    client = redis.asyncio.Redis.from_url(args.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    registry = InstanceRegistry(client, ClusterNamespace(args.deployment, model_key_of(args)))
-    planner = Planner(config, PerfProfile.load(args.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
-    service = PlannerService(planner, Observer(registry, args.gateway_metrics_url,
-                                                      prefill_metrics_urls=args.prefill_metrics_url), actuator)
-    if args.metrics_port >= 0:
-        service.metrics.server.start(args.metrics_host, args.metrics_port)
+async def serve(settings: PlannerServiceSettings, config: PlannerConfig) -> int:
+    actuator = build_actuator(settings, config)
+    client = redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    registry = InstanceRegistry(client, ClusterNamespace(settings.deployment, model_key_of(settings)))
+    planner = Planner(config, PerfProfile.load(settings.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
+    service = PlannerService(planner, Observer(registry, settings.gateway_metrics_url,
+                                               prefill_metrics_urls=settings.prefill_metrics_url), actuator)
+    if settings.metrics_port >= 0:
+        service.metrics.server.start(settings.metrics_host, settings.metrics_port)
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
@@ -94,7 +121,13 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """0 after a signal; 2 for a bad setting (named on stderr)."""
     args = build_parser().parse_args(argv)
-    configure_logging(os.environ.get("PDSERVE_LOG_LEVEL", "INFO"), os.environ.get("PDSERVE_LOG_FORMAT", "text"))
-    return asyncio.run(serve(args))
-
+    try:
+        settings = settings_from_args(args, PlannerServiceSettings)
+        config = config_from_args(args)
+    except ConfigurationError as error:
+        print(f"planner: error: {flag_name(error.field)}: {error.message}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    return asyncio.run(serve(settings, config))

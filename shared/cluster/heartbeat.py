@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Heartbeater:
         for field, value in (("interval_s", interval_s), ("max_backoff_s", max_backoff_s),
                              ("beat_timeout_s", beat_timeout_s)):
             if not value > 0:
-                raise InvalidRequestError(field, f"must be > 0, got {value!r}")
+                raise ConfigurationError(field, f"must be > 0, got {value!r}")
         self.registry = registry
         self.info = info
         self.read_load = read_load

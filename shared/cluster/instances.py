@@ -21,7 +21,7 @@ from shared.cluster.instance_records import (
     validate_role,
 )
 from shared.cluster.keys import ClusterNamespace, validate_name
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InternalError
 
 __all__ = ["ROLES", "InstanceInfo", "InstanceLoad", "InstanceRegistry"]
 
@@ -33,7 +33,7 @@ class InstanceRegistry:
 
     def __init__(self, redis: Redis, namespace: ClusterNamespace, ttl_s: float = 10.0):
         if not ttl_s > 0:
-            raise InvalidRequestError("ttl_s", f"must be > 0, got {ttl_s!r}")
+            raise ConfigurationError("ttl_s", f"must be > 0, got {ttl_s!r}")
         self.redis = redis
         self.namespace = namespace
         self.ttl_s = ttl_s
@@ -43,7 +43,7 @@ class InstanceRegistry:
     async def register(self, info: InstanceInfo, load: InstanceLoad | None = None) -> None:
         """Announce an instance (called once at instance startup, before heartbeats)."""
         if info.model != self.namespace.model:
-            raise InvalidRequestError(
+            raise ConfigurationError(
                 "model", f"{info.model!r} differs from namespace model {self.namespace.model!r}"
             )
         self._registered_infos[info.instance_id] = info
@@ -53,9 +53,7 @@ class InstanceRegistry:
         """Refresh TTL and load; return True if the key had vanished and was re-created."""
         info = self._registered_infos.get(instance_id)
         if info is None:
-            raise InvalidRequestError(
-                "instance_id", f"{instance_id!r} was not registered through this registry"
-            )
+            raise InternalError(f"instance_id: {instance_id!r} was not registered through this registry")
         num_new_fields = await self._write(info, load)
         return num_new_fields > 0
 

@@ -19,7 +19,7 @@ supervisor publishes its children's restart counts in (services.launcher.supervi
 import re
 from dataclasses import dataclass
 
-from shared.errors import InvalidRequestError
+from shared.errors import InternalError, InvalidRequestError
 
 KEY_ROOT = "pdserve"
 BLOCK_HASH_NUM_BYTES = 32
@@ -41,14 +41,12 @@ def validate_name(field: str, value: object) -> str:
 def validate_block_hashes(block_hashes: object) -> list[bytes]:
     """Check a sequence of block hashes (32-byte SHA-256 digests); return it as a list."""
     if isinstance(block_hashes, (bytes, str)) or not hasattr(block_hashes, "__iter__"):
-        raise InvalidRequestError("block_hashes", "must be a list of 32-byte digests")
+        raise InternalError("block_hashes: must be a list of 32-byte digests")
     hashes = list(block_hashes)
     for index, block_hash in enumerate(hashes):
         if not isinstance(block_hash, bytes) or len(block_hash) != BLOCK_HASH_NUM_BYTES:
-            raise InvalidRequestError(
-                "block_hashes",
-                f"item {index} must be {BLOCK_HASH_NUM_BYTES} bytes, got {block_hash!r}",
-            )
+            raise InternalError(f"block_hashes: item {index} must be {BLOCK_HASH_NUM_BYTES} bytes, "
+                                f"got {block_hash!r}")
     return hashes
 
 

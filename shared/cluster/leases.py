@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shared.cluster.keys import validate_name
 from shared.cluster.lease_mirror import LeaseMirror
-from shared.errors import InvalidRequestError
+from shared.errors import InternalError, InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,15 @@ class BlockLeaseRecord:
 
 
 def _validate_block_ids(block_ids: Iterable[int]) -> tuple[int, ...]:
+    """The engine chose these blocks: anything wrong with them is a bug (InternalError)."""
     ids = tuple(block_ids)
     if not ids:
-        raise InvalidRequestError("block_ids", "must not be empty")
+        raise InternalError("block_ids: must not be empty")
     for block_id in ids:
         if isinstance(block_id, bool) or not isinstance(block_id, int) or block_id < 0:
-            raise InvalidRequestError("block_ids", f"must be ints >= 0, got {block_id!r}")
+            raise InternalError(f"block_ids: must be ints >= 0, got {block_id!r}")
     if len(set(ids)) != len(ids):
-        raise InvalidRequestError("block_ids", f"contains duplicates: {list(ids)}")
+        raise InternalError(f"block_ids: contains duplicates: {list(ids)}")
     return ids
 
 
@@ -78,7 +79,7 @@ class LeaseTable:
         _validate_ttl_s(ttl_s)
         taken = {b: self._owner_by_block_id[b] for b in ids if b in self._owner_by_block_id}
         if taken:
-            raise InvalidRequestError("block_ids", f"already leased (block -> request): {taken}")
+            raise InternalError(f"block_ids: already leased (block -> request): {taken}")
         record = BlockLeaseRecord(request_id, self.instance_id, ids, self.clock() + ttl_s)
         self._leases[request_id] = record
         self._owner_by_block_id.update(dict.fromkeys(ids, request_id))

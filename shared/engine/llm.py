@@ -9,7 +9,7 @@ from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.guided.limits import GuidedLimits
 from shared.engine.stats import KVUsage
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.parallel.config import ParallelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.config import SpeculativeConfig
@@ -26,7 +26,7 @@ def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> Engine
         owner = next((section for section in (config, *sections.values())
                       if name in {f.name for f in fields(section)}), None)
         if owner is None or name in sections:
-            raise InvalidRequestError(name, "is not an engine setting")
+            raise ConfigurationError(name, "is not an engine setting")
         setattr(owner, name, value)
     config.speculative.validate()
     config.parallel.__post_init__()

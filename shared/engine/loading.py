@@ -8,7 +8,7 @@ import torch
 
 from shared.config import EngineConfig
 from shared.engine.device import kv_cache_memory_bytes, make_attention_backend, resolve_device
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.executor.in_process import InProcessExecutor
 from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
 from shared.model.config import ModelConfig
@@ -25,7 +25,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.f
 
 def parse_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
-        raise InvalidRequestError("dtype", f"{name!r} is not one of {sorted(DTYPES)}")
+        raise ConfigurationError("dtype", f"{name!r} is not one of {sorted(DTYPES)}")
     return DTYPES[name]
 
 
@@ -59,7 +59,7 @@ def build_engine_parts(config: EngineConfig):
 
 def _check_device_features(config: EngineConfig, device: torch.device) -> None:
     if device.type != "cpu" and config.speculative.is_enabled:
-        raise InvalidRequestError("speculative_method", f"speculative decoding runs on the CPU only so far, "
+        raise ConfigurationError("speculative_method", f"speculative decoding runs on the CPU only so far, "
                                                         f"not on {device}")
 
 
@@ -67,12 +67,12 @@ def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch
     """Like build_engine_parts, with the model in one worker process per rank."""
     from shared.executor.multiproc import MultiProcExecutor
     if device.type != "cpu":
-        raise InvalidRequestError("tensor_parallel_size", f"parallel workers run on the CPU only so far, "
+        raise ConfigurationError("tensor_parallel_size", f"parallel workers run on the CPU only so far, "
                                                           f"not on {device}")
     if config.speculative.is_enabled:
-        raise InvalidRequestError("speculative_method", "is not supported with tensor or pipeline parallelism")
+        raise ConfigurationError("speculative_method", "is not supported with tensor or pipeline parallelism")
     if config.deterministic:
-        raise InvalidRequestError("deterministic", "is not supported with tensor or pipeline parallelism")
+        raise ConfigurationError("deterministic", "is not supported with tensor or pipeline parallelism")
     model_config = ModelConfig.from_folder(folder)
     config.parallel.check_model(model_config.num_heads, model_config.num_kv_heads, model_config.num_layers)
     layout = kv_cache_layout(config, model_config, dtype)
@@ -99,7 +99,7 @@ def kv_cache_layout(config: EngineConfig, model_config: ModelConfig, dtype: torc
         memory_bytes = config.cache.kv_cache_memory_bytes
     num_blocks = config.cache.num_blocks or num_blocks_for_budget(memory_bytes, bytes_per_block)
     if num_blocks < 1:
-        raise InvalidRequestError("kv_cache_memory_bytes", "too small for a single KV block")
+        raise ConfigurationError("kv_cache_memory_bytes", "too small for a single KV block")
     return KVCacheLayout(model_config.num_layers, num_blocks, config.cache.block_size,
                          model_config.num_kv_heads, model_config.head_dim, dtype)
 

@@ -4,7 +4,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.logging_setup.context import ContextFilter
 from shared.logging_setup.json_formatter import JsonFormatter
 
@@ -27,7 +27,7 @@ class _TextFormatter(logging.Formatter):
 
 def make_formatter(log_format: str, prefix: str = "") -> logging.Formatter:
     if log_format not in LOG_FORMATS:
-        raise InvalidRequestError("log_format", f"must be one of {LOG_FORMATS}, got {log_format!r}")
+        raise ConfigurationError("log_format", f"must be one of {LOG_FORMATS}, got {log_format!r}")
     return JsonFormatter() if log_format == "json" else _TextFormatter(prefix)
 
 

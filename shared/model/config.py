@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 SUPPORTED_ROPE_TYPES = (None, "default")
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
@@ -44,7 +44,7 @@ class ModelConfig:
         folder = Path(folder)
         config_path = folder / "config.json"
         if not config_path.is_file():
-            raise InvalidRequestError("model", f"{folder} has no config.json")
+            raise ConfigurationError("model", f"{folder} has no config.json")
         config = cls.from_hf_dict(json.loads(config_path.read_text()))
         generation_path = folder / "generation_config.json"
         if generation_path.is_file():
@@ -61,7 +61,7 @@ class ModelConfig:
         hidden_size = _required(hf, "hidden_size")
         num_kv_heads = hf.get("num_key_value_heads") or num_heads
         if num_heads % num_kv_heads:
-            raise InvalidRequestError("model", f"num_attention_heads={num_heads} is not a multiple "
+            raise ConfigurationError("model", f"num_attention_heads={num_heads} is not a multiple "
                                                f"of num_key_value_heads={num_kv_heads}")
         return cls(
             vocab_size=_required(hf, "vocab_size"),
@@ -85,10 +85,10 @@ class ModelConfig:
 def _check_architecture(hf: dict[str, Any]) -> None:
     model_type = hf.get("model_type", "llama")
     if model_type != "llama":
-        raise InvalidRequestError("model", f"model_type {model_type!r} is not supported (only 'llama')")
+        raise ConfigurationError("model", f"model_type {model_type!r} is not supported (only 'llama')")
     activation = hf.get("hidden_act", "silu")
     if activation != "silu":
-        raise InvalidRequestError("model", f"hidden_act {activation!r} is not supported (only 'silu')")
+        raise ConfigurationError("model", f"hidden_act {activation!r} is not supported (only 'silu')")
 
 
 def _rope_theta(hf: dict[str, Any]) -> float:
@@ -99,14 +99,14 @@ def _rope_theta(hf: dict[str, Any]) -> float:
     for settings in (parameters, scaling):
         rope_type = settings.get("rope_type", settings.get("type"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise InvalidRequestError("model", f"rope type {rope_type!r} is not supported "
+            raise ConfigurationError("model", f"rope type {rope_type!r} is not supported "
                                                "(only plain RoPE without scaling)")
     return parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
 
 
 def _required(hf: dict[str, Any], key: str) -> int:
     if hf.get(key) is None:
-        raise InvalidRequestError("model", f"config.json lacks {key!r}")
+        raise ConfigurationError("model", f"config.json lacks {key!r}")
     return hf[key]
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from shared.cache_dir import pdserve_cache_dir
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model.gguf_convert import convert_gguf_to_hf, is_current_conversion
 
 logger = logging.getLogger(__name__)
@@ -55,13 +55,13 @@ def resolve_model(model: str | None, cache_dir: Path | None = None) -> Path:
     if model is None or model == DEFAULT_MODEL_NAME:
         return converted_gguf_folder(default_gguf_path(), cache_dir)
     if not isinstance(model, str) or not model.strip():
-        raise InvalidRequestError("model", "must be a model name, an HF folder or a .gguf file")
+        raise ConfigurationError("model", "must be a model name, an HF folder or a .gguf file")
     path = Path(model).expanduser()
     if path.is_dir():
         return validate_hf_folder(path)
     if path.is_file() and path.suffix == ".gguf":
         return converted_gguf_folder(path, cache_dir)
-    raise InvalidRequestError(
+    raise ConfigurationError(
         "model",
         f"'{model}' is neither '{DEFAULT_MODEL_NAME}', an existing HF folder nor a .gguf file",
     )
@@ -70,9 +70,9 @@ def resolve_model(model: str | None, cache_dir: Path | None = None) -> Path:
 def validate_hf_folder(folder: Path) -> Path:
     """Return `folder` when it holds `config.json` and at least one `*.safetensors` file."""
     if not (folder / "config.json").is_file():
-        raise InvalidRequestError("model", f"folder '{folder}' has no config.json")
+        raise ConfigurationError("model", f"folder '{folder}' has no config.json")
     if not any(folder.glob("*.safetensors")):
-        raise InvalidRequestError("model", f"folder '{folder}' has no *.safetensors weights")
+        raise ConfigurationError("model", f"folder '{folder}' has no *.safetensors weights")
     return folder
 
 

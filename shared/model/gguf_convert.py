@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def _field_value(reader: gguf.GGUFReader, key: str, default: Any = _MISSING) -> 
     field = reader.fields.get(key)
     if field is None:
         if default is _MISSING:
-            raise InvalidRequestError("model", f"GGUF metadata has no '{key}'")
+            raise ConfigurationError("model", f"GGUF metadata has no '{key}'")
         return default
     return field.contents()
 
@@ -94,7 +94,7 @@ def read_hyperparams(reader: gguf.GGUFReader) -> LlamaHyperparams:
     """Read every config field `build_config` needs; rejects non-llama GGUF files."""
     architecture = _field_value(reader, "general.architecture")
     if architecture != "llama":
-        raise InvalidRequestError("model", f"GGUF architecture '{architecture}' is not 'llama'")
+        raise ConfigurationError("model", f"GGUF architecture '{architecture}' is not 'llama'")
     hidden_size = int(_field_value(reader, "llama.embedding_length"))
     num_heads = int(_field_value(reader, "llama.attention.head_count"))
     num_tokens = len(_field_value(reader, "tokenizer.ggml.tokens"))
@@ -126,7 +126,7 @@ def hf_tensor_name(gguf_name: str) -> str:
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSOR_NAMES:
         layer_index, kind, suffix = parts[1], parts[2], parts[3]
         return f"model.layers.{layer_index}.{_LAYER_TENSOR_NAMES[kind]}.{suffix}"
-    raise InvalidRequestError("model", f"unsupported GGUF tensor '{gguf_name}'")
+    raise ConfigurationError("model", f"unsupported GGUF tensor '{gguf_name}'")
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -138,7 +138,7 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     num_rows = weight.shape[0]
     head_dim = num_rows // num_heads
     if num_rows % num_heads or head_dim % 2:
-        raise InvalidRequestError("model", f"{num_rows} rows do not split into {num_heads} heads")
+        raise ConfigurationError("model", f"{num_rows} rows do not split into {num_heads} heads")
     interleaved = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
     return np.ascontiguousarray(interleaved.swapaxes(1, 2).reshape(weight.shape))
 
@@ -287,7 +287,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> Path:
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
-        raise InvalidRequestError("model", f"GGUF file '{gguf_path}' does not exist")
+        raise ConfigurationError("model", f"GGUF file '{gguf_path}' does not exist")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_folders(out_dir)
     staging_dir = Path(tempfile.mkdtemp(prefix=f".staging-{out_dir.name}-", dir=out_dir.parent))

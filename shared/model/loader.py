@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from shared.attention.backend import AttentionBackend
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model.config import ModelConfig
 from shared.model.cpu_runtime import bound_onednn_caches, keep_freed_memory_in_process
 from shared.model.llama import LlamaForCausalLM
@@ -43,7 +43,7 @@ def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16, num_laye
     cheap draft model for speculative decoding made from the target itself. `attn_backend`
     defaults to the CPU's torch paged attention."""
     if dtype not in SUPPORTED_DTYPES:
-        raise InvalidRequestError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
+        raise ConfigurationError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
     bound_onednn_caches()  # before the first oneDNN primitive (packing below creates some)
     folder = Path(folder)
     config = _truncated(ModelConfig.from_folder(folder), num_layers)
@@ -67,7 +67,7 @@ def _truncated(config: ModelConfig, num_layers: int | None) -> ModelConfig:
     if num_layers is None:
         return config
     if not 1 <= num_layers <= config.num_layers:
-        raise InvalidRequestError("draft_num_layers", f"must be in [1, {config.num_layers}], got {num_layers}")
+        raise ConfigurationError("draft_num_layers", f"must be in [1, {config.num_layers}], got {num_layers}")
     return replace(config, num_layers=num_layers)
 
 
@@ -84,7 +84,7 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of every `*.safetensors` file in the folder, by HF name."""
     paths = sorted(folder.glob("*.safetensors"))
     if not paths:
-        raise InvalidRequestError("model", f"{folder} has no *.safetensors weights")
+        raise ConfigurationError("model", f"{folder} has no *.safetensors weights")
     tensors: dict[str, torch.Tensor] = {}
     for path in paths:
         tensors.update(load_file(str(path)))
@@ -117,9 +117,9 @@ def _check_names(model: LlamaForCausalLM, state: dict[str, torch.Tensor], config
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise InvalidRequestError("model", f"weights do not fit a Llama model: missing {missing[:5]}, "
+        raise ConfigurationError("model", f"weights do not fit a Llama model: missing {missing[:5]}, "
                                            f"unexpected {unexpected[:5]}")
     for name, shape in expected.items():
         if state[name].shape != shape:
-            raise InvalidRequestError("model", f"weight {name} has shape {tuple(state[name].shape)}, "
+            raise ConfigurationError("model", f"weight {name} has shape {tuple(state[name].shape)}, "
                                                f"expected {tuple(shape)}")

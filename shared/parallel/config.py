@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 @dataclass
@@ -17,9 +17,9 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InvalidRequestError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
+                raise ConfigurationError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
         if self.worker_step_timeout_s <= 0:
-            raise InvalidRequestError("worker_step_timeout_s", "must be > 0")
+            raise ConfigurationError("worker_step_timeout_s", "must be > 0")
 
     @property
     def world_size(self) -> int:
@@ -33,11 +33,11 @@ class ParallelConfig:
         """Raise a clear error when the model cannot be split this way."""
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         if num_heads % tp or num_kv_heads % tp:
-            raise InvalidRequestError(
+            raise ConfigurationError(
                 "tensor_parallel_size", f"{tp} must divide the model's {num_heads} attention heads "
                                         f"and {num_kv_heads} KV heads")
         if pp > num_layers:
-            raise InvalidRequestError(
+            raise ConfigurationError(
                 "pipeline_parallel_size", f"{pp} stages for only {num_layers} layers")
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model.config import ModelConfig
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.*)")
@@ -28,7 +28,7 @@ def local_config(config: ModelConfig, tensor_parallel_size: int, layers: range) 
     """The shapes one rank's model has (the head count per rank, the stage's layers)."""
     tp = tensor_parallel_size
     if config.intermediate_size % tp:
-        raise InvalidRequestError("tensor_parallel_size", f"{tp} must divide the model's "
+        raise ConfigurationError("tensor_parallel_size", f"{tp} must divide the model's "
                                                           f"intermediate size {config.intermediate_size}")
     return replace(config, num_heads=config.num_heads // tp, num_kv_heads=config.num_kv_heads // tp,
                    intermediate_size=config.intermediate_size // tp,

@@ -5,7 +5,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.config import ModelConfig
 from shared.spec_decode.config import SpeculativeConfig
@@ -23,7 +23,7 @@ def draft_model_config(spec: SpeculativeConfig, target_folder: Path) -> ModelCon
     config = ModelConfig.from_folder(_draft_folder(spec, target_folder))
     if spec.draft_num_layers is not None:
         if spec.draft_num_layers > config.num_layers:
-            raise InvalidRequestError("draft_num_layers", f"must be in [1, {config.num_layers}], "
+            raise ConfigurationError("draft_num_layers", f"must be in [1, {config.num_layers}], "
                                                           f"got {spec.draft_num_layers}")
         config = replace(config, num_layers=spec.draft_num_layers)
     return config
@@ -54,8 +54,8 @@ def _draft_folder(spec: SpeculativeConfig, target_folder: Path) -> Path:
 
 def _check_compatible(draft: ModelConfig, target: ModelConfig, max_model_len: int) -> None:
     if draft.vocab_size != target.vocab_size:
-        raise InvalidRequestError("draft_model", f"vocabulary of {draft.vocab_size} tokens differs from "
+        raise ConfigurationError("draft_model", f"vocabulary of {draft.vocab_size} tokens differs from "
                                                  f"the target's {target.vocab_size}")
     if draft.max_position_embeddings < max_model_len:
-        raise InvalidRequestError("draft_model", f"handles {draft.max_position_embeddings} positions, "
+        raise ConfigurationError("draft_model", f"handles {draft.max_position_embeddings} positions, "
                                                  f"fewer than max_model_len {max_model_len}")

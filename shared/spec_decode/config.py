@@ -6,7 +6,7 @@ allocate for proposals) and the engine (statistics). `method` "none" turns it al
 
 from dataclasses import dataclass
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 SPECULATIVE_METHODS = ("none", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
@@ -41,18 +41,18 @@ class SpeculativeConfig:
         return self.num_speculative_tokens if self.is_enabled else 0
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad setting."""
+        """Raise ConfigurationError naming the first bad setting."""
         if self.speculative_method not in SPECULATIVE_METHODS:
-            raise InvalidRequestError("speculative_method", f"must be one of {SPECULATIVE_METHODS}, "
+            raise ConfigurationError("speculative_method", f"must be one of {SPECULATIVE_METHODS}, "
                                                             f"got {self.speculative_method!r}")
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidRequestError("num_speculative_tokens", f"must be in [1, {MAX_SPECULATIVE_TOKENS}], "
+            raise ConfigurationError("num_speculative_tokens", f"must be in [1, {MAX_SPECULATIVE_TOKENS}], "
                                                                 f"got {self.num_speculative_tokens}")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
-            raise InvalidRequestError("draft_num_layers", f"must be >= 1, got {self.draft_num_layers}")
+            raise ConfigurationError("draft_num_layers", f"must be >= 1, got {self.draft_num_layers}")
         if self.speculative_method == "draft" and not self.draft_model and self.draft_num_layers is None:
-            raise InvalidRequestError("draft_num_layers", "the draft method needs draft_model or "
+            raise ConfigurationError("draft_num_layers", "the draft method needs draft_model or "
                                                           "draft_num_layers (the target truncated)")
         if not 1 <= self.ngram_min <= self.ngram_max:
-            raise InvalidRequestError("ngram_min", f"must be in [1, ngram_max={self.ngram_max}], "
+            raise ConfigurationError("ngram_min", f"must be in [1, ngram_max={self.ngram_max}], "
                                                    f"got {self.ngram_min}")

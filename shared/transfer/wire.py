@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InternalError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.chunks import num_rows
@@ -33,7 +33,7 @@ def dtype_to_wire(dtype: torch.dtype) -> int:
     """The KVDtype enum value for a torch dtype; unsupported dtypes are invalid input."""
     if dtype not in _WIRE_DTYPES:
         supported = ", ".join(str(d).removeprefix("torch.") for d in _WIRE_DTYPES)
-        raise InvalidRequestError("dtype", f"{dtype} cannot be transferred (supported: {supported})")
+        raise ConfigurationError("dtype", f"{dtype} cannot be transferred (supported: {supported})")
     return _WIRE_DTYPES[dtype]
 
 
@@ -66,17 +66,14 @@ def find_block_id_problem(block_ids: Sequence[int], num_blocks: int) -> str | No
 
 
 def check_kv_cache(kv_cache: torch.Tensor, layout: KVCacheLayout) -> None:
-    """Raise InvalidRequestError("kv_cache", ...) unless `kv_cache` is `layout`'s contiguous tensor."""
+    """Raise InternalError unless `kv_cache` is `layout`'s contiguous tensor."""
     if tuple(kv_cache.shape) != layout.shape or kv_cache.dtype != layout.dtype:
-        raise InvalidRequestError(
-            "kv_cache",
-            f"shape {tuple(kv_cache.shape)} {kv_cache.dtype} does not match layout "
-            f"{layout.shape} {layout.dtype}",
-        )
+        raise InternalError(f"kv_cache: shape {tuple(kv_cache.shape)} {kv_cache.dtype} does not match layout "
+                            f"{layout.shape} {layout.dtype}")
     if not kv_cache.is_contiguous():
-        raise InvalidRequestError("kv_cache", "must be contiguous")
+        raise InternalError("kv_cache: must be contiguous")
     if kv_cache.device.type not in ("cpu", "cuda"):
-        raise InvalidRequestError("kv_cache", f"must be on the CPU or a CUDA GPU, got {kv_cache.device}")
+        raise InternalError(f"kv_cache: must be on the CPU or a CUDA GPU, got {kv_cache.device}")
 
 
 def build_header(

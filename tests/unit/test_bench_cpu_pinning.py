@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from services.launcher.child import ChildProcess
+from shared.errors import ConfigurationError
 from services.launcher.config import StackConfig
 from services.cli.main import build_parser
 from services.cli.up_command import config_from_args
@@ -27,10 +28,10 @@ def test_the_gateway_and_redis_share_the_gateway_cpus():
     assert (config.cpus_of("gateway"), config.cpus_of("redis"), config.cpus_of("decode")) == ((0,), (0,), None)
 
 
-def test_bad_cpu_lists_are_refused(capsys):
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["up", "--decode-cpus", "one"])
-    assert "expected comma-separated CPU ids, got 'one'" in capsys.readouterr().err
+def test_bad_cpu_lists_are_refused():
+    args = build_parser().parse_args(["up", "--decode-cpus", "one"])
+    with pytest.raises(ConfigurationError, match="^decode_cpus: expected comma-separated CPU ids, got 'one'"):
+        config_from_args(args)
 
 
 def test_a_pinned_child_runs_on_its_cpus_only(tmp_path):

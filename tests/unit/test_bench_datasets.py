@@ -10,7 +10,7 @@ import pytest
 from benchmarks.harness.arrivals import arrival_offsets
 from benchmarks.harness.datasets import LengthRange, file_dataset, random_dataset, shared_prefix_dataset
 from benchmarks.harness.vocabulary import usable_token_ids, with_prompt_text
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 
 VOCAB = list(range(3, 1000))
@@ -28,9 +28,9 @@ def test_random_prompts_have_lengths_in_range_and_repeat_with_the_seed():
 def test_fixed_lengths_and_bad_ranges():
     prompts = random_dataset(3, LengthRange.parse([5], "x"), LengthRange.parse([2], "y"), VOCAB, seed=0)
     assert [(p.prompt_len, p.output_len) for p in prompts] == [(5, 2)] * 3
-    with pytest.raises(InvalidRequestError, match=r"random-input-len: needs 1 <= low <= high, got 9 3"):
+    with pytest.raises(ConfigurationError, match=r"random-input-len: needs 1 <= low <= high, got 9 3"):
         LengthRange.parse([9, 3], "random-input-len")
-    with pytest.raises(InvalidRequestError, match=r"output-len: takes LEN or LOW HIGH, got \[1, 2, 3\]"):
+    with pytest.raises(ConfigurationError, match=r"output-len: takes LEN or LOW HIGH, got \[1, 2, 3\]"):
         LengthRange.parse([1, 2, 3], "output-len")
 
 
@@ -61,7 +61,7 @@ def test_jsonl_file_prompts_with_and_without_output_len(tmp_path, smollm2_tokeni
     assert (prompts[1].prompt_token_ids, prompts[1].output_len) == ([11, 12, 13], 9)
     assert with_prompt_text(prompts, smollm2_tokenizer)[1].prompt_text == smollm2_tokenizer.decode([11, 12, 13])
     path.write_text('{"text": "no prompt"}\n')
-    with pytest.raises(InvalidRequestError, match='dataset-path line 1: needs "prompt" or "prompt_token_ids"'):
+    with pytest.raises(ConfigurationError, match='dataset-path line 1: needs "prompt" or "prompt_token_ids"'):
         file_dataset(path, smollm2_tokenizer, LengthRange(9, 9), None, 0)
 
 
@@ -78,9 +78,9 @@ def test_poisson_arrivals_are_seeded_and_keep_the_mean_rate():
 
 def test_infinite_rate_sends_everything_at_once_and_bad_rates_are_refused():
     assert arrival_offsets(3, math.inf) == [0.0, 0.0, 0.0]
-    with pytest.raises(InvalidRequestError, match="request-rate: must be > 0 or inf, got 0"):
+    with pytest.raises(ConfigurationError, match="request-rate: must be > 0 or inf, got 0"):
         arrival_offsets(3, 0)
-    with pytest.raises(InvalidRequestError, match="burstiness: must be > 0, got -1"):
+    with pytest.raises(ConfigurationError, match="burstiness: must be > 0, got -1"):
         arrival_offsets(3, 1.0, burstiness=-1)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.harness.metrics import itls_s, parse_goodput, summarize, tpot_s
 from benchmarks.harness.records import RequestRecord
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
 def record(index, prompt_len, times, num_tokens, end, error=None) -> RequestRecord:
@@ -78,7 +78,7 @@ def test_no_success_gives_nan_latencies():
 def test_goodput_slos_parse_and_refuse_bad_input():
     assert parse_goodput(["ttft:1000", "tpot:100", "e2el:5000"]) == pytest.approx(
         {"ttft": 1.0, "tpot": 0.1, "e2el": 5.0})
-    with pytest.raises(InvalidRequestError, match="goodput: unknown metric 'itl'"):
+    with pytest.raises(ConfigurationError, match="goodput: unknown metric 'itl'"):
         parse_goodput(["itl:50"])
-    with pytest.raises(InvalidRequestError, match="goodput: 'ttft' needs NAME:MILLISECONDS"):
+    with pytest.raises(ConfigurationError, match="goodput: 'ttft' needs NAME:MILLISECONDS"):
         parse_goodput(["ttft"])

@@ -6,7 +6,7 @@ import pytest
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InternalError, InvalidRequestError
 from tests.helpers.redis_server import connect_async
 
 MODEL = "smollm2"
@@ -89,10 +89,10 @@ def test_bad_registry_calls_name_the_field(redis_server):
     async def scenario():
         client = connect_async(redis_server.url)
         registry = InstanceRegistry(client, NAMESPACE)
-        with pytest.raises(InvalidRequestError, match=r"^instance_id: 'ghost' was not"):
+        with pytest.raises(InternalError, match=r"^instance_id: 'ghost' was not"):
             await registry.heartbeat("ghost", InstanceLoad())
         other_model = InstanceInfo("p0", "prefill", "127.0.0.1:1", "", "llama")
-        with pytest.raises(InvalidRequestError, match=r"^model: 'llama' differs"):
+        with pytest.raises(ConfigurationError, match=r"^model: 'llama' differs"):
             await registry.register(other_model)
         with pytest.raises(InvalidRequestError, match=r"^role: must be one of"):
             await registry.list_live(role="router")

@@ -3,7 +3,7 @@
 import pytest
 
 from shared.cluster.keys import ClusterNamespace, validate_block_hashes
-from shared.errors import InvalidRequestError
+from shared.errors import InternalError, InvalidRequestError
 
 
 def test_keys_are_namespaced_by_deployment_and_model():
@@ -32,7 +32,7 @@ def test_names_that_would_break_the_key_scheme_are_rejected(field, kwargs):
 
 def test_block_hashes_must_be_32_byte_digests():
     assert validate_block_hashes((b"\x01" * 32,)) == [b"\x01" * 32]
-    with pytest.raises(InvalidRequestError, match=r"block_hashes: item 1 must be 32 bytes"):
+    with pytest.raises(InternalError, match=r"block_hashes: item 1 must be 32 bytes"):
         validate_block_hashes([b"\x01" * 32, b"\x02" * 31])
-    with pytest.raises(InvalidRequestError, match=r"block_hashes: must be a list"):
+    with pytest.raises(InternalError, match=r"block_hashes: must be a list"):
         validate_block_hashes(b"\x01" * 32)

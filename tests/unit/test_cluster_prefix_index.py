@@ -8,7 +8,7 @@ import pytest
 from shared.cluster.instances import InstanceInfo, InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
-from shared.errors import InvalidRequestError
+from shared.errors import InternalError, InvalidRequestError
 from tests.helpers.redis_server import connect_async
 
 NAMESPACE = ClusterNamespace("test", "smollm2")
@@ -115,7 +115,7 @@ def test_namespaces_do_not_share_prefix_entries(redis_server):
 
 def test_bad_hashes_and_ids_name_the_field(redis_server):
     async def scenario(index, _client):
-        with pytest.raises(InvalidRequestError, match=r"^block_hashes: item 0 must be 32 bytes"):
+        with pytest.raises(InternalError, match=r"^block_hashes: item 0 must be 32 bytes"):
             await index.add("a", [PROMPT[0].hex()])
         with pytest.raises(InvalidRequestError, match=r"^instance_id: must be"):
             await index.longest_prefix(PROMPT, {"a:b"})

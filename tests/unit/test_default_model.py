@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared.cache_dir import pdserve_cache_dir
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model import default_model
 from shared.model.default_model import (
     DefaultModelNotInstalledError,
@@ -82,19 +82,19 @@ def test_resolve_model_returns_a_valid_hf_folder(tmp_path):
 
 def test_resolve_model_rejects_folder_without_config(tmp_path):
     folder = make_hf_folder(tmp_path / "m", ["model.safetensors"])
-    with pytest.raises(InvalidRequestError, match=f"model: folder '{folder}' has no config.json"):
+    with pytest.raises(ConfigurationError, match=f"model: folder '{folder}' has no config.json"):
         resolve_model(str(folder))
 
 
 def test_resolve_model_rejects_folder_without_safetensors(tmp_path):
     folder = make_hf_folder(tmp_path / "m", ["config.json", "pytorch_model.bin"])
-    with pytest.raises(InvalidRequestError, match=r"has no \*\.safetensors weights"):
+    with pytest.raises(ConfigurationError, match=r"has no \*\.safetensors weights"):
         resolve_model(str(folder))
 
 
 @pytest.mark.parametrize("model", ["", "   ", "no/such/path", "SmolLM2"])
 def test_resolve_model_rejects_unknown_values(model):
-    with pytest.raises(InvalidRequestError) as info:
+    with pytest.raises(ConfigurationError) as info:
         resolve_model(model)
     assert info.value.field == "model"
 
@@ -102,7 +102,7 @@ def test_resolve_model_rejects_unknown_values(model):
 def test_resolve_model_rejects_files_that_are_not_gguf(tmp_path):
     weights = tmp_path / "model.bin"
     weights.write_bytes(b"")
-    with pytest.raises(InvalidRequestError, match="neither 'SmolLM2-135M-Instruct'"):
+    with pytest.raises(ConfigurationError, match="neither 'SmolLM2-135M-Instruct'"):
         resolve_model(str(weights))
 
 

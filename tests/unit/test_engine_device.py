@@ -6,7 +6,7 @@ import torch
 from shared.attention.torch_paged import TorchPagedAttention
 from shared.config import EngineConfig
 from shared.engine.device import kv_cache_memory_bytes, make_attention_backend, resolve_device
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model.config import ModelConfig
 from services.common.settings import InstanceSettings
 
@@ -26,14 +26,14 @@ def test_auto_is_the_cpu_without_a_gpu(monkeypatch):
 
 def test_pdserve_device_overrides_auto(monkeypatch):
     monkeypatch.setenv("PDSERVE_DEVICE", "cuda")
-    with pytest.raises(InvalidRequestError, match="device.*no GPU"):
+    with pytest.raises(ConfigurationError, match="device.*no GPU"):
         resolve_device("auto")
     assert resolve_device("cpu") == torch.device("cpu")
 
 
 @pytest.mark.parametrize("name, message", [("cuda", "no GPU"), ("tpu", "not a device"), ("meta", "auto, cpu")])
 def test_unusable_devices_are_refused_by_name(name, message):
-    with pytest.raises(InvalidRequestError, match=message) as raised:
+    with pytest.raises(ConfigurationError, match=message) as raised:
         resolve_device(name)
     assert raised.value.field == "device"
 
@@ -47,13 +47,13 @@ def test_the_cpu_keeps_its_configured_kv_budget():
 def test_auto_backend_on_the_cpu_is_torch_and_bad_names_are_refused():
     config = tiny_model_config()
     assert isinstance(make_attention_backend("auto", torch.device("cpu"), config), TorchPagedAttention)
-    with pytest.raises(InvalidRequestError, match="attention_backend"):
+    with pytest.raises(ConfigurationError, match="attention_backend"):
         make_attention_backend("flash", torch.device("cpu"), config)
 
 
 def test_instance_settings_check_gpu_memory_utilization():
     assert InstanceSettings(device="cuda", gpu_memory_utilization=0.4).device == "cuda"
-    with pytest.raises(InvalidRequestError, match="gpu_memory_utilization"):
+    with pytest.raises(ConfigurationError, match="gpu_memory_utilization"):
         InstanceSettings(gpu_memory_utilization=1.5)
 
 
@@ -75,7 +75,7 @@ def test_gpu_budget_is_this_engines_share_less_its_weights_and_never_more_than_f
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 100 * gib))
     assert kv_cache_memory_bytes(config, torch.device("cuda", 0)) == 10 * gib - gib
     config.cache.gpu_memory_utilization = 1.5
-    with pytest.raises(InvalidRequestError, match="gpu_memory_utilization"):
+    with pytest.raises(ConfigurationError, match="gpu_memory_utilization"):
         kv_cache_memory_bytes(config, torch.device("cuda", 0))
 
 
@@ -89,5 +89,5 @@ def test_offline_command_has_the_device_flags():
 def test_the_triton_backend_on_the_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     config = tiny_model_config()
-    with pytest.raises(InvalidRequestError, match="TRITON_INTERPRET"):
+    with pytest.raises(ConfigurationError, match="TRITON_INTERPRET"):
         make_attention_backend("triton", torch.device("cpu"), config)

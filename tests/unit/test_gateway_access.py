@@ -48,12 +48,14 @@ def test_keys_are_matched_exactly_and_named_by_index(tmp_path):
     assert not ApiKeys().is_enabled
 
 
-def test_keys_come_from_repeated_flags_or_a_comma_separated_variable():
+def test_keys_come_from_repeated_flags_or_a_comma_separated_variable(monkeypatch):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    from_flags = settings_from_args(parser.parse_args(["--api-key", "a", "--api-key", "b"]), environ={})
+    monkeypatch.delenv("PDSERVE_API_KEY", raising=False)
+    from_flags = settings_from_args(parser.parse_args(["--api-key", "a", "--api-key", "b"]))
     assert from_flags.api_key == ("a", "b")
-    from_env = settings_from_args(parser.parse_args([]), environ={"PDSERVE_API_KEY": "a, b,"})
+    monkeypatch.setenv("PDSERVE_API_KEY", "a, b,")
+    from_env = settings_from_args(parser.parse_args([]))
     assert from_env.api_key == ("a", "b")
     assert "'a'" not in repr(from_env)
 

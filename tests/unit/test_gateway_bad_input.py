@@ -13,7 +13,7 @@ from services.common.grpc_limits import MAX_INTERNAL_MESSAGE_BYTES
 from services.gateway.http import app as app_module
 from services.gateway.limits import RequestLimits, check_fits_internal_hops, largest_internal_message_bytes
 from services.gateway.settings import add_arguments, settings_from_args
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
@@ -81,8 +81,7 @@ def test_grpc_limits_are_invalid_argument_naming_the_field_never_resource_exhaus
 
 def test_a_body_over_max_request_bytes_is_413(redis_server, model):
     async def scenario():
-        limits = RequestLimits(max_request_bytes=10_000)
-        async with http_gateway(redis_server.url, model, limits=limits) as gate:
+        async with http_gateway(redis_server.url, model, max_request_bytes=10_000) as gate:
             status, reply, _ = await apost(gate.server.http_address, "/v1/completions",
                                            {"prompt": "x" * 20_000})
             assert_openai_error(status, reply, 413)
@@ -156,15 +155,16 @@ def test_cache_salt_over_http_reaches_both_instances_and_changes_the_block_hashe
     run(scenario)
 
 
-def test_limits_are_flags_and_variables_and_must_fit_the_internal_hops():
+def test_limits_are_flags_and_variables_and_must_fit_the_internal_hops(monkeypatch):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    settings = settings_from_args(parser.parse_args(["--max-prompts", "3"]), environ={"PDSERVE_MAX_N": "4"})
+    monkeypatch.setenv("PDSERVE_MAX_N", "4")
+    settings = settings_from_args(parser.parse_args(["--max-prompts", "3"]))
     assert (settings.limits.max_prompts, settings.limits.max_n) == (3, 4)
     assert settings.limits.max_guided_bytes == RequestLimits().max_guided_bytes
     assert largest_internal_message_bytes(RequestLimits(), 8192) < MAX_INTERNAL_MESSAGE_BYTES // 4
     check_fits_internal_hops(RequestLimits(), 8192)
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(ConfigurationError, match="^max_guided_bytes: "):
         check_fits_internal_hops(RequestLimits(max_guided_bytes=MAX_INTERNAL_MESSAGE_BYTES), 8192)
-    with pytest.raises(InvalidRequestError, match="max_n"):
+    with pytest.raises(ConfigurationError, match="^max_n: "):
         RequestLimits(max_n=0)

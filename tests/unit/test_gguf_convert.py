@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model.gguf_convert import (
     LlamaHyperparams,
     build_config,
@@ -82,7 +82,7 @@ def test_unpermute_rope_rows_keeps_columns_together():
 
 
 def test_unpermute_rope_rows_rejects_odd_head_dim():
-    with pytest.raises(InvalidRequestError, match="6 rows do not split into 2 heads") as info:
+    with pytest.raises(ConfigurationError, match="6 rows do not split into 2 heads") as info:
         unpermute_rope_rows(np.zeros((6, 2), dtype=np.float32), num_heads=2)
     assert info.value.field == "model"
 
@@ -109,7 +109,7 @@ def test_hf_tensor_name_maps_llama_cpp_names(gguf_name, expected_hf_name):
 
 
 def test_hf_tensor_name_rejects_unknown_tensor():
-    with pytest.raises(InvalidRequestError, match="unsupported GGUF tensor 'rope_freqs.weight'"):
+    with pytest.raises(ConfigurationError, match="unsupported GGUF tensor 'rope_freqs.weight'"):
         hf_tensor_name("rope_freqs.weight")
 
 
@@ -120,7 +120,7 @@ def test_read_hyperparams_reads_every_field(tmp_path):
 
 def test_read_hyperparams_rejects_other_architectures(tmp_path):
     reader = gguf.GGUFReader(write_tiny_gguf(tmp_path / "tiny.gguf", architecture="gpt2"))
-    with pytest.raises(InvalidRequestError, match="GGUF architecture 'gpt2' is not 'llama'"):
+    with pytest.raises(ConfigurationError, match="GGUF architecture 'gpt2' is not 'llama'"):
         read_hyperparams(reader)
 
 
@@ -165,7 +165,7 @@ def test_build_config_is_a_llama_config():
 
 
 def test_convert_rejects_missing_file(tmp_path):
-    with pytest.raises(InvalidRequestError, match="does not exist") as info:
+    with pytest.raises(ConfigurationError, match="does not exist") as info:
         convert_gguf_to_hf(tmp_path / "absent.gguf", tmp_path / "out")
     assert info.value.field == "model"
 
@@ -173,7 +173,7 @@ def test_convert_rejects_missing_file(tmp_path):
 def test_failed_conversion_leaves_nothing_behind(tmp_path):
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf", architecture="gpt2")
     cache_dir = tmp_path / "cache"
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(ConfigurationError):
         convert_gguf_to_hf(gguf_path, cache_dir / "out")
     assert list(cache_dir.iterdir()) == []
 
@@ -185,6 +185,6 @@ def test_conversion_removes_folders_abandoned_by_a_killed_process(tmp_path):
     other_entry = cache_dir / ".staging-out-2-abcd1234"
     for folder in [*abandoned, other_entry]:
         folder.mkdir(parents=True)
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(ConfigurationError):
         convert_gguf_to_hf(gguf_path, cache_dir / "out")
     assert list(cache_dir.iterdir()) == [other_entry]

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from services.common.errors import rpc_errors
-from services.common.grpc_server import GrpcServer
+from services.common.grpc_server import instance_grpc_server
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import instance_pb2 as pb
@@ -56,7 +56,7 @@ def test_the_gateway_refuses_malformed_calls_with_a_status_and_no_error_log(redi
 
 def test_an_instance_refuses_undecodable_requests_with_invalid_argument():
     async def scenario():
-        server = GrpcServer(FakeInstance("d0", "decode"), "127.0.0.1", 0)
+        server = instance_grpc_server(FakeInstance("d0", "decode"), "127.0.0.1", 0)
         await server.start()
         try:
             address = f"127.0.0.1:{server.port}"
@@ -79,7 +79,7 @@ class VerboseInstance(FakeInstance):
 
 def test_an_instance_error_message_is_bounded_and_keeps_its_code():
     async def scenario():
-        server = GrpcServer(VerboseInstance("d0", "decode"), "127.0.0.1", 0)
+        server = instance_grpc_server(VerboseInstance("d0", "decode"), "127.0.0.1", 0)
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

@@ -7,7 +7,7 @@ import grpc
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from services.common.grpc_server import GrpcServer
+from services.common.grpc_server import instance_grpc_server
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings
 from shared.pb.pdserve.v1 import instance_pb2_grpc
@@ -41,7 +41,7 @@ def test_gateway_lists_its_services_by_reflection():
 
 def test_instance_lists_its_services_by_reflection():
     async def scenario():
-        server = GrpcServer(instance_pb2_grpc.InstanceServicer(), "127.0.0.1", 0)
+        server = instance_grpc_server(instance_pb2_grpc.InstanceServicer(), "127.0.0.1", 0)
         port = await server.start()
         try:
             return await asyncio.to_thread(_describe, f"127.0.0.1:{port}")

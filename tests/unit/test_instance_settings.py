@@ -2,6 +2,7 @@
 the role flag of each entry point; plus the small pure parts (ready file, prefix-index deltas)."""
 
 import json
+import os
 import socket
 
 import pytest
@@ -12,54 +13,66 @@ from services.common.engine_setup import engine_config
 from services.common.flags import build_parser, env_name, flag_name, parse_settings
 from shared.engine.introspection import kv_cache_events
 from services.common.ready_file import write_ready_file
-from services.common.settings import DEFAULT_GRPC_PORTS, InstanceSettings, setting_fields
+from services.common.settings import DEFAULT_GRPC_PORTS, InstanceSettings
 from shared.kv_cache.block_pool import BlockPool
 
 DECODE_ROLES = ("decode", "colocated")
 
 
+@pytest.fixture(autouse=True)
+def no_pdserve_variables(monkeypatch):
+    for name in [name for name in os.environ if name.startswith("PDSERVE_")]:
+        monkeypatch.delenv(name)
+
+
 def test_every_setting_is_a_flag_and_an_environment_variable():
-    help_text = build_parser("x", DECODE_ROLES, environ={}).format_help()
-    for field in setting_fields():
-        assert flag_name(field.name) in help_text
-        assert env_name(field.name) in help_text
+    help_text = build_parser("x", DECODE_ROLES).format_help()
+    for name in InstanceSettings.model_fields:
+        assert flag_name(name) in help_text
+        assert env_name(name) in help_text
     assert env_name("kv_cache_memory_gb") == "PDSERVE_KV_CACHE_MEMORY_GB"
 
 
-def test_environment_gives_defaults_and_flags_override_them():
+def test_environment_gives_defaults_and_flags_override_them(monkeypatch):
     environ = {"PDSERVE_NUM_BLOCKS": "12", "PDSERVE_ROLE": "colocated", "PDSERVE_DTYPE": "float32",
                "PDSERVE_HEARTBEAT_TTL_S": "3.5", "PDSERVE_DEPLOYMENT": "blue"}
-    settings = parse_settings("x", DECODE_ROLES, [], environ)
+    assert parse_settings("x", DECODE_ROLES, []) == InstanceSettings(role="decode")
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    settings = parse_settings("x", DECODE_ROLES, [])
     assert (settings.num_blocks, settings.role, settings.dtype, settings.heartbeat_ttl_s) == (12, "colocated", "float32", 3.5)
-    settings = parse_settings("x", DECODE_ROLES, ["--num-blocks", "7", "--role", "decode", "--deployment", "green"], environ)
+    settings = parse_settings("x", DECODE_ROLES, ["--num-blocks", "7", "--role", "decode", "--deployment", "green"])
     assert (settings.num_blocks, settings.role, settings.deployment) == (7, "decode", "green")
-    assert parse_settings("x", DECODE_ROLES, [], {}) == InstanceSettings(role="decode")
 
 
-def test_switches_take_a_flag_its_negation_or_a_yes_no_variable():
-    assert not parse_settings("x", DECODE_ROLES, [], {}).deterministic
-    assert parse_settings("x", DECODE_ROLES, ["--deterministic"], {}).deterministic
-    assert parse_settings("x", DECODE_ROLES, [], {"PDSERVE_DETERMINISTIC": "true"}).deterministic
-    assert not parse_settings("x", DECODE_ROLES, ["--no-deterministic"], {"PDSERVE_DETERMINISTIC": "1"}).deterministic
-    assert engine_config(parse_settings("x", DECODE_ROLES, ["--deterministic"], {})).deterministic
+def test_switches_take_a_flag_its_negation_or_a_yes_no_variable(monkeypatch):
+    assert not parse_settings("x", DECODE_ROLES, []).deterministic
+    assert parse_settings("x", DECODE_ROLES, ["--deterministic"]).deterministic
+    assert engine_config(parse_settings("x", DECODE_ROLES, ["--deterministic"])).deterministic
+    monkeypatch.setenv("PDSERVE_DETERMINISTIC", "true")
+    assert parse_settings("x", DECODE_ROLES, []).deterministic
+    monkeypatch.setenv("PDSERVE_DETERMINISTIC", "1")
+    assert not parse_settings("x", DECODE_ROLES, ["--no-deterministic"]).deterministic
 
 
 @pytest.mark.parametrize("argv, environ, message", [
-    ([], {"PDSERVE_NUM_BLOCKS": "many"}, "PDSERVE_NUM_BLOCKS='many' is not a valid int"),
-    ([], {"PDSERVE_DETERMINISTIC": "maybe"}, "PDSERVE_DETERMINISTIC='maybe' is not one of"),
+    ([], {"PDSERVE_NUM_BLOCKS": "many"}, "--num-blocks: Input should be a valid integer"),
+    ([], {"PDSERVE_DETERMINISTIC": "maybe"}, "--deterministic: Input should be a valid boolean"),
     (["--heartbeat-interval-s", "2", "--heartbeat-ttl-s", "1"], {}, "--heartbeat-ttl-s: must exceed"),
-    (["--dtype", "int8"], {}, "--dtype: must be one of"),
-    (["--grpc-port", "70000"], {}, "--grpc-port: must be in"),
+    (["--dtype", "int8"], {}, "argument --dtype: invalid choice: 'int8'"),
+    (["--grpc-port", "70000"], {}, "--grpc-port: Input should be less than or equal to 65535"),
     (["--deployment", "a:b"], {}, "--deployment: must be"),
-    (["--lease-ms", "0"], {}, "--lease-ms: must be > 0"),
-    (["--engine-core", "fork"], {}, "--engine-core: 'fork' is not one of ['process', 'thread']"),
-    (["--max-engine-restarts", "-1"], {}, "--max-engine-restarts: must be >= 0"),
+    (["--lease-ms", "0"], {}, "--lease-ms: Input should be greater than 0"),
+    (["--engine-core", "fork"], {}, "argument --engine-core: invalid choice: 'fork'"),
+    (["--max-engine-restarts", "-1"], {}, "--max-engine-restarts: Input should be greater than or equal to 0"),
     (["--role", "prefill"], {}, "invalid choice: 'prefill'"),
-    ([], {"PDSERVE_ROLE": "prefill"}, "invalid choice 'prefill'"),
+    ([], {"PDSERVE_ROLE": "prefill"}, "--role: must be one of decode, colocated here, got 'prefill'"),
 ])
-def test_bad_settings_exit_2_naming_the_setting(argv, environ, message, capsys):
+def test_bad_settings_exit_2_naming_the_setting(argv, environ, message, capsys, monkeypatch):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as exited:
-        parse_settings("x", DECODE_ROLES, argv, environ)
+        parse_settings("x", DECODE_ROLES, argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -71,15 +84,15 @@ def test_entry_points_offer_their_roles_and_return_exit_codes(capsys):
     assert services.decode.main(["--help"]) == 0
     assert "{decode,colocated}" in capsys.readouterr().out
     assert services.decode.main(["--num-blocks", "-1"]) == 2
-    assert "--num-blocks: must be >= 0" in capsys.readouterr().err
+    assert "--num-blocks: Input should be greater than or equal to 0" in capsys.readouterr().err
 
 
-def test_an_instance_that_cannot_bind_its_port_exits_1(redis_server):
+def test_an_instance_that_cannot_bind_its_port_exits_2(redis_server):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert services.decode.main(["--grpc-port", str(port), "--redis-url", redis_server.url]) == 1
+        assert services.decode.main(["--grpc-port", str(port), "--redis-url", redis_server.url]) == 2
 
 
 def test_grpc_port_defaults_by_role_and_zero_means_ephemeral():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InternalError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.errors import KVTransferError
@@ -85,7 +85,7 @@ def test_mismatched_header_is_rejected_naming_the_field(overrides, error):
 
 def test_unsupported_dtype_is_invalid_input():
     supported = r"\(supported: float32, float16, bfloat16\)"
-    with pytest.raises(InvalidRequestError, match=rf"^dtype: torch.int8 cannot be transferred {supported}$"):
+    with pytest.raises(ConfigurationError, match=rf"^dtype: torch.int8 cannot be transferred {supported}$"):
         dtype_to_wire(torch.int8)
 
 
@@ -179,9 +179,9 @@ def test_scatter_of_one_chunk_writes_only_its_rows():
 
 def test_cache_of_another_layout_is_invalid_input():
     wrong_shape = r"\(2, 2, 5, 4, 2, 8\)"
-    with pytest.raises(InvalidRequestError, match=rf"^kv_cache: shape {wrong_shape} torch.bfloat16 does not match"):
+    with pytest.raises(InternalError, match=rf"^kv_cache: shape {wrong_shape} torch.bfloat16 does not match"):
         check_kv_cache(torch.zeros((2, 2, 5, 4, 2, 8), dtype=torch.bfloat16), LAYOUT)
-    with pytest.raises(InvalidRequestError, match=r"^kv_cache: must be contiguous$"):
+    with pytest.raises(InternalError, match=r"^kv_cache: must be contiguous$"):
         check_kv_cache(LAYOUT.allocate().transpose(3, 4).contiguous().transpose(3, 4), LAYOUT)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.loader import load_model
 from shared.model.llama import LlamaMLP
@@ -152,14 +152,14 @@ def test_fused_weights_have_the_expected_shapes(tiny_llama_folder):
 
 
 def test_unsupported_dtype_is_rejected(tiny_llama_folder):
-    with pytest.raises(InvalidRequestError) as error:
+    with pytest.raises(ConfigurationError) as error:
         load_model(tiny_llama_folder, torch.float16)
     assert error.value.field == "dtype"
 
 
 def test_folder_without_weights_is_rejected(tmp_path, tiny_llama_folder):
     (tmp_path / "config.json").write_text((tiny_llama_folder / "config.json").read_text())
-    with pytest.raises(InvalidRequestError, match="has no \\*.safetensors weights") as error:
+    with pytest.raises(ConfigurationError, match="has no \\*.safetensors weights") as error:
         load_model(tmp_path, torch.float32)
     assert error.value.field == "model"
 
@@ -170,7 +170,7 @@ def test_missing_weight_is_named(tmp_path, tiny_llama_folder):
     weights = load_file(str(tiny_llama_folder / "model.safetensors"))
     del weights["model.layers.1.mlp.up_proj.weight"]
     save_file(weights, str(tmp_path / "model.safetensors"))
-    with pytest.raises(InvalidRequestError, match="missing \\['layers.1.mlp.gate_up_proj.weight'\\]"):
+    with pytest.raises(ConfigurationError, match="missing \\['layers.1.mlp.gate_up_proj.weight'\\]"):
         load_model(tmp_path, torch.float32)
 
 

@@ -13,7 +13,7 @@ import services.common.runtime as runtime_module
 import services.decode
 from services.common.runtime import InstanceRuntime
 from services.common.settings import InstanceSettings
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from services.common.ucx import reset_ucx
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from tests.unit.metrics_scrape import labels_of, scrape, value
@@ -95,5 +95,5 @@ def test_health_is_not_serving_while_the_engine_loads(redis_server, tiny_llama_f
 
 def test_metrics_are_off_unless_a_port_is_given():
     assert InstanceSettings().metrics_port == -1
-    with pytest.raises(InvalidRequestError, match="metrics_port"):
+    with pytest.raises(ConfigurationError, match="metrics_port"):
         InstanceSettings(metrics_port=-2)

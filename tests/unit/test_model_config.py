@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.model.config import ModelConfig
 
 SMOLLM2_LIKE = {
@@ -51,7 +51,7 @@ def test_explicit_head_dim_and_eos_list_are_kept():
     ({"vocab_size": None}, "config.json lacks 'vocab_size'"),
 ])
 def test_unsupported_configs_are_rejected_naming_the_setting(changes, message):
-    with pytest.raises(InvalidRequestError) as error:
+    with pytest.raises(ConfigurationError) as error:
         ModelConfig.from_hf_dict(with_changes(**changes))
     assert error.value.field == "model"
     assert message in error.value.message
@@ -69,7 +69,7 @@ def test_folder_adds_generation_config_eos_ids(tmp_path):
 
 
 def test_folder_without_config_is_rejected(tmp_path):
-    with pytest.raises(InvalidRequestError, match="has no config.json") as error:
+    with pytest.raises(ConfigurationError, match="has no config.json") as error:
         ModelConfig.from_folder(tmp_path)
     assert error.value.field == "model"
 

@@ -14,7 +14,7 @@ from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlamaForCausalLM
 
 from shared.engine import LLM, SamplingParams
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.executor.multiproc import WorkerFailedError
 from tests.unit.conftest import TINY_LLAMA
 
@@ -65,7 +65,7 @@ def test_parallel_greedy_output_and_kv_equal_single_process(parallel_llama_folde
 
 
 def test_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(parallel_llama_folder):
-    with pytest.raises(InvalidRequestError, match="tensor_parallel_size: 3 must divide"):
+    with pytest.raises(ConfigurationError, match="tensor_parallel_size: 3 must divide"):
         LLM(model=parallel_llama_folder, tensor_parallel_size=3, **ENGINE)
 
 

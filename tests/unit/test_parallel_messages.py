@@ -7,7 +7,7 @@ from shared.executor.shm_ring import RingClosedError, ShmRing
 from shared.executor.step_message import StepEncoder, WorkerRequests, decode_step, encode_step
 from shared.executor.stage_runner import split_micro_batches
 from shared.parallel.config import ParallelConfig, stage_layers
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 from shared.sampling.params import SamplingParams
 
 
@@ -84,11 +84,11 @@ def test_stages_cover_every_layer_once():
 
 
 def test_tensor_parallel_size_must_divide_the_heads():
-    with pytest.raises(InvalidRequestError, match="tensor_parallel_size: 3 must divide"):
+    with pytest.raises(ConfigurationError, match="tensor_parallel_size: 3 must divide"):
         ParallelConfig(tensor_parallel_size=3).check_model(num_heads=8, num_kv_heads=4, num_layers=2)
-    with pytest.raises(InvalidRequestError, match="pipeline_parallel_size"):
+    with pytest.raises(ConfigurationError, match="pipeline_parallel_size"):
         ParallelConfig(pipeline_parallel_size=3).check_model(num_heads=8, num_kv_heads=4, num_layers=2)
-    with pytest.raises(InvalidRequestError, match="tensor_parallel_size"):
+    with pytest.raises(ConfigurationError, match="tensor_parallel_size"):
         ParallelConfig(tensor_parallel_size=0)
 
 

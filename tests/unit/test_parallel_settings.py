@@ -8,19 +8,19 @@ from services.common.flags import parse_settings
 from services.cli.main import build_parser
 from services.cli.up_command import config_from_args
 from shared.engine.llm import engine_config_from_kwargs
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 
-def test_instance_flags_and_variables_reach_the_engine_config():
-    settings = parse_settings("x", ("decode",), ["--tensor-parallel-size", "3"],
-                              {"PDSERVE_PIPELINE_PARALLEL_SIZE": "2"})
+def test_instance_flags_and_variables_reach_the_engine_config(monkeypatch):
+    monkeypatch.setenv("PDSERVE_PIPELINE_PARALLEL_SIZE", "2")
+    settings = parse_settings("x", ("decode",), ["--tensor-parallel-size", "3"])
     parallel = engine_config(settings).parallel
     assert (parallel.tensor_parallel_size, parallel.pipeline_parallel_size, parallel.world_size) == (3, 2, 6)
 
 
 def test_a_bad_parallel_size_exits_2_naming_the_setting(capsys):
     with pytest.raises(SystemExit) as exited:
-        parse_settings("x", ("decode",), ["--tensor-parallel-size", "0"], {})
+        parse_settings("x", ("decode",), ["--tensor-parallel-size", "0"])
     assert exited.value.code == 2
     assert "tensor-parallel-size" in capsys.readouterr().err
 
@@ -37,5 +37,5 @@ def test_offline_and_llm_keywords():
     assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (3, 1)
     config = engine_config_from_kwargs(None, "float32", tensor_parallel_size=3, pipeline_parallel_size=2)
     assert (config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size) == (3, 2)
-    with pytest.raises(InvalidRequestError, match="pipeline_parallel_size"):
+    with pytest.raises(ConfigurationError, match="pipeline_parallel_size"):
         engine_config_from_kwargs(None, "float32", pipeline_parallel_size=-1)

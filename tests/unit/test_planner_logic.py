@@ -11,7 +11,7 @@ from services.planner.config import PlannerConfig, PoolBounds
 from services.planner.observation import Observation
 from services.planner.planner import Planner
 from services.planner.profile_data import PerfProfile
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError
 
 PROFILE = PerfProfile(model="m", dtype="bfloat16", num_threads=2, block_size=16, kv_capacity_tokens=100_000,
                       prefill=[], decode=[], prefill_fit=[0.0, 0.001, 0.0], decode_fit=[0.02, 0.001, 0.0])
@@ -104,5 +104,5 @@ def test_decision_log_line_names_inputs_and_reasons():
 
 
 def test_bad_bounds_are_refused():
-    with pytest.raises(InvalidRequestError, match="prefill bounds"):
+    with pytest.raises(ConfigurationError, match="prefill bounds"):
         PlannerConfig(prefill=PoolBounds(3, 2))

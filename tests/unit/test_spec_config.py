@@ -6,7 +6,7 @@ from services.common.engine_setup import engine_config
 from services.common.flags import parse_settings
 from services.common.settings import InstanceSettings
 from shared.engine.llm import engine_config_from_kwargs
-from shared.errors import InvalidRequestError
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.config import SpeculativeConfig
 from shared.spec_decode.stats import SpecDecodeStats
@@ -21,7 +21,7 @@ from shared.spec_decode.stats import SpecDecodeStats
     (dict(ngram_min=3, ngram_max=2), "ngram_min"),
 ])
 def test_bad_settings_name_the_field(kwargs, field):
-    with pytest.raises(InvalidRequestError) as error:
+    with pytest.raises(ConfigurationError) as error:
         SpeculativeConfig(**kwargs)
     assert error.value.field == field
 
@@ -30,14 +30,14 @@ def test_offline_keyword_arguments_reach_the_speculative_section():
     config = engine_config_from_kwargs(None, "float32", speculative_method="draft", draft_num_layers=4,
                                        num_speculative_tokens=5)
     assert config.speculative == SpeculativeConfig("draft", 5, None, 4)
-    with pytest.raises(InvalidRequestError, match="^num_speculative_tokens"):
+    with pytest.raises(ConfigurationError, match="^num_speculative_tokens"):
         engine_config_from_kwargs(None, "float32", speculative_method="ngram", num_speculative_tokens=99)
 
 
-def test_decode_flags_and_environment_configure_speculation():
+def test_decode_flags_and_environment_configure_speculation(monkeypatch):
+    monkeypatch.setenv("PDSERVE_NUM_SPECULATIVE_TOKENS", "4")
     settings = parse_settings("x", ("decode", "colocated"),
-                              ["--speculative-method", "draft", "--draft-num-layers", "6"],
-                              {"PDSERVE_NUM_SPECULATIVE_TOKENS": "4"})
+                              ["--speculative-method", "draft", "--draft-num-layers", "6"])
     assert engine_config(settings).speculative == SpeculativeConfig("draft", 4, None, 6)
     assert engine_config(InstanceSettings()).speculative.speculative_method == "none"
 
@@ -48,9 +48,9 @@ def test_prefill_instances_ignore_speculation():
 
 
 def test_bad_flags_name_the_setting():
-    with pytest.raises(InvalidRequestError, match="^speculative_method"):
+    with pytest.raises(ConfigurationError, match="^speculative_method"):
         InstanceSettings(speculative_method="eagle")
-    with pytest.raises(InvalidRequestError, match="^draft_num_layers"):
+    with pytest.raises(ConfigurationError, match="^draft_num_layers"):
         InstanceSettings(speculative_method="draft")
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.grpc_server import GrpcServer
+from services.common.grpc_server import instance_grpc_server
 from services.common.tls import channel_credentials, server_credentials
 from services.launcher.probe import probe_credentials
 from services.launcher.readiness import is_serving
@@ -106,7 +106,7 @@ def test_instances_accept_only_clients_with_a_certificate_from_the_stacks_ca(cer
     async def scenario():
         credentials = server_credentials(pem(certs, "instance.pem"), pem(certs, "instance-key.pem"),
                                          pem(certs, "ca.pem"))
-        server = GrpcServer(FakeInstance("d0", "decode"), "127.0.0.1", 0, credentials)
+        server = instance_grpc_server(FakeInstance("d0", "decode"), "127.0.0.1", 0, credentials)
         await server.start()
         try:
             address = f"127.0.0.1:{server.port}"
@@ -138,7 +138,7 @@ def test_the_container_probe_speaks_mutual_tls_with_the_containers_own_certifica
     async def scenario():
         credentials = server_credentials(pem(certs, "instance.pem"), pem(certs, "instance-key.pem"),
                                          pem(certs, "ca.pem"))
-        server = GrpcServer(FakeInstance("d0", "decode"), "127.0.0.1", 0, credentials)
+        server = instance_grpc_server(FakeInstance("d0", "decode"), "127.0.0.1", 0, credentials)
         await server.start()
         await server.set_serving(True)
         try:

@@ -14,10 +14,11 @@ import socket
 
 import uvicorn
 
+from shared.hosts import host_port, local_host
+
 logger = logging.getLogger(__name__)
 
 STARTUP_POLL_S = 0.01
-WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -34,9 +35,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def reachable_address(host: str, port: int) -> str:
     """"host:port" a local client can dial (a wildcard host becomes loopback)."""
-    if host in WILDCARD_HOSTS:
-        return f"127.0.0.1:{port}"
-    return f"[{host.strip('[]')}]:{port}" if ":" in host.strip("[]") else f"{host}:{port}"
+    return host_port(local_host(host), port)
 
 
 class HttpFrontDoor:

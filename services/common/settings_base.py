@@ -1,0 +1,128 @@
+"""One settings system for every pdserve process, on pydantic-settings.
+
+A settings class (a ServiceSettings) declares each setting as a field with a description.
+`load_settings` fills it from, highest precedence first:
+
+    1. command-line flags     --kv-cache-memory-gb 2           (services.common.settings_flags)
+    2. environment variables  PDSERVE_KV_CACHE_MEMORY_GB=2     (the class's prefix + the name)
+    3. a TOML settings file   --config FILE  holding  kv_cache_memory_gb = 2
+    4. the documented default
+
+Constructing a settings class directly (`InstanceSettings(role="prefill")`, as tests and
+benchmarks do) reads neither the environment nor a file: only its arguments and the defaults.
+Either way an invalid value raises ConfigurationError naming the setting.
+"""
+
+import contextvars
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
+
+from shared.errors import ConfigurationError, InvalidRequestError
+
+from services.common.bounded_text import bounded
+
+ENV_PREFIX = "PDSERVE_"
+
+
+@dataclass(frozen=True)
+class _Load:
+    """What `load_settings` adds to a construction: the environment and maybe a file."""
+    config_file: Path | None
+    # Keys the file may hold for other settings classes read from the same command line.
+    other_keys: frozenset[str]
+
+
+_LOADING: contextvars.ContextVar[_Load | None] = contextvars.ContextVar("pdserve_settings_load", default=None)
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every settings class: frozen, unknown names refused, PDSERVE_* variables."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="forbid",
+                                      frozen=True, validate_by_name=True, validate_default=True)
+
+    def __init__(self, **values: Any):
+        try:
+            super().__init__(**values)
+        except ValidationError as error:
+            raise configuration_error(error, type(self)) from None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        load = _LOADING.get()
+        if load is None:
+            return (init_settings,)
+        if load.config_file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, _SettingsFile(settings_cls, load.config_file, load.other_keys)
+
+    @classmethod
+    def env_name(cls, name: str) -> str:
+        """The environment variable of setting `name`."""
+        alias = cls.model_fields[name].validation_alias
+        return alias if isinstance(alias, str) else cls.model_config["env_prefix"] + name.upper()
+
+
+def load_settings(settings_cls: type[ServiceSettings], flags: Mapping[str, Any],
+                  config_file: str | Path | None = None, other_keys: Iterable[str] = ()) -> ServiceSettings:
+    """`flags` (the settings given on the command line) over the environment over the file.
+
+    `other_keys`: settings of other classes read from the same command line, which the file
+    may hold too. Raises ConfigurationError naming the first bad setting.
+    """
+    path = None if config_file in (None, "") else Path(config_file)
+    if path is not None and not path.is_file():
+        raise ConfigurationError("config", f"no settings file at {path}")
+    token = _LOADING.set(_Load(path, frozenset(other_keys)))
+    try:
+        return settings_cls(**flags)
+    finally:
+        _LOADING.reset(token)
+
+
+class _SettingsFile(TomlConfigSettingsSource):
+    """A TOML file of `name = value` lines; a name no class on the command line knows is refused."""
+
+    def __init__(self, settings_cls: type[ServiceSettings], path: Path, other_keys: frozenset[str]):
+        try:
+            super().__init__(settings_cls, toml_file=path)
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            raise ConfigurationError("config", f"{path} is not valid TOML: {error}") from None
+        unknown = sorted(set(self.toml_data) - set(settings_cls.model_fields) - other_keys)
+        if unknown:
+            raise ConfigurationError(unknown[0], f"is not a setting (in {path})")
+        self.init_kwargs = {key: value for key, value in self.init_kwargs.items() if key not in other_keys}
+
+
+def configuration_error(error: ValidationError, settings_cls: type[ServiceSettings]) -> ConfigurationError:
+    """pydantic's first complaint as a ConfigurationError naming the setting (never echoing a
+    secret's value)."""
+    first = error.errors(include_url=False)[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, (InvalidRequestError, ConfigurationError)):
+        return ConfigurationError(cause.field, cause.message)
+    field = _field_name(settings_cls, first["loc"]) or settings_cls.__name__
+    if first["type"] == "extra_forbidden":
+        return ConfigurationError(field, "is not a setting")
+    message = first["msg"].removeprefix("Value error, ")
+    info = settings_cls.model_fields.get(field)
+    if info is not None and not info.repr:
+        return ConfigurationError(field, message)
+    return ConfigurationError(field, f"{message}, got {bounded(repr(first['input']), 200)}")
+
+
+def _field_name(settings_cls: type[ServiceSettings], loc: tuple) -> str:
+    """The setting's name for an error location, which may be the setting's alias."""
+    if not loc:
+        return ""
+    for name, info in settings_cls.model_fields.items():
+        if info.validation_alias == loc[0]:
+            return name
+    return str(loc[0])
