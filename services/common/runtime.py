@@ -139,7 +139,7 @@ class InstanceRuntime:
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
-                            self.presence.namespace.model)
+                            self.presence.namespace.model, cache=self.engine.cache_settings())
 
     async def status(self) -> pb.InstanceStatus:
         status = await self.async_engine.call(engine_status, self.engine)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
 from shared.engine.loading import DTYPES
+from shared.kv_cache.block_hash import check_hash_algo
 from shared.errors import InvalidRequestError
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
@@ -54,7 +55,10 @@ class InstanceSettings:
     num_threads: int = _setting(0, "torch intra-op threads (0 = torch's choice)")
     kv_cache_memory_gb: float = _setting(1.0, "memory for the KV block pool, GiB")
     num_blocks: int = _setting(0, "KV blocks; overrides --kv-cache-memory-gb when > 0")
-    block_size: int = _setting(16, "tokens per KV block (must match across the deployment)")
+    block_size: int = _setting(16, "tokens per KV block (registered in Redis: gateways pair only instances "
+                                   "that agree)")
+    prefix_hash_algo: str = _setting("sha256", "prefix-cache block hash: sha256 or blake2b (registered in "
+                                               "Redis: gateways hash prompts the same way)")
     max_model_len: int = _setting(0, "longest sequence (0 = the model's limit)")
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
@@ -109,6 +113,7 @@ def validate_settings(settings: InstanceSettings) -> None:
     """Raise InvalidRequestError naming the first bad setting."""
     if settings.role not in ROLES:
         raise InvalidRequestError("role", f"must be one of {ROLES}, got {settings.role!r}")
+    check_hash_algo(settings.prefix_hash_algo)
     if settings.dtype not in DTYPES:
         raise InvalidRequestError("dtype", f"must be one of {sorted(DTYPES)}, got {settings.dtype!r}")
     validate_name("deployment", settings.deployment)

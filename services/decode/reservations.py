@@ -72,7 +72,7 @@ class ReservationBook:
 
         try:
             reservation = await self.engine.call(reserve)
-            self._track(request_id, reservation, engine.kv_manager.block_size, lease_s)
+            self._track(request_id, reservation, lease_s)
         except BaseException:
             if request_id not in self._pending:
                 self.engine.submit(abort_if_made)
@@ -132,9 +132,8 @@ class ReservationBook:
         for request_id in list(self._pending):
             await self.release(request_id)
 
-    def _track(self, request_id: str, reservation: Reservation, block_size: int, lease_s: float) -> None:
-        num_skip = reservation.num_cached_tokens // block_size
-        pending = PendingTransfer(request_id, tuple(reservation.block_ids[num_skip:]))
+    def _track(self, request_id: str, reservation: Reservation, lease_s: float) -> None:
+        pending = PendingTransfer(request_id, tuple(reservation.block_ids[reservation.num_skip_blocks:]))
         self.receiver.expect(request_id, pending.dst_block_ids, pending.transfer_token)
         try:
             self.leases.grant(request_id, pending.dst_block_ids, lease_s)

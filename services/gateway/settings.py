@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared.cluster.keys import validate_name
-from shared.config import DEFAULT_BLOCK_SIZE
 from shared.errors import InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
@@ -34,7 +33,6 @@ class GatewaySettings:
     deployment: str = DEFAULT_DEPLOYMENT
     served_model_name: str | None = None  # None: the resolved model folder's name
     max_model_len: int | None = None  # None: the model's own limit
-    block_size: int = DEFAULT_BLOCK_SIZE  # must equal the instances' block size
     default_deadline_s: float = 300.0  # for client calls without a deadline
     max_prefill_retries: int = 2  # further prefill instances tried after a failure
     lease_s: float = 30.0  # how long a decode reservation waits for its Decode call
@@ -75,7 +73,6 @@ class GatewaySettings:
         _check(self.http_port, "http_port", lambda v: v <= 65535, "must be <= 65535 (negative: off)")
         _check(self.metrics_port, "metrics_port", lambda v: -1 <= v <= 65535, "must be in [-1, 65535]")
         _check(self.log_format, "log_format", lambda v: v in LOG_FORMATS, f"must be one of {LOG_FORMATS}")
-        _check(self.block_size, "block_size", lambda v: v >= 1, "must be >= 1")
         _check(self.default_deadline_s, "default_deadline_s", lambda v: v > 0, "must be > 0")
         _check(self.max_prefill_retries, "max_prefill_retries", lambda v: v >= 0, "must be >= 0")
         _check(self.lease_s, "lease_s", lambda v: v > 0, "must be > 0")
@@ -134,7 +131,6 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--deployment", str, f"deployment name in Redis keys (default: {DEFAULT_DEPLOYMENT})"),
     ("--served-model-name", str, "model name clients use (default: the model folder's name)"),
     ("--max-model-len", int, "prompt + output limit (default: the model's own)"),
-    ("--block-size", int, f"KV block size of the instances (default: {DEFAULT_BLOCK_SIZE})"),
     ("--default-deadline-s", float, "deadline of calls that carry none (default: 300)"),
     ("--max-prefill-retries", int, "other prefill instances tried after one fails (default: 2)"),
     ("--lease-s", float, "decode reservation lease, seconds (default: 30)"),

@@ -15,6 +15,7 @@ from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
+from shared.engine.client import CacheSettings
 from shared.engine.outputs import RequestOutput
 from shared.engine.output_processor import OutputProcessor
 from shared.engine.resume import resume_request, split_resumed
@@ -37,10 +38,11 @@ class CapacityError(RuntimeError):
 
 @dataclass
 class Reservation:
-    # The request's whole block table; the first num_cached_tokens // block_size blocks
-    # already hold the prompt's KV (decode-side prefix-cache hits) and need not be sent.
+    # The request's whole block table; the first num_skip_blocks blocks already hold the
+    # prompt's KV (decode-side prefix-cache hits: num_cached_tokens) and need not be sent.
     block_ids: list[int]
     num_cached_tokens: int
+    num_skip_blocks: int
 
 
 class LLMEngine:
@@ -73,6 +75,14 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
         from shared.engine.loading import build_engine_parts
         return cls(config, *build_engine_parts(config))
+
+    def cache_settings(self) -> CacheSettings:
+        """What another engine must share to use this one's KV blocks (registered in Redis)."""
+        layout = self.executor.kv_cache_layout
+        return CacheSettings(model_id=self.kv_manager.model_key, block_size=layout.block_size,
+                             prefix_hash_algo=self.kv_manager.hash_algo,
+                             dtype=str(layout.dtype).removeprefix("torch."), kv_layout=layout.description,
+                             tensor_parallel_size=self.config.parallel.tensor_parallel_size)
 
     def shutdown(self) -> None:
         """Release the executor (stops worker processes, if any)."""
@@ -139,7 +149,8 @@ class LLMEngine:
         if not self.scheduler.reserve(request):
             self._forget(request_id)
             raise CapacityError(f"no room for {request.num_prompt_tokens} prompt tokens")
-        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens)
+        num_cached = request.num_cached_prompt_tokens
+        return Reservation(self.kv_manager.block_ids(request_id), num_cached, num_cached // self.kv_manager.block_size)
 
     def activate_request(self, request_id: str, first_token_id: int,
                          first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:

@@ -16,7 +16,9 @@ def parse(argv, environ):
 
 def test_defaults():
     assert parse([], {}) == GatewaySettings()
-    assert (GatewaySettings().port, GatewaySettings().block_size) == (50051, 16)
+    assert GatewaySettings().port == 50051
+    # Block size and hash algorithm come from the instances' registered cache settings.
+    assert not hasattr(GatewaySettings(), "block_size")
 
 
 def test_env_then_flag_precedence():
@@ -30,8 +32,8 @@ def test_env_then_flag_precedence():
 def test_bad_values_name_the_setting():
     with pytest.raises(InvalidRequestError, match="^port:"):
         parse(["--port", "70000"], {})
-    with pytest.raises(InvalidRequestError, match="PDSERVE_BLOCK_SIZE"):
-        parse([], {"PDSERVE_BLOCK_SIZE": "sixteen"})
+    with pytest.raises(InvalidRequestError, match="PDSERVE_LEASE_S"):
+        parse([], {"PDSERVE_LEASE_S": "long"})
     assert env_name("--max-prefill-retries") == "PDSERVE_MAX_PREFILL_RETRIES"
 
 

@@ -43,6 +43,7 @@ def test_environment_gives_defaults_and_flags_override_them():
     (["--grpc-port", "70000"], {}, "--grpc-port: must be in"),
     (["--deployment", "a:b"], {}, "--deployment: must be"),
     (["--lease-ms", "0"], {}, "--lease-ms: must be > 0"),
+    (["--prefix-hash-algo", "md5"], {}, "--prefix-hash-algo: must be one of ('sha256', 'blake2b')"),
     (["--role", "prefill"], {}, "invalid choice: 'prefill'"),
     ([], {"PDSERVE_ROLE": "prefill"}, "invalid choice 'prefill'"),
 ])
@@ -78,8 +79,10 @@ def test_grpc_port_defaults_by_role_and_zero_means_ephemeral():
 
 def test_engine_config_follows_the_settings():
     config = engine_config(InstanceSettings(model="m", dtype="float32", kv_cache_memory_gb=0.5, num_threads=2,
-                                            max_num_seqs=3, max_num_batched_tokens=64, block_size=8))
+                                            max_num_seqs=3, max_num_batched_tokens=64, block_size=8,
+                                            prefix_hash_algo="blake2b"))
     assert (config.model, config.dtype, config.num_threads, config.max_model_len) == ("m", "float32", 2, None)
+    assert config.cache.prefix_hash_algo == "blake2b"
     assert (config.cache.kv_cache_memory_bytes, config.cache.num_blocks, config.cache.block_size) == (1 << 29, None, 8)
     assert (config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) == (3, 64)
     config = engine_config(InstanceSettings(num_blocks=9))
