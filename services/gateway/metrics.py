@@ -3,7 +3,8 @@
 Counters and gauges are read at scrape time from GatewayStats (requests, failures by status
 code, routing decisions by role and reason, retries, failovers, refusals, releases) and from
 the cluster view (Redis errors, the live instances of its last listing and the prefill/decode
-pairs in it whose cache settings differ: no Redis call per scrape). Latencies are real histograms observed by RequestTimer as messages reach the client.
+pairs in it whose cache settings differ: no Redis call per scrape). Latencies are real
+histograms observed by RequestTimer as messages reach the client.
 They are named `pdserve:gateway_*`, not `vllm:*`: the gateway's time to first token includes
 routing, Reserve, Prefill and the KV transfer, and dashboards that sum `vllm:*` series over
 all services must not mix the two views. Every series has the `model_name` label.

@@ -13,19 +13,21 @@ from dataclasses import dataclass, field
 
 from shared.cluster.cache_settings import cache_mismatches
 from shared.cluster.instances import InstanceInfo, InstanceLoad
+from shared.engine.client import CacheSettings
 
 logger = logging.getLogger(__name__)
 
 
-def can_pair(prefill_cache, decode_cache) -> bool:
+def can_pair(prefill_cache: CacheSettings | None, decode_cache: CacheSettings | None) -> bool:
     """True when KV computed under `prefill_cache` can be used under `decode_cache`."""
     return not cache_mismatches(prefill_cache, decode_cache)
 
 
-def describe_mismatch(prefill_id: str, prefill_cache, decode_id: str, decode_cache) -> str:
-    """e.g. "prefill p0 and decode d0 differ in cache settings: block_size 16 != 32"."""
-    return (f"prefill {prefill_id} and decode {decode_id} differ in cache settings: "
-            f"{', '.join(cache_mismatches(prefill_cache, decode_cache))}")
+def describe_mismatch(prefill_id: str, prefill_cache: CacheSettings | None, decode_id: str,
+                      decode_cache: CacheSettings | None) -> str:
+    """e.g. "prefill p0 and decode d0 differ in cache settings (block_size 16 != 32)"."""
+    return (f"prefill {prefill_id} and decode {decode_id} differ in cache settings "
+            f"({', '.join(cache_mismatches(prefill_cache, decode_cache))})")
 
 
 @dataclass
@@ -42,8 +44,8 @@ class PairingMonitor:
                         if not can_pair(p.cache, d.cache)}
         for key in sorted(incompatible.keys() - self._reported):
             prefill, decode = incompatible[key]
-            logger.warning("not pairing %s", describe_mismatch(prefill.instance_id, prefill.cache,
-                                                               decode.instance_id, decode.cache))
+            logger.warning("%s: never paired", describe_mismatch(prefill.instance_id, prefill.cache,
+                                                                 decode.instance_id, decode.cache))
             self.num_pairs_reported += 1
         self._reported = set(incompatible)  # a pair that leaves and returns is logged again
         self.num_incompatible_pairs = len(incompatible)

@@ -115,4 +115,4 @@ def no_pair_reason(candidates: Iterable[Candidate]) -> str:
     prefill = min((c for c in candidates if c.role == "prefill"), key=lambda c: c.instance_id)
     decode = min((c for c in candidates if c.role == "decode"), key=lambda c: c.instance_id)
     mismatch = describe_mismatch(prefill.instance_id, prefill.cache, decode.instance_id, decode.cache)
-    return f"no prefill and decode instance can pair ({mismatch})"
+    return f"no prefill and decode instance can pair: {mismatch}"

@@ -19,7 +19,7 @@ from tests.unit.test_gateway_service import (  # noqa: F401 - fixture
 
 
 def pairing_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("not pairing")]
+    return [r.getMessage() for r in caplog.records if r.getMessage().endswith("never paired")]
 
 
 def test_mismatched_instances_are_never_paired_and_each_pair_is_logged_once(redis_server, model, caplog):  # noqa: F811
@@ -41,10 +41,10 @@ def test_mismatched_instances_are_never_paired_and_each_pair_is_logged_once(redi
             assert value(samples, "pdserve:gateway_live_incompatible_pairs") == 3  # all but p1/d1
             assert value(samples, "pdserve:gateway_incompatible_pairs_total") == 3
         assert sorted(pairing_warnings(caplog)) == [
-            "not pairing prefill p0 and decode d0 differ in cache settings: block_size 16 != 32, "
-            "dtype float32 != bfloat16",
-            "not pairing prefill p0 and decode d1 differ in cache settings: dtype float32 != bfloat16",
-            "not pairing prefill p1 and decode d0 differ in cache settings: block_size 16 != 32"]
+            "prefill p0 and decode d0 differ in cache settings (block_size 16 != 32, dtype float32 != bfloat16): "
+            "never paired",
+            "prefill p0 and decode d1 differ in cache settings (dtype float32 != bfloat16): never paired",
+            "prefill p1 and decode d0 differ in cache settings (block_size 16 != 32): never paired"]
     run(scenario)
 
 
@@ -57,8 +57,8 @@ def test_no_agreeing_pair_is_unavailable_naming_the_mismatch(redis_server, model
                 await collect(gate.stub.Generate(generate_request()))
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
             assert caught.value.details() == (
-                "no prefill and decode instance can pair (prefill p0 and decode d0 differ in cache settings: "
-                "prefix_hash_algo sha256 != blake2b), and no live colocated instance is registered")
+                "no prefill and decode instance can pair: prefill p0 and decode d0 differ in cache settings "
+                "(prefix_hash_algo sha256 != blake2b), and no live colocated instance is registered")
             assert (p0.methods(), d0.methods()) == ([], [])
     run(scenario)
 

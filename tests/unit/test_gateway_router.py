@@ -110,8 +110,8 @@ def test_a_mismatched_pair_is_no_route_and_the_reason_names_the_difference():
     mismatched = [prefill("p0"), decode("d0", cache=replace(CACHE, block_size=32, prefix_hash_algo="blake2b"))]
     assert plan_route(mismatched) is None
     assert plan_route(mismatched + [colocated("c0")]) == COLOCATED
-    assert no_pair_reason(mismatched) == ("no prefill and decode instance can pair (prefill p0 and decode d0 "
-                                          "differ in cache settings: block_size 16 != 32, "
+    assert no_pair_reason(mismatched) == ("no prefill and decode instance can pair: prefill p0 and decode d0 "
+                                          "differ in cache settings (block_size 16 != 32, "
                                           "prefix_hash_algo sha256 != blake2b)")
     unregistered = [prefill("p0", cache=None), decode("d0")]
     assert plan_route(unregistered) is None
