@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from shared.cluster.cache_settings import cache_mismatches
+from shared.cluster.cache_settings import cache_mismatches, paired_key
 from shared.cluster.instances import InstanceInfo, InstanceLoad
 from shared.engine.client import CacheSettings
 
@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 def can_pair(prefill_cache: CacheSettings | None, decode_cache: CacheSettings | None) -> bool:
     """True when KV computed under `prefill_cache` can be used under `decode_cache`."""
-    return not cache_mismatches(prefill_cache, decode_cache)
+    key = paired_key(prefill_cache)
+    return key is not None and key == paired_key(decode_cache)
 
 
 def describe_mismatch(prefill_id: str, prefill_cache: CacheSettings | None, decode_id: str,

@@ -12,6 +12,7 @@ and a decode instance form a pair only when their cache settings agree (services
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from shared.cluster.cache_settings import paired_key
 from shared.engine.client import CacheSettings
 
 from services.gateway.pairing import can_pair, describe_mismatch
@@ -79,8 +80,8 @@ def _reason(ranked: list[Candidate]) -> str:
 def pairable_decodes(candidates: Iterable[Candidate]) -> list[Candidate]:
     """Decode instances that some live prefill instance can feed."""
     candidates = list(candidates)
-    prefills = [c for c in candidates if c.role == "prefill"]
-    return [c for c in candidates if c.role == "decode" and any(can_pair(p.cache, c.cache) for p in prefills)]
+    prefill_keys = {paired_key(c.cache) for c in candidates if c.role == "prefill"} - {None}
+    return [c for c in candidates if c.role == "decode" and paired_key(c.cache) in prefill_keys]
 
 
 def prefills_for(decode: Candidate, candidates: Iterable[Candidate]) -> list[Candidate]:

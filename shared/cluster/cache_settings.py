@@ -44,6 +44,11 @@ def hash_recipe(cache: CacheSettings) -> HashRecipe:
     return HashRecipe(cache.model_id, cache.block_size, cache.prefix_hash_algo)
 
 
+def paired_key(cache: CacheSettings | None) -> tuple | None:
+    """Equal for two instances exactly when they can pair; None for one without settings."""
+    return None if cache is None else tuple(getattr(cache, name) for name in PAIRED_FIELDS)
+
+
 def cache_mismatches(first: CacheSettings | None, second: CacheSettings | None) -> list[str]:
     """The paired settings that differ, e.g. ["block_size 16 != 32"]; [] when compatible.
     An instance that registered no settings (an older version) pairs with nobody."""
