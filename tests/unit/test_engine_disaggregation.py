@@ -7,6 +7,7 @@ The result must equal a plain local run, seeded sampling included.
 import pytest
 
 from shared.engine import LLM, SamplingParams
+from shared.engine.client import CacheSettings
 from shared.engine.llm_engine import CapacityError
 from shared.errors import InvalidRequestError
 
@@ -55,6 +56,7 @@ def test_reservation_reuses_the_decode_sides_prefix_cache(tiny_llama_folder):
     llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1))
     reservation = llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), request_id="d")
     assert reservation.num_cached_tokens == 32 and len(reservation.block_ids) == 3
+    assert reservation.num_skip_blocks == 2  # counted once, here: the gateway passes it on
     llm.engine.abort_request("d")
     assert llm.engine.block_pool.num_free_blocks == llm.engine.block_pool.num_blocks
 
@@ -73,3 +75,10 @@ def test_activating_an_unknown_request_names_the_field(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
     with pytest.raises(InvalidRequestError, match="request_id"):
         llm.engine.activate_request("nope", 1)
+
+
+def test_cache_settings_say_what_a_peer_must_share(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder, block_size=8, prefix_hash_algo="blake2b")
+    assert llm.engine.cache_settings() == CacheSettings(
+        model_id=tiny_llama_folder.name, block_size=8, prefix_hash_algo="blake2b", dtype="float32",
+        kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;head_dim=16", tensor_parallel_size=1)
