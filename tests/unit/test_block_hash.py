@@ -9,7 +9,7 @@ from shared.errors import InvalidRequestError
 from shared.kv_cache.block_hash import (
     SUPPORTED_HASH_ALGOS, HashRecipe, hash_block, hash_full_blocks, prompt_block_hashes)
 from shared.kv_cache.block_pool import BlockPool
-from shared.kv_cache.manager import KVCacheManager
+from shared.core.kv_cache_manager import KVCacheManager
 from shared.sampling.params import SamplingParams
 
 TOKENS = list(range(40))

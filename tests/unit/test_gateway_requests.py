@@ -10,7 +10,7 @@ from services.gateway.served_model import ServedModel
 from shared.core.request import Request
 from shared.kv_cache.block_hash import HashRecipe
 from shared.kv_cache.block_pool import BlockPool
-from shared.kv_cache.manager import KVCacheManager
+from shared.core.kv_cache_manager import KVCacheManager
 from shared.sampling.params import SamplingParams
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import generation_pb2 as gen
