@@ -92,16 +92,23 @@ def _as_json(namespace, instances, leases) -> dict:
 
 def print_table(namespace, instances, leases) -> None:
     print(f"deployment {namespace.deployment}, model {namespace.model}: {len(instances)} live instances")
-    header = ("INSTANCE", "ROLE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS")
+    header = ("INSTANCE", "ROLE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS", "CACHE")
     rows = [(info.instance_id, info.role, info.grpc_address, info.ucx_address or "-",
              str(load.queue_depth), str(load.num_running_requests),
-             f"{load.num_free_blocks}/{load.num_total_blocks}") for info, load in instances]
+             f"{load.num_free_blocks}/{load.num_total_blocks}", _cache_summary(info.cache)) for info, load in instances]
     _print_rows(header, rows)
     print(f"\n{len(leases)} block leases")
     if leases:
         _print_rows(("INSTANCE", "REQUEST", "BLOCKS", "EXPIRES IN"),
                     [(lease.instance_id, lease.request_id, str(len(lease.block_ids)),
                       f"{lease.remaining_s:.1f}s") for lease in leases])
+
+
+def _cache_summary(cache) -> str:
+    """e.g. "16/sha256/bfloat16/tp1" (block size, hash, dtype, TP size); "-" when not registered."""
+    if cache is None:
+        return "-"
+    return f"{cache.block_size}/{cache.prefix_hash_algo}/{cache.dtype}/tp{cache.tensor_parallel_size}"
 
 
 def print_board(board: dict[str, dict]) -> None:

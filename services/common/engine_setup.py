@@ -40,7 +40,7 @@ def kv_transfer_config(settings: InstanceSettings) -> KVTransferConfig | None:
 
 
 def engine_config(settings: InstanceSettings) -> EngineConfig:
-    cache = CacheConfig(block_size=settings.block_size,
+    cache = CacheConfig(block_size=settings.block_size, prefix_hash_algo=settings.prefix_hash_algo,
                         kv_cache_memory_bytes=int(settings.kv_cache_memory_gb * GIB),
                         gpu_memory_utilization=settings.gpu_memory_utilization,
                         num_blocks=settings.num_blocks or None)

@@ -1,4 +1,5 @@
-"""An instance's presence in Redis: registration with heartbeats (carrying its load), its
+"""An instance's presence in Redis: registration (with its cache settings, which gateways
+read to hash prompts as it does and to pair it) and heartbeats carrying its load, its
 prefix-index entry, and the mirror of its block leases. Never blocks serving on Redis:
 every Redis write happens in background tasks that retry, and shutdown is best effort.
 """
@@ -60,8 +61,8 @@ class ClusterPresence:
                                        beat_timeout_s=REDIS_TIMEOUT_S)
         self.heartbeater.start()
         self.publisher.start()
-        logger.info("registering %s (%s) at %s in %s", info.instance_id, info.role, info.grpc_address,
-                    self.namespace.prefix)
+        logger.info("registering %s (%s) at %s in %s with cache settings %s", info.instance_id, info.role,
+                    info.grpc_address, self.namespace.prefix, info.cache)
 
     async def _resync(self) -> None:
         """Republish the prefix index, then whatever the role handlers keep in Redis (leases)."""

@@ -170,7 +170,7 @@ class InstanceRuntime:
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
-                            self.presence.namespace.model)
+                            self.presence.namespace.model, cache=self.engine.info.cache)
 
     async def status(self) -> pb.InstanceStatus:
         status = status_to_proto(await self.engine.status())

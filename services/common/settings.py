@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
 from shared.engine.loading import DTYPES
+from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 from shared.parallel.config import ParallelConfig
@@ -62,7 +63,11 @@ class InstanceSettings(ServiceSettings):
                                    "cgroup quota)", ge=0)
     kv_cache_memory_gb: float = _setting(1.0, "memory for the KV block pool, GiB", gt=0)
     num_blocks: int = _setting(0, "KV blocks; overrides --kv-cache-memory-gb when > 0", ge=0)
-    block_size: int = _setting(16, "tokens per KV block (must match across the deployment)", gt=0)
+    block_size: int = _setting(16, "tokens per KV block (registered in Redis: gateways pair only instances "
+                                   "that agree)", gt=0)
+    prefix_hash_algo: Literal[SUPPORTED_HASH_ALGOS] = _setting(
+        "sha256", "prefix-cache block hash: sha256 or blake2b (registered in Redis: gateways hash prompts the "
+                  "same way)")
     max_model_len: int = _setting(0, "longest sequence (0 = the model's limit)", ge=0)
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once", gt=0)
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step", gt=0)

@@ -79,6 +79,7 @@ class DecodeHandler(RoleHandler):
                     len(reservation.block_ids), reservation.num_cached_tokens, lease_s)
         return pb.ReserveResponse(ucx_address=reservation.transfer_address, block_ids=reservation.block_ids,
                                   num_cached_prompt_tokens=reservation.num_cached_tokens,
+                                  num_skip_blocks=reservation.num_skip_blocks,
                                   transfer_token=reservation.transfer_token)
 
     async def decode(self, request: pb.DecodeRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:

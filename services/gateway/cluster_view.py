@@ -1,5 +1,8 @@
 """The gateway's read-only view of the cluster: live instances (cached briefly) and how much
-of a prompt each one holds (one prefix-index round trip per request).
+of a prompt each one holds (one prefix-index round trip per request and hash recipe: each
+instance is asked about the prompt hashed exactly as it hashes, from its registered cache
+settings; one that registered none holds nothing). Every fresh listing goes through the
+PairingMonitor, which logs prefill/decode pairs whose cache settings differ.
 
 Redis trouble never fails a request by itself: the last good listing is reused (logged) and
 prefix overlap counts as zero. Right after Redis comes back (a failed listing before, or a new
@@ -14,9 +17,13 @@ import logging
 import time
 from collections.abc import Callable
 
+from shared.cluster.cache_settings import hash_recipe
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.prefix_index import PrefixIndex
+from shared.kv_cache.block_hash import HashRecipe
 
+from services.gateway.pairing import PairingMonitor
+from services.gateway.prompt_hashes import PromptHashes
 from services.gateway.router import Candidate
 
 logger = logging.getLogger(__name__)
@@ -41,6 +48,7 @@ class ClusterView:
         self._redis_run_id: str | None = None
         self._had_error = False
         self._grace_until = float("-inf")
+        self.pairing = PairingMonitor()
 
     async def live(self) -> Listing:
         """Live instances, from a listing at most cache_s old (or the last good one)."""
@@ -59,6 +67,7 @@ class ClusterView:
         if self.is_reconnecting() and self._listing is not None:
             listing = _merged(listing, self._listing)
         self._listing, self._listed_at = listing, now
+        self.pairing.observe(listing)
         return self._listing
 
     def is_reconnecting(self) -> bool:
@@ -73,27 +82,36 @@ class ClusterView:
             self._grace_until = now + self.reconnect_grace_s
         self._had_error, self._redis_run_id = False, run_id
 
-    async def candidates(self, block_hashes: list[bytes]) -> list[Candidate]:
+    async def candidates(self, prompt: PromptHashes) -> list[Candidate]:
         """Every live instance with the number of leading prompt blocks it holds."""
         listing = await self.live()
-        overlap = await self._overlap(block_hashes, [info.instance_id for info, _ in listing])
+        overlap = await self._overlap(prompt, listing)
         now = self.clock()
         return [Candidate(instance_id=info.instance_id, role=info.role, grpc_address=info.grpc_address,
                           prefix_blocks=overlap.get(info.instance_id, 0),
                           free_blocks=load.num_free_blocks, total_blocks=load.num_total_blocks,
                           num_running=load.num_running_requests, queue_depth=load.queue_depth,
-                          is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now)
+                          is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now, cache=info.cache)
                 for info, load in listing]
 
-    async def _overlap(self, block_hashes: list[bytes], instance_ids: list[str]) -> dict[str, int]:
-        if not block_hashes or not instance_ids:
-            return {}
-        try:
-            return await self.prefix_index.longest_prefix(block_hashes, instance_ids)
-        except Exception as error:  # noqa: BLE001 - route by load alone
-            self.num_redis_errors += 1
-            logger.warning("prefix lookup failed (%r); routing by load", error)
-            return {}
+    async def _overlap(self, prompt: PromptHashes, listing: Listing) -> dict[str, int]:
+        """Leading blocks held, per instance: one lookup per hash recipe among the instances."""
+        instance_ids_by_recipe: dict[HashRecipe, list[str]] = {}
+        for info, _ in listing:
+            if info.cache is not None:
+                instance_ids_by_recipe.setdefault(hash_recipe(info.cache), []).append(info.instance_id)
+        overlap: dict[str, int] = {}
+        for recipe, instance_ids in instance_ids_by_recipe.items():
+            block_hashes = prompt.for_recipe(recipe)
+            if not block_hashes:
+                continue
+            try:
+                overlap.update(await self.prefix_index.longest_prefix(block_hashes, instance_ids))
+            except Exception as error:  # noqa: BLE001 - route by load alone
+                self.num_redis_errors += 1
+                logger.warning("prefix lookup failed (%r); routing by load", error)
+                return {}
+        return overlap
 
     def mark_failed(self, instance_id: str) -> None:
         """An instance failed a call: try it last for a while, and re-list soon."""

@@ -29,7 +29,7 @@ from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
 from services.gateway.migration import continuation, final_message, fix_usage, is_complete
 from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
-from services.gateway.router import Candidate, rank
+from services.gateway.router import Candidate, no_pair_reason, pairable_decodes, prefills_for, rank
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +61,14 @@ class DecodeLost(Exception):
 
 async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                   deadline: Deadline, excluded: Collection[str] = ()) -> Reservation:
-    """The first decode instance (best first, none of `excluded`) that grants a reservation."""
-    choice = rank(candidates, "decode", excluded=excluded)
+    """The first decode instance (best first, none of `excluded`, only those some prefill
+    instance can pair with) that grants a reservation."""
+    choice = rank(pairable_decodes(candidates), "decode", excluded=excluded)
     ctx.stats.record_route("decode", choice.reason)
+    if not choice.ranked:
+        remaining = [c for c in candidates if c.instance_id not in excluded]
+        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no decode instance to reserve on: "
+                                                        f"{no_pair_reason(remaining)}")
     message = instance_pb2.ReserveRequest(
         request_id=sub.request_id, prompt_token_ids=sub.prompt_token_ids,
         sampling=sub.sampling_proto(), lease_ms=max(1, round(ctx.lease_s * 1000)))
@@ -117,10 +122,11 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
                   reservation: Reservation | None, deadline: Deadline) -> instance_pb2.PrefillResponse:
     """Prefill on the best prefill instance; on failure, on the next one (up to the retries).
     Without a reservation the prompt is only scored: no KV is sent anywhere."""
-    message = _prefill_message(ctx, sub, reservation)
+    message = _prefill_message(sub, reservation)
+    eligible = candidates if reservation is None else prefills_for(reservation.decode, candidates)
     failed: dict[str, str] = {}
     for attempt in range(1 + ctx.max_prefill_retries):
-        choice = rank(candidates, "prefill", excluded=failed)
+        choice = rank(eligible, "prefill", excluded=failed)
         if not choice.ranked:
             break
         ctx.stats.record_route("prefill", choice.reason if attempt == 0 else "retry")
@@ -139,6 +145,9 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
             ctx.view.mark_failed(target.instance_id)
             logger.warning("request %s: Prefill on %s failed (%s); retrying elsewhere",
                            sub.request_id, target.instance_id, error.code().name)
+    if not failed and reservation is not None:
+        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no live prefill instance can pair with decode "
+                                                        f"{reservation.decode.instance_id}")
     raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                        f"prefill failed on every instance tried: {failed or 'none live'}")
 
@@ -150,9 +159,9 @@ async def _check_decode_alive(ctx: RelayContext, reservation: Reservation, why: 
         raise DecodeLost(reservation.decode, why, "failure" if status is None else "drain")
 
 
-def _prefill_message(ctx: RelayContext, sub: SubRequest,
-                     reservation: Reservation | None) -> instance_pb2.PrefillRequest:
-    """None: no destination (prompt only, nothing sent)."""
+def _prefill_message(sub: SubRequest, reservation: Reservation | None) -> instance_pb2.PrefillRequest:
+    """None: no destination (prompt only, nothing sent). The blocks to skip are the decode
+    instance's count (ReserveResponse.num_skip_blocks), never re-derived here."""
     message = instance_pb2.PrefillRequest(
         request_id=sub.request_id, prompt_token_ids=sub.prompt_token_ids, sampling=sub.sampling_proto())
     if sub.resumed_token_ids:
@@ -161,7 +170,7 @@ def _prefill_message(ctx: RelayContext, sub: SubRequest,
         reply = reservation.reply
         message.decode_ucx_address = reply.ucx_address
         message.dst_block_ids.extend(reply.block_ids)
-        message.num_skip_blocks = reply.num_cached_prompt_tokens // ctx.block_size
+        message.num_skip_blocks = reply.num_skip_blocks
         if reply.HasField("transfer_token"):
             message.transfer_token = reply.transfer_token
     if sub.parent.cache_salt:
@@ -230,7 +239,7 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
             return
         except DecodeLost as loss:
             _note_loss(ctx, sub, loss, lost, len(streamed))
-            candidates = await ctx.view.candidates(sub.parent.block_hashes)  # restarts, new ones
+            candidates = await ctx.view.candidates(sub.parent.hashes)  # restarts, new ones
         if is_complete(sub, streamed):
             yield final_message(sub, streamed)
             return

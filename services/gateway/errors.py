@@ -40,8 +40,9 @@ def model_not_found(requested: str, served: str) -> GatewayError:
                         f"model: {bounded(requested, 256)!r} is not served here; this gateway serves {served!r}")
 
 
-def no_instances(what: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.UNAVAILABLE, f"no live {what} instance is registered")
+def no_instances(why: str) -> GatewayError:
+    """`why` no disaggregated pair can serve (services.gateway.router.no_pair_reason)."""
+    return GatewayError(grpc.StatusCode.UNAVAILABLE, f"{why}, and no live colocated instance is registered")
 
 
 def no_capacity(num_refused: int, role: str = "decode") -> GatewayError:

@@ -2,8 +2,9 @@
 
 Counters and gauges are read at scrape time from GatewayStats (requests, failures by status
 code, routing decisions by role and reason, retries, failovers, refusals, releases) and from
-the cluster view (Redis errors, the live instances of its last listing: no Redis call per
-scrape). Latencies are real histograms observed by RequestTimer as messages reach the client.
+the cluster view (Redis errors, the live instances of its last listing and the prefill/decode
+pairs in it whose cache settings differ: no Redis call per scrape). Latencies are real
+histograms observed by RequestTimer as messages reach the client.
 They are named `pdserve:gateway_*`, not `vllm:*`: the gateway's time to first token includes
 routing, Reserve, Prefill and the KV transfer, and dashboards that sum `vllm:*` series over
 all services must not mix the two views. Every series has the `model_name` label.
@@ -62,6 +63,11 @@ class GatewayCollector(Collector):
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
         yield _live_instances_family(make, relay.view)
+        pairing = relay.view.pairing
+        yield make.gauge("pdserve:gateway_live_incompatible_pairs", "Prefill/decode pairs in the last listing "
+                         "whose cache settings differ (never paired).", pairing.num_incompatible_pairs)
+        yield make.counter("pdserve:gateway_incompatible_pairs", "Prefill/decode pairs found with differing "
+                           "cache settings (each logged once while both stay live).", pairing.num_pairs_reported)
         yield make.labelled(CounterMetricFamily, "pdserve:gateway_unknown_request_fields",
                             "HTTP requests carrying a field this server does not know (accepted, "
                             "ignored), by endpoint and field name.", ("endpoint", "field"),

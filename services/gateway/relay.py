@@ -27,11 +27,10 @@ logger = logging.getLogger(__name__)
 
 async def relay_request(ctx: RelayContext, request: PreparedRequest,
                         deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
-    candidates = await ctx.view.candidates(request.block_hashes)
+    candidates = await ctx.view.candidates(request.hashes)
     route = router.plan_route(candidates, ctx.prefer_colocated)
     if route is None:
-        missing = " or ".join(router.missing_roles(candidates)) or "serving"
-        raise no_instances(f"{missing} (nor colocated)")
+        raise no_instances(router.no_pair_reason(candidates))
     logger.info("request %s routed: %d prompt tokens, n=%d, %s route", request.request_id,
                 len(request.prompt_token_ids), request.n, route,
                 extra={"request_id": request.request_id, "route": route})

@@ -41,7 +41,6 @@ class RelayContext:
     view: ClusterView
     channels: InstanceChannels
     stats: GatewayStats = field(default_factory=GatewayStats)
-    block_size: int = 16
     max_prefill_retries: int = 2
     lease_s: float = 30.0
     prefer_colocated: bool = False

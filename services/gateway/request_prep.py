@@ -1,4 +1,5 @@
-"""Turn a GenerateRequest into a PreparedRequest: validated, tokenized, block-hashed.
+"""Turn a GenerateRequest into a PreparedRequest: validated and tokenized, its block hashes
+computed on demand with each instance's registered recipe (services.gateway.prompt_hashes).
 
 Every rejection is a GatewayError: INVALID_ARGUMENT with a message that starts with the bad
 field's name, or NOT_FOUND for a model this gateway does not serve.
@@ -9,7 +10,6 @@ import uuid
 from dataclasses import dataclass, replace
 
 from shared.errors import InvalidRequestError
-from shared.kv_cache.block_hash import hash_full_blocks
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.sampling.params import SamplingParams
 from shared.tokenization import apply_chat_template, encode_prompt
@@ -18,6 +18,7 @@ from shared.wire.sampling import sampling_from_proto, sampling_to_proto
 from services.gateway.errors import invalid_argument, model_not_found
 from services.gateway.limits import (
     RequestLimits, check_chat, check_generate_request, check_model_name, check_prompt_tokens)
+from services.gateway.prompt_hashes import PromptHashes
 from services.gateway.served_model import ServedModel
 
 # '#' is left out: fan-out sub-requests are named `<id>#<index>`.
@@ -31,7 +32,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None
-    block_hashes: list[bytes]
+    hashes: PromptHashes
     # Only the prompt matters (its logprobs, its usage): the generated token is dropped, and the
     # disaggregated route skips decode (services.gateway.prompt_only).
     is_prompt_only: bool = False
@@ -91,9 +92,7 @@ def _prepare(message: gateway_pb2.GenerateRequest, model: ServedModel, limits: R
     token_ids = prompt_token_ids(message, model)
     check_prompt_tokens(message.WhichOneof("prompt"), len(token_ids), limits)
     salt = validate_cache_salt(message.cache_salt if message.HasField("cache_salt") else None)
-    extra_keys = (model.model_key,) + ((salt,) if salt else ())
-    hashes = hash_full_blocks(token_ids, model.block_size, extra_keys)
-    return PreparedRequest(request_id, token_ids, params, salt, hashes)
+    return PreparedRequest(request_id, token_ids, params, salt, PromptHashes(token_ids, salt))
 
 
 def validate_request_id(request_id: str) -> str:

@@ -5,11 +5,17 @@ prefill instances by (prefix blocks held desc, queue depth asc, running asc), co
 ones by (prefix blocks held desc, queue + running asc, free blocks desc). The instance id
 breaks remaining ties, so decisions are deterministic. Instances that already failed for
 this request are excluded; instances that failed recently for any request ("suspect") go
-last. `plan_route` decides between the disaggregated pair and a colocated instance.
+last. `plan_route` decides between the disaggregated pair and a colocated instance. A prefill
+and a decode instance form a pair only when their cache settings agree (services.gateway.pairing).
 """
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+
+from shared.cluster.cache_settings import paired_key
+from shared.engine.client import CacheSettings
+
+from services.gateway.pairing import can_pair, describe_mismatch
 
 DISAGGREGATED = "disaggregated"
 COLOCATED = "colocated"
@@ -26,6 +32,7 @@ class Candidate:
     num_running: int = 0
     queue_depth: int = 0
     is_suspect: bool = False
+    cache: CacheSettings | None = None  # as registered; None: an instance that registered none
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,24 @@ def _reason(ranked: list[Candidate]) -> str:
     return "load"
 
 
+def pairable_decodes(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Decode instances that some live prefill instance can feed."""
+    candidates = list(candidates)
+    prefill_keys = {paired_key(c.cache) for c in candidates if c.role == "prefill"} - {None}
+    return [c for c in candidates if c.role == "decode" and paired_key(c.cache) in prefill_keys]
+
+
+def prefills_for(decode: Candidate, candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Prefill instances whose KV `decode` can take."""
+    return [c for c in candidates if c.role == "prefill" and can_pair(c.cache, decode.cache)]
+
+
 def plan_route(candidates: Iterable[Candidate], prefer_colocated: bool = False) -> str | None:
-    """DISAGGREGATED when a prefill and a decode instance are live, else COLOCATED when a
-    colocated one is (or first when preferred); None when nothing can serve."""
-    roles = {c.role for c in candidates}
-    has_pair = {"prefill", "decode"} <= roles
-    has_colocated = COLOCATED in roles
+    """DISAGGREGATED when a prefill and a decode instance that can pair are live, else
+    COLOCATED when a colocated one is (or first when preferred); None when nothing can serve."""
+    candidates = list(candidates)
+    has_pair = bool(pairable_decodes(candidates))
+    has_colocated = any(c.role == COLOCATED for c in candidates)
     if has_colocated and (prefer_colocated or not has_pair):
         return COLOCATED
     return DISAGGREGATED if has_pair else None
@@ -85,3 +104,16 @@ def missing_roles(candidates: Iterable[Candidate]) -> list[str]:
     """Roles absent from the listing, for the UNAVAILABLE message."""
     roles = {c.role for c in candidates}
     return [role for role in ("prefill", "decode") if role not in roles]
+
+
+def no_pair_reason(candidates: Iterable[Candidate]) -> str:
+    """Why no disaggregated pair exists, for the UNAVAILABLE message: the missing roles, or
+    the first prefill/decode mismatch (by instance id)."""
+    candidates = list(candidates)
+    missing = missing_roles(candidates)
+    if missing:
+        return f"no live {' or '.join(missing)} instance"
+    prefill = min((c for c in candidates if c.role == "prefill"), key=lambda c: c.instance_id)
+    decode = min((c for c in candidates if c.role == "decode"), key=lambda c: c.instance_id)
+    mismatch = describe_mismatch(prefill.instance_id, prefill.cache, decode.instance_id, decode.cache)
+    return f"no prefill and decode instance can pair: {mismatch}"

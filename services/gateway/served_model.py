@@ -1,8 +1,9 @@
-"""What the gateway knows about the model it serves: names, tokenizer, limits, hashing key.
+"""What the gateway knows about the model it serves: names, tokenizer, limits.
 
 The gateway needs no weights: only the folder's tokenizer and config.json, and the folder's
-name, which is the engines' prefix-cache model key (`resolve_model(model).name`), so the
-block hashes it computes equal theirs.
+name (`resolve_model(model).name`), which names the Redis namespace the instances of this
+model register in. How prompts are hashed into blocks (block size, algorithm, model id) it
+learns from each instance's registered cache settings, not from its own flags.
 """
 
 import logging
@@ -18,12 +19,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServedModel:
-    name: str  # what clients put in `model` (and the Redis namespace's model)
-    model_key: str  # extra key of every block hash
+    name: str  # what clients put in `model`
+    model_key: str  # the model folder's name: the Redis namespace's model
     tokenizer: Any
     vocab_size: int
     max_model_len: int
-    block_size: int
     aliases: frozenset[str] = field(default_factory=frozenset)  # other accepted names
 
     def accepts(self, requested: str) -> bool:
@@ -38,7 +38,7 @@ def model_folder(model: str | None) -> Path:
     return resolve_model(model or None)
 
 
-def load_served_model(model: str | None, served_model_name: str | None, block_size: int,
+def load_served_model(model: str | None, served_model_name: str | None,
                       max_model_len: int | None = None) -> ServedModel:
     """Read tokenizer and config from the model folder (blocking: seconds)."""
     from shared.tokenization import load_tokenizer
@@ -53,8 +53,7 @@ def load_served_model(model: str | None, served_model_name: str | None, block_si
     requested_name = DEFAULT_MODEL_NAME if model in (None, DEFAULT_MODEL_NAME) else str(model)
     aliases = {folder.name, requested_name}
     name = served_model_name or (DEFAULT_MODEL_NAME if model in (None, DEFAULT_MODEL_NAME) else folder.name)
-    logger.info("serving %s (key %s, max_model_len %d, block size %d)", name, folder.name, limit,
-                block_size)
+    logger.info("serving %s (key %s, max_model_len %d)", name, folder.name, limit)
     return ServedModel(name=name, model_key=folder.name, tokenizer=tokenizer,
-                       vocab_size=config.vocab_size, max_model_len=limit, block_size=block_size,
+                       vocab_size=config.vocab_size, max_model_len=limit,
                        aliases=frozenset(aliases - {name}))

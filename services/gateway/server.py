@@ -56,7 +56,7 @@ class GatewayServer:
                  load_model: Callable[[], ServedModel] | None = None):
         self.settings = settings
         self._load_model = load_model or (lambda: load_served_model(
-            settings.model, settings.served_model_name, settings.block_size, settings.max_model_len))
+            settings.model, settings.served_model_name, settings.max_model_len))
         self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits)
         self.metrics = GatewayMetrics(self.state)
         self.state.metrics = self.metrics
@@ -111,8 +111,7 @@ class GatewayServer:
         await _wait_for_redis(view)
         self._garbage_collector = asyncio.create_task(view.collect_garbage_forever(INDEX_GC_INTERVAL_S))
         self.state.relay = RelayContext(
-            view, self.channels, block_size=model.block_size,
-            max_prefill_retries=self.settings.max_prefill_retries, lease_s=self.settings.lease_s,
+            view, self.channels, max_prefill_retries=self.settings.max_prefill_retries, lease_s=self.settings.lease_s,
             prefer_colocated=self.settings.prefer_colocated)
         self.state.model = model
         await self.health.set_serving(True)

@@ -14,7 +14,6 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from shared.cluster.keys import validate_name
-from shared.config import DEFAULT_BLOCK_SIZE
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
@@ -45,7 +44,6 @@ class GatewaySettings(RequestLimits):
     deployment: str = _setting(DEFAULT_DEPLOYMENT, "deployment name in Redis keys")
     served_model_name: str | None = _setting(None, "model name clients use (none: the model folder's name)")
     max_model_len: int | None = _setting(None, "prompt + output limit (none: the model's own)", ge=2)
-    block_size: int = _setting(DEFAULT_BLOCK_SIZE, "KV block size of the instances (must equal theirs)", ge=1)
     default_deadline_s: float = _setting(300.0, "deadline of calls that carry none, seconds", gt=0)
     max_prefill_retries: int = _setting(2, "other prefill instances tried after one fails", ge=0)
     lease_s: float = _setting(30.0, "how long a decode reservation waits for its Decode call, seconds", gt=0)

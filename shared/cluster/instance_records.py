@@ -1,12 +1,15 @@
-"""What an engine instance tells the cluster about itself: identity (InstanceInfo) and
-current load (InstanceLoad), plus their flat Redis-hash encoding (plain string fields).
+"""What an engine instance tells the cluster about itself: identity and cache settings
+(InstanceInfo) and current load (InstanceLoad), plus their flat Redis-hash encoding (plain
+string fields; the cache settings as `cache_*` fields, shared.cluster.cache_settings).
 
 InstanceRegistry writes and reads these; gateways use them to pick instances.
 """
 
 from dataclasses import asdict, dataclass, fields
 
+from shared.cluster.cache_settings import decode_cache_settings, encode_cache_settings, validate_cache_settings
 from shared.cluster.keys import validate_name
+from shared.engine.client import CacheSettings
 from shared.errors import InvalidRequestError
 
 ROLES = ("prefill", "decode", "colocated")
@@ -28,6 +31,8 @@ class InstanceInfo:
     grpc_address: str
     ucx_address: str
     model: str
+    # What its KV cache was built with; None in records of instances that registered none.
+    cache: CacheSettings | None = None
 
     def __post_init__(self) -> None:
         validate_name("instance_id", self.instance_id)
@@ -37,6 +42,8 @@ class InstanceInfo:
         if not isinstance(self.ucx_address, str):
             raise InvalidRequestError("ucx_address", "must be a string (empty if none)")
         validate_name("model", self.model)
+        if self.cache is not None:
+            validate_cache_settings(self.cache)
 
 
 @dataclass(frozen=True)
@@ -60,13 +67,21 @@ class InstanceLoad:
             )
 
 
+_IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name != "cache")
+
+
 def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
     """Flat hash fields for one instance (every value a string)."""
-    return {name: str(value) for name, value in {**asdict(info), **asdict(load)}.items()}
+    encoded = {name: str(getattr(info, name)) for name in _IDENTITY_FIELDS}
+    encoded.update((name, str(value)) for name, value in asdict(load).items())
+    if info.cache is not None:
+        encoded.update(encode_cache_settings(info.cache))
+    return encoded
 
 
 def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, InstanceLoad]:
     """Inverse of encode_instance. Raises KeyError/ValueError on a malformed hash."""
-    info = InstanceInfo(**{f.name: hash_fields[f.name] for f in fields(InstanceInfo)})
+    info = InstanceInfo(**{name: hash_fields[name] for name in _IDENTITY_FIELDS},
+                        cache=decode_cache_settings(hash_fields))
     load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in fields(InstanceLoad)})
     return info, load

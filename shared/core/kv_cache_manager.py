@@ -7,7 +7,7 @@ computed-token count catches up with its token count.
 import logging
 
 from shared.core.request import Request
-from shared.kv_cache.block_hash import hash_full_blocks
+from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from shared.kv_cache.block_pool import BlockPool, KVBlock
 
 logger = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_algo = hash_algo
         self.model_key = model_key
+        self.hash_recipe = HashRecipe(model_key, block_size, hash_algo)  # validates the algorithm
         self._blocks: dict[str, list[KVBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}
 
@@ -34,13 +35,9 @@ class KVCacheManager:
     def num_blocks_held(self, request_id: str) -> int:
         return len(self._blocks.get(request_id, []))
 
-    def extra_keys(self, request: Request) -> tuple[str, ...]:
-        return (self.model_key,) + ((request.cache_salt,) if request.cache_salt else ())
-
     def update_block_hashes(self, request: Request) -> None:
-        request.block_hashes = hash_full_blocks(
-            request.all_token_ids, self.block_size, self.extra_keys(request),
-            self.hash_algo, request.block_hashes)
+        request.block_hashes = prompt_block_hashes(request.all_token_ids, self.hash_recipe, request.cache_salt,
+                                                   request.block_hashes)
 
     def find_cached_prefix(self, request: Request) -> list[KVBlock]:
         """The longest run of leading full blocks already in the prefix cache.

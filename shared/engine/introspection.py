@@ -17,7 +17,7 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
     cache = CacheSettings(
         model_id=engine.kv_manager.model_key, block_size=layout.block_size,
         prefix_hash_algo=engine.kv_manager.hash_algo, dtype=str(layout.dtype).removeprefix("torch."),
-        kv_layout=f"layers={layout.num_layers},kv_heads={layout.num_kv_heads},head_dim={layout.head_dim}",
+        kv_layout=layout.description,
         tensor_parallel_size=engine.config.parallel.tensor_parallel_size)
     address = engine.connector.address if engine.connector is not None else ""
     return EngineInfo(cache, layout.num_blocks, engine.model_config.vocab_size, engine.max_model_len,

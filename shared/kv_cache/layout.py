@@ -27,6 +27,13 @@ class KVCacheLayout:
         return (2, self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
 
     @property
+    def description(self) -> str:
+        """What two engines must share for a block of one to be a block of the other (besides
+        block size and dtype): the axis order and the per-block dimensions, not num_blocks."""
+        return (f"kv,layer,block,slot,kv_head,head_dim;layers={self.num_layers};"
+                f"kv_heads={self.num_kv_heads};head_dim={self.head_dim}")
+
+    @property
     def bytes_per_block(self) -> int:
         """Bytes one block holds across all layers, keys and values."""
         per_slab = self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize

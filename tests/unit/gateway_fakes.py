@@ -8,6 +8,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.engine.client import CacheSettings
 from shared.cluster.prefix_index import PrefixIndex
 from shared.errors import REQUEST_FAILED_METADATA_KEY
 from shared.pb.pdserve.v1 import generation_pb2 as gen
@@ -17,6 +18,14 @@ from shared.wire.handback import handed_back_message
 
 FIRST_TOKEN_ID = 42
 DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
+FAKE_BLOCK_SIZE = 16
+
+
+def fake_cache_settings(model_id: str, **changes) -> CacheSettings:
+    """What a fake instance registers: like a real SmolLM2 instance's, with `changes`."""
+    values = dict(model_id=model_id, block_size=FAKE_BLOCK_SIZE, prefix_hash_algo="sha256", dtype="bfloat16",
+                  kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=30;kv_heads=3;head_dim=64")
+    return CacheSettings(**{**values, **changes})
 
 
 @dataclass
@@ -32,14 +41,18 @@ class Behaviour:
     # Decode sends one message, turns NOT_SERVING and fails the call (a decode draining away).
     decode_drains_after_first: bool = False
     num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
+    # Reported by Reserve; None: num_cached_prompt_tokens // the registered block size.
+    num_skip_blocks: int | None = None
     block_ids: list[int] = field(default_factory=lambda: [7, 8, 9, 10])
 
 
 class FakeInstance(instance_pb2_grpc.InstanceServicer):
-    def __init__(self, instance_id: str, role: str, behaviour: Behaviour | None = None):
+    def __init__(self, instance_id: str, role: str, behaviour: Behaviour | None = None, **cache_changes):
         self.instance_id = instance_id
         self.role = role
         self.behaviour = behaviour or Behaviour()
+        self.cache_changes = cache_changes  # registered cache settings that differ from the usual
+        self.block_size = cache_changes.get("block_size", FAKE_BLOCK_SIZE)
         self.calls: list[tuple[str, object]] = []  # (method, request message)
         self.cancelled = asyncio.Event()  # a call of ours saw the client cancel
         self.started = asyncio.Event()  # Prefill or Decode began
@@ -74,8 +87,11 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             await context.abort(self.behaviour.reserve_error, f"{self.instance_id} says no")
         if self.behaviour.reserve_blocks:
             await self._wait_for_cancel()
+        num_cached = self.behaviour.num_cached_prompt_tokens
+        num_skip = self.behaviour.num_skip_blocks
         return inst.ReserveResponse(ucx_address=f"ucx-{self.instance_id}", block_ids=self.behaviour.block_ids,
-                                    num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens)
+                                    num_cached_prompt_tokens=num_cached,
+                                    num_skip_blocks=num_cached // self.block_size if num_skip is None else num_skip)
 
     async def Prefill(self, request, context):
         self.calls.append(("Prefill", request))
@@ -137,7 +153,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
 
 async def register(registry: InstanceRegistry, fake: FakeInstance, model: str,
                    load: InstanceLoad = InstanceLoad(0, 0, 50, 100)) -> None:
-    info = InstanceInfo(fake.instance_id, fake.role, fake.address, f"ucx-{fake.instance_id}", model)
+    info = InstanceInfo(fake.instance_id, fake.role, fake.address, f"ucx-{fake.instance_id}", model,
+                        cache=fake_cache_settings(model, **fake.cache_changes))
     await registry.register(info, load)
 
 

@@ -28,7 +28,7 @@ PROMPT = BenchPrompt(list(range(100, 150)), output_len=3, prompt_text="Say hello
 @pytest.fixture
 def model(smollm2_tokenizer):  # noqa: F811
     return ServedModel(name=MODEL_NAME, model_key=MODEL_NAME, tokenizer=smollm2_tokenizer,
-                       vocab_size=49152, max_model_len=2048, block_size=16)
+                       vocab_size=49152, max_model_len=2048)
 
 
 @contextlib.asynccontextmanager

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from shared.engine import SamplingParams
+from shared.engine.client import CacheSettings
 from shared.engine.errors import CapacityError
+from shared.engine.introspection import engine_info
 from shared.errors import InvalidRequestError
 from shared.kv_transfer.types import KVConnectorRole
 from tests.unit.kv_split import connected_llm, first_token_params, run_prefill, run_split, send_params
@@ -154,3 +156,10 @@ def test_a_connector_that_cannot_arm_the_receive_leaves_nothing_reserved(tiny_ll
         llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
     assert_pool_is_whole(llm)
     assert not llm.engine.has_unfinished_requests() and not llm.engine.scheduler.requests
+
+
+def test_cache_settings_say_what_a_peer_must_share(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder, block_size=8, prefix_hash_algo="blake2b")
+    assert engine_info(llm.engine).cache == CacheSettings(
+        model_id=tiny_llama_folder.name, block_size=8, prefix_hash_algo="blake2b", dtype="float32",
+        kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;head_dim=16", tensor_parallel_size=1)

@@ -7,7 +7,11 @@ import pytest
 from services.gateway.errors import GatewayError
 from services.gateway.request_prep import prepare_request, split_request, tokenize_request
 from services.gateway.served_model import ServedModel
-from shared.kv_cache.block_hash import hash_full_blocks
+from shared.core.request import Request
+from shared.kv_cache.block_hash import HashRecipe
+from shared.kv_cache.block_pool import BlockPool
+from shared.core.kv_cache_manager import KVCacheManager
+from shared.sampling.params import SamplingParams
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.tokenization import apply_chat_template, encode_prompt
@@ -20,7 +24,7 @@ VOCAB_SIZE = 49152
 @pytest.fixture
 def model(smollm2_tokenizer):  # noqa: F811
     return ServedModel(name="smollm2", model_key=MODEL_KEY, tokenizer=smollm2_tokenizer,
-                       vocab_size=VOCAB_SIZE, max_model_len=64, block_size=16,
+                       vocab_size=VOCAB_SIZE, max_model_len=64,
                        aliases=frozenset({"SmolLM2-135M-Instruct"}))
 
 
@@ -98,17 +102,28 @@ def test_text_prompt_is_tokenized_and_hashed_like_the_engine(model, smollm2_toke
     assert prepared.request_id == "r-1"
     assert prepared.prompt_token_ids == ids
     assert len(ids) >= 32
-    assert prepared.block_hashes == hash_full_blocks(ids, 16, (MODEL_KEY,))
-    assert len(prepared.block_hashes) == len(ids) // 16
     salted = prepare_request(request(text=text, cache_salt="tenant-a"), model)
-    assert salted.block_hashes == hash_full_blocks(ids, 16, (MODEL_KEY, "tenant-a"))
-    assert salted.block_hashes[0] != prepared.block_hashes[0]
+    for recipe in (HashRecipe(MODEL_KEY, 16), HashRecipe(MODEL_KEY, 8, "blake2b"), HashRecipe("other", 16)):
+        assert prepared.hashes.for_recipe(recipe) == engine_block_hashes(ids, recipe)
+        assert len(prepared.hashes.for_recipe(recipe)) == len(ids) // recipe.block_size
+        assert salted.hashes.for_recipe(recipe) == engine_block_hashes(ids, recipe, "tenant-a")
+        assert salted.hashes.for_recipe(recipe)[0] != prepared.hashes.for_recipe(recipe)[0]
+    assert prepared.hashes.for_recipe(HashRecipe(MODEL_KEY, 16, "blake2b"))[0] != \
+        prepared.hashes.for_recipe(HashRecipe(MODEL_KEY, 16))[0]
+
+
+def engine_block_hashes(token_ids: list[int], recipe: HashRecipe, cache_salt: str | None = None) -> list[bytes]:
+    """The hashes an engine built with `recipe` gives the prompt (its KV cache manager's)."""
+    manager = KVCacheManager(BlockPool(4), recipe.block_size, True, recipe.algo, recipe.model_id)
+    engine_request = Request("r", token_ids, SamplingParams(), cache_salt=cache_salt)
+    manager.update_block_hashes(engine_request)
+    return engine_request.block_hashes
 
 
 def test_token_ids_and_chat_prompts(model, smollm2_tokenizer):  # noqa: F811
     prepared = prepare_request(request(token_ids=gw.TokenIds(ids=[1, 2, 3])), model)
     assert prepared.prompt_token_ids == [1, 2, 3]
-    assert prepared.block_hashes == []
+    assert prepared.hashes.for_recipe(HashRecipe(MODEL_KEY, 16)) == []
     assert prepared.request_id.startswith("req-")
     chat = gw.ChatMessages(messages=[gw.ChatMessage(role="user", content="Hi!")])
     prepared = prepare_request(request(chat=chat), model)

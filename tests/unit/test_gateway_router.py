@@ -1,16 +1,24 @@
-"""Pure routing decisions of the gateway: exact choices and reasons."""
+"""Pure routing decisions of the gateway: exact choices and reasons; prefill and decode
+instances pair only when their registered cache settings agree."""
 
-from services.gateway.router import COLOCATED, DISAGGREGATED, Candidate, plan_route, rank
+from dataclasses import replace
+
+from services.gateway.router import (
+    COLOCATED, DISAGGREGATED, Candidate, no_pair_reason, pairable_decodes, plan_route, prefills_for, rank)
+from shared.engine.client import CacheSettings
+
+CACHE = CacheSettings(model_id="m", block_size=16, prefix_hash_algo="sha256", dtype="bfloat16",
+                      kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;head_dim=8")
 
 
-def decode(instance_id, prefix=0, free=10, running=0, suspect=False):
+def decode(instance_id, prefix=0, free=10, running=0, suspect=False, cache=CACHE):
     return Candidate(instance_id, "decode", f"{instance_id}:1", prefix_blocks=prefix, free_blocks=free,
-                     total_blocks=100, num_running=running, is_suspect=suspect)
+                     total_blocks=100, num_running=running, is_suspect=suspect, cache=cache)
 
 
-def prefill(instance_id, prefix=0, queue=0, running=0, suspect=False):
+def prefill(instance_id, prefix=0, queue=0, running=0, suspect=False, cache=CACHE):
     return Candidate(instance_id, "prefill", f"{instance_id}:1", prefix_blocks=prefix, queue_depth=queue,
-                     num_running=running, is_suspect=suspect)
+                     num_running=running, is_suspect=suspect, cache=cache)
 
 
 def colocated(instance_id, prefix=0, queue=0, running=0, free=10):
@@ -80,3 +88,33 @@ def test_plan_route_pair_first_colocated_as_fallback_or_when_preferred():
     assert plan_route([decode("d0")]) is None
     assert plan_route([]) is None
     assert plan_route(pair, prefer_colocated=True) == DISAGGREGATED
+
+
+def test_only_instances_with_equal_cache_settings_pair():
+    blocks_32 = replace(CACHE, block_size=32)
+    candidates = [prefill("p0"), prefill("p1", cache=blocks_32), decode("d0", cache=replace(CACHE, dtype="float32")),
+                  decode("d1", cache=blocks_32), decode("d2"), decode("d3", cache=None)]
+    assert ids(rank(pairable_decodes(candidates), "decode")) == ["d1", "d2"]
+    assert [c.instance_id for c in prefills_for(candidates[3], candidates)] == ["p1"]
+    assert [c.instance_id for c in prefills_for(candidates[4], candidates)] == ["p0"]
+    assert prefills_for(candidates[2], candidates) == prefills_for(candidates[5], candidates) == []
+
+
+def test_tensor_parallel_size_does_not_prevent_pairing():
+    # The KV wire carries the full layout: a TP=3 decode instance takes a TP=1 prefill's KV.
+    pair = [prefill("p0"), decode("d0", cache=replace(CACHE, tensor_parallel_size=3))]
+    assert plan_route(pair) == DISAGGREGATED
+
+
+def test_a_mismatched_pair_is_no_route_and_the_reason_names_the_difference():
+    mismatched = [prefill("p0"), decode("d0", cache=replace(CACHE, block_size=32, prefix_hash_algo="blake2b"))]
+    assert plan_route(mismatched) is None
+    assert plan_route(mismatched + [colocated("c0")]) == COLOCATED
+    assert no_pair_reason(mismatched) == ("no prefill and decode instance can pair: prefill p0 and decode d0 "
+                                          "differ in cache settings (block_size 16 != 32, "
+                                          "prefix_hash_algo sha256 != blake2b)")
+    unregistered = [prefill("p0", cache=None), decode("d0")]
+    assert plan_route(unregistered) is None
+    assert "cache settings not registered" in no_pair_reason(unregistered)
+    assert no_pair_reason([decode("d0")]) == "no live prefill instance"
+    assert no_pair_reason([]) == "no live prefill or decode instance"

@@ -15,7 +15,7 @@ from services.gateway.settings import GatewaySettings
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
-from shared.kv_cache.block_hash import hash_full_blocks
+from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
@@ -25,13 +25,13 @@ from tests.unit.gateway_fakes import FIRST_TOKEN_ID, Behaviour, FakeInstance, st
 
 MODEL_NAME = "smollm2-test"
 PROMPT_IDS = list(range(100, 150))  # 3 full blocks of 16 + 2 tokens
-PROMPT_HASHES = hash_full_blocks(PROMPT_IDS, 16, (MODEL_NAME,))
+PROMPT_HASHES = prompt_block_hashes(PROMPT_IDS, HashRecipe(MODEL_NAME, 16))  # as the fakes register
 
 
 @pytest.fixture
 def model(smollm2_tokenizer):  # noqa: F811
     return ServedModel(name=MODEL_NAME, model_key=MODEL_NAME, tokenizer=smollm2_tokenizer,
-                       vocab_size=49152, max_model_len=2048, block_size=16)
+                       vocab_size=49152, max_model_len=2048)
 
 
 @dataclass

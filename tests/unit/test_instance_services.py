@@ -24,7 +24,8 @@ from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import list_mirrored_leases
 from shared.cluster.prefix_index import PrefixIndex
 from shared.engine import LLM, SamplingParams
-from shared.kv_cache.block_hash import hash_full_blocks
+from shared.engine.client import CacheSettings
+from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from shared.pb.pdserve.v1 import generation_pb2 as gen_pb
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
@@ -146,7 +147,7 @@ async def reserve(decode: Instance, request_id: str, prompt: list[int], sampling
 def prefill_request(reserved: pb.ReserveResponse, request_id: str, prompt: list[int], **changes) -> pb.PrefillRequest:
     fields = dict(request_id=request_id, prompt_token_ids=prompt, sampling=greedy(3),
                   decode_ucx_address=reserved.ucx_address, dst_block_ids=list(reserved.block_ids),
-                  num_skip_blocks=reserved.num_cached_prompt_tokens // BLOCK_SIZE,
+                  num_skip_blocks=reserved.num_skip_blocks,
                   transfer_token=reserved.transfer_token)
     return pb.PrefillRequest(**{**fields, **changes})
 
@@ -226,7 +227,7 @@ def test_decode_prefix_cache_hits_are_not_sent_again(redis_server, tiny_llama_fo
         async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
             await run_disaggregated(prefill, decode, "first", first, greedy(4))
             run = await run_disaggregated(prefill, decode, "second", second, greedy(6))
-            assert run.reserved.num_cached_prompt_tokens == 32
+            assert (run.reserved.num_cached_prompt_tokens, run.reserved.num_skip_blocks) == (32, 2)
             assert run.prefilled.kv_bytes_sent == 1 * bytes_per_block(decode)  # 3 blocks, 2 already there
             assert (run.prefilled.num_cached_prompt_tokens, run.prefilled.num_computed_prompt_tokens) == (32, 10)
             assert run.messages[-1].usage.cached_prompt_tokens == 32
@@ -524,14 +525,19 @@ def test_colocated_generate_matches_offline_and_streams_n_completions(redis_serv
 
 def test_instances_register_with_load_and_publish_their_prefix_index(redis_server, tiny_llama_folder):
     prompt = prompt_ids(50, 14)  # 3 full blocks
+    blake2b = {"prefix_hash_algo": "blake2b"}
+    cache = CacheSettings(model_id=tiny_llama_folder.name, block_size=BLOCK_SIZE, prefix_hash_algo="blake2b",
+                          dtype="float32", kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;"
+                                                     "head_dim=16", tensor_parallel_size=1)
 
     async def scenario():
         client = connect_async(redis_server.url)
         namespace = ClusterNamespace(DEPLOYMENT, tiny_llama_folder.name)
         registry, index = InstanceRegistry(client, namespace), PrefixIndex(client, namespace)
-        async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
+        async with prefill_and_decode(tiny_llama_folder, redis_server.url, blake2b, blake2b) as (prefill, decode):
             live = await wait_until(lambda: _live_if_both(registry))
             infos = {info.role: (info, load) for info, load in live}
+            assert infos["prefill"][0].cache == infos["decode"][0].cache == cache
             assert infos["prefill"][0].grpc_address == prefill.runtime.grpc_address
             assert infos["prefill"][0].ucx_address == ""
             assert infos["decode"][0].ucx_address == decode.runtime.ucx_address != ""
@@ -541,7 +547,7 @@ def test_instances_register_with_load_and_publish_their_prefix_index(redis_serve
             assert load.num_free_blocks == NUM_BLOCKS - len(reserved.block_ids)
             await decode.stub.Release(pb.ReleaseRequest(request_id="held"))
             await run_disaggregated(prefill, decode, "indexed", prompt, greedy(3))
-            hashes = hash_full_blocks(prompt, BLOCK_SIZE, (tiny_llama_folder.name,))
+            hashes = prompt_block_hashes(prompt, HashRecipe(tiny_llama_folder.name, BLOCK_SIZE, "blake2b"))
             ids = {prefill.runtime.instance_id, decode.runtime.instance_id}
             held = await wait_until(lambda: _held_if_all(index, hashes, ids))
             assert held == {instance_id: 3 for instance_id in ids}

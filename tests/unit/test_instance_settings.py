@@ -63,6 +63,7 @@ def test_switches_take_a_flag_its_negation_or_a_yes_no_variable(monkeypatch):
     (["--grpc-port", "70000"], {}, "--grpc-port: Input should be less than or equal to 65535"),
     (["--deployment", "a:b"], {}, "--deployment: must be"),
     (["--lease-ms", "0"], {}, "--lease-ms: Input should be greater than 0"),
+    (["--prefix-hash-algo", "md5"], {}, "argument --prefix-hash-algo: invalid choice: 'md5'"),
     (["--engine-core", "fork"], {}, "argument --engine-core: invalid choice: 'fork'"),
     (["--max-engine-restarts", "-1"], {}, "--max-engine-restarts: Input should be greater than or equal to 0"),
     (["--role", "prefill"], {}, "invalid choice: 'prefill'"),

@@ -37,7 +37,7 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
 @pytest.fixture
 def model(smollm2_tokenizer):  # noqa: F811
     return ServedModel(name=MODEL_NAME, model_key=MODEL_NAME, tokenizer=smollm2_tokenizer,
-                       vocab_size=49152, max_model_len=2048, block_size=16)
+                       vocab_size=49152, max_model_len=2048)
 
 
 class DecodeWithLogprobs(FakeInstance):

@@ -64,16 +64,18 @@ class ReserveRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ..., num_resumed_output_tokens: _Optional[int] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("ucx_address", "block_ids", "num_cached_prompt_tokens", "transfer_token")
+    __slots__ = ("ucx_address", "block_ids", "num_cached_prompt_tokens", "transfer_token", "num_skip_blocks")
     UCX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_SKIP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ucx_address: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_cached_prompt_tokens: int
     transfer_token: bytes
-    def __init__(self, ucx_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_prompt_tokens: _Optional[int] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
+    num_skip_blocks: int
+    def __init__(self, ucx_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_cached_prompt_tokens: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., num_skip_blocks: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "first_token_id", "first_logprobs")
