@@ -10,7 +10,7 @@ from shared.config import CacheConfig, EngineConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.guided.limits import GuidedLimits
-from shared.memory.idle_trim import IdleTrimmer
+from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
@@ -37,13 +37,17 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         parallel=parallel_config(settings))
 
 
+def trim_policy(settings: InstanceSettings) -> TrimPolicy:
+    return TrimPolicy(idle_interval_s=settings.idle_trim_interval_s,
+                      busy_growth_bytes=int(settings.busy_trim_growth_mb * (1 << 20)))
+
+
 async def start_engine(settings: InstanceSettings) -> AsyncEngine:
     """Load the model off the event loop (health stays NOT_SERVING meanwhile), start the engine thread."""
     os.environ[ONEDNN_CACHE_CAPACITY_VARIABLE] = str(settings.onednn_cache_capacity)  # before the model loads
     engine = await asyncio.to_thread(LLMEngine.from_config, engine_config(settings))
     async_engine = AsyncEngine(engine)
-    if settings.idle_trim_interval_s > 0:
-        async_engine.on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle
+    async_engine.on_loop = HeapTrimmer(trim_policy(settings)).on_loop
     async_engine.start()
     if settings.num_threads:
         # OpenMP thread counts are per calling thread: set it where the steps run too.

@@ -85,6 +85,8 @@ class InstanceSettings:
     onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches")
     idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
                                                  "at most this often (0 = never)")
+    busy_trim_growth_mb: float = _setting(64.0, "while the engine is busy, return free heap memory once the "
+                                                "resident set has grown this many MiB since the last trim (0 = never)")
     log_level: str = _setting("INFO", "Python logging level")
     log_format: str = _setting("text", "log lines as plain text or one JSON object each (text, json)")
     tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")
@@ -130,7 +132,8 @@ def validate_settings(settings: InstanceSettings) -> None:
                                "prefix_publish_interval_s"))
     _check_non_negative(settings, ("num_threads", "num_blocks", "max_model_len", "shutdown_grace_s",
                                    "drain_timeout_s"))
-    _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s"))
+    _check_non_negative(settings, ("draft_num_layers", "kv_staging_max_mb", "idle_trim_interval_s",
+                                   "busy_trim_growth_mb"))
     _check_positive(settings, ("onednn_cache_capacity",))
     speculative_config(settings)
     parallel_config(settings)

@@ -24,6 +24,8 @@ from shared.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+IDLE_WAKE_S = 1.0  # an idle engine thread runs its loop (and on_loop) at least this often
+
 
 @dataclass
 class _Stream:
@@ -72,8 +74,9 @@ class AsyncEngine:
         self.on_failure = on_failure
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
-        # Called on the engine thread when it has nothing to run (memory trimming).
-        self.on_idle: Callable[[], Any] | None = None
+        # Called on the engine thread every loop iteration with whether it has nothing to run
+        # (memory trimming: shared.memory.idle_trim.HeapTrimmer.on_loop).
+        self.on_loop: Callable[[bool], Any] | None = None
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = threading.Event()
         self.error: BaseException | None = None
@@ -174,8 +177,8 @@ class AsyncEngine:
         try:
             while not self._stopping.is_set():
                 is_idle = not self.engine.scheduler.num_unfinished
-                if is_idle and self.on_idle is not None:
-                    self._notify(self.on_idle)
+                if self.on_loop is not None:
+                    self._notify(self.on_loop, is_idle)
                 self._run_commands(block=is_idle)
                 if self.engine.scheduler.num_unfinished:
                     self._dispatch(self.engine.step())
@@ -189,8 +192,8 @@ class AsyncEngine:
                 self._notify(self.on_failure, error)
 
     def _run_commands(self, block: bool) -> None:
-        try:
-            command = self._commands.get(block=block)
+        try:  # an idle loop still wakes now and then, so that on_loop sees it idle
+            command = self._commands.get(block=block, timeout=IDLE_WAKE_S if block else None)
         except queue.Empty:
             return
         while command is not None:
