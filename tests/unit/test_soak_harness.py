@@ -1,6 +1,7 @@
 """The soak benchmark's process-tree sampling and growth table: every process of a service's
 tree gets its own stable name and row (an engine-core child included), a child that starts
-late gets a row from its own samples, and the tree's total is reported beside them."""
+late gets a row from its own samples, and the tree's total is reported beside them; the
+instances' memory components are parsed and summarised per component."""
 
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from benchmarks.harness.process_tree import descendants, parent_pids, process_label, tree_resident_bytes
 from benchmarks.harness.soak_report import MIB, rss_growth
 from benchmarks.harness.soak_samples import MemorySample, parse_components
+from benchmarks.soak_components import component_rows
 
 
 def write_process(proc, pid: int, parent: int, argv: list[str], comm: str = "python3") -> None:
@@ -59,3 +61,11 @@ def test_memory_components_and_arenas_are_read_from_metrics_text():
             'pdserve:memory_bytes{component="allocator_free",instance="p"} 2048.0\n'
             'pdserve:malloc_arenas{instance="p"} 5.0\n')
     assert parse_components(text) == {"kv_pool": 1 << 30, "allocator_free": 2048, "malloc_arenas": 5}
+
+
+def test_component_rows_give_each_component_its_slope_after_the_warm_up():
+    samples = [{"elapsed_s": 60.0 * minute, "rss_bytes": {},
+                "components": {"prefill-0": {"allocator_free": (100 + 3 * minute) * MIB, "malloc_arenas": 4 + minute}}}
+               for minute in range(5)]
+    assert component_rows(samples, warmup_s=120.0, end_s=240.0) == [
+        "| prefill-0 | allocator_free | 106 | 112 | 3.00 |", "| prefill-0 | malloc_arenas | 6 | 8 | 1.00 |"]
