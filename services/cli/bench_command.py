@@ -8,12 +8,15 @@ and end-to-end latency per rate; optionally writes a result JSON and PNG plots.
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_GATEWAY = "127.0.0.1:50051"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 BACKENDS = ("pdserve-grpc", "openai", "openai-chat")
 DATASETS = ("random", "shared-prefix", "file")
+# Imported by benchmarks/harness, installed by the `bench` extra only.
+BENCH_EXTRA_MODULES = ("tqdm", "matplotlib", "httpx2")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -83,6 +86,13 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli.bench_run import run_bench_serve
-
+    try:
+        from services.cli.bench_run import run_bench_serve
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").split(".")[0]
+        if missing not in BENCH_EXTRA_MODULES:
+            raise
+        print(f"pdserve bench: error: {missing} is missing; the benchmark harness needs the `bench`"
+              " extra: pip install 'pdserve[bench]' (make setup installs it)", file=sys.stderr)
+        return 2
     return run_bench_serve(args)

@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from shared.config import CacheConfig, EngineConfig, SchedulerConfig
+from shared.config import CacheConfig, EngineConfig
+from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.guided.limits import GuidedLimits

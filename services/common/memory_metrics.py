@@ -1,9 +1,10 @@
 """An instance's memory gauges (shared.memory): weights and KV pool measured once, the KV
 staging pools of its handlers and its bounded caches read at scrape time."""
 
-from shared.memory.collector import CacheUsage, MemoryCollector
+from shared.memory.cache_usage import CacheUsage
 from shared.memory.components import memory_by_component
 from shared.memory.engine_memory import grammar_cache_usage, kv_pool_bytes, weight_bytes
+from shared.metrics.memory_collector import MemoryCollector
 from shared.model.cpu_runtime import onednn_cache_capacity
 
 

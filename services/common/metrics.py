@@ -14,11 +14,11 @@ from prometheus_client.registry import Collector
 
 from shared.metrics.engine_collector import EngineCollector
 from shared.metrics.families import FamilyMaker
-from shared.metrics.http_server import MetricsServer
 from shared.metrics.registry import new_registry
 from shared.metrics.request_latency import RequestLatencyTracker
 from shared.transfer.stats import TransferCounters
 from services.common.memory_metrics import InstanceMemory
+from services.common.metrics_server import MetricsServer
 
 METRICS_OFF = -1
 

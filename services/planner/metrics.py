@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shared.metrics.http_server import MetricsServer
 from shared.metrics.registry import new_registry
 
+from services.common.metrics_server import MetricsServer
 from services.planner.planner import PlanDecision
 
 OBSERVED = {

@@ -15,9 +15,9 @@ import logging
 
 import grpc
 
+from shared.core.kv_cache_manager import blocks_for_tokens
 from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
-from shared.kv_cache.manager import blocks_for_tokens
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.sampling.params import SamplingParams
 from shared.transfer.ucx_transport import KVSender, KVTransferError, TransferResult, parse_address

@@ -64,7 +64,7 @@ class Request:
     stop_reason: int | str | None = None
     # Why the request finished with FINISHED_ERROR (bounded, safe to show the client).
     error: str | None = None
-    # Guided decoding: the request's own place in its grammar (shared.guided.engine_support);
+    # Guided decoding: the request's own place in its grammar (shared.engine.guided_decoding);
     # kept across preemption, since the request's tokens do not change.
     guided_matcher: "GrammarMatcher | None" = None
     # Speculative decoding with a draft model: positions whose draft KV is computed (reset to

@@ -13,7 +13,7 @@ and leave a share for each waiting request. A short prompt arriving behind a max
 or behind dozens of part-way prompts, is then computed in the next step.
 
 Speculative decoding (`num_spec_tokens` > 0): a running decode that may speculate
-(`shared.spec_decode.support`) gets slots for its last token plus up to k proposed tokens,
+(`shared.core.speculation_support`) gets slots for its last token plus up to k proposed tokens,
 never more than its remaining max_tokens / model length allow nor than the step's budget;
 when the cache has no room for them it decodes one token instead. Afterwards only confirmed
 positions count as computed, so rejected slots are overwritten later and never hashed into
@@ -23,13 +23,13 @@ the prefix cache; slots allocated for proposals stay with the request for its ne
 import logging
 from collections import deque
 
-from shared.config import SchedulerConfig
+from shared.core.kv_cache_manager import KVCacheManager, blocks_for_tokens
 from shared.core.request import Request, RequestStatus
+from shared.core.scheduler_config import SchedulerConfig
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared.core.speculation_support import supports_speculation
 from shared.core.stop_checks import token_stop_status
-from shared.kv_cache.manager import KVCacheManager, blocks_for_tokens
-from shared.spec_decode.outputs import VerifiedTokens
-from shared.spec_decode.support import supports_speculation
+from shared.core.verified_tokens import VerifiedTokens
 
 logger = logging.getLogger(__name__)
 

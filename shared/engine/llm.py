@@ -3,7 +3,8 @@
 from collections.abc import Sequence
 from dataclasses import fields
 
-from shared.config import CacheConfig, EngineConfig, SchedulerConfig
+from shared.config import CacheConfig, EngineConfig
+from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.guided.limits import GuidedLimits

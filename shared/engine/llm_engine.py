@@ -11,19 +11,19 @@ from dataclasses import dataclass, replace
 import torch
 
 from shared.config import EngineConfig
+from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
-from shared.engine.outputs import RequestOutput
+from shared.engine.guided_decoding import GuidedDecoding
 from shared.engine.output_processor import OutputProcessor
+from shared.engine.outputs import RequestOutput
 from shared.engine.resume import resume_request, split_resumed
 from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
-from shared.guided.engine_support import GuidedDecoding
 from shared.kv_cache.block_pool import BlockPool
-from shared.kv_cache.manager import KVCacheManager
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.stats import SpecDecodeStats

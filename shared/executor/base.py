@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.core.scheduler_output import SchedulerOutput
+from shared.core.verified_tokens import VerifiedTokens
 from shared.kv_cache.layout import KVCacheLayout
-from shared.spec_decode.outputs import VerifiedTokens
 
 if TYPE_CHECKING:
     import torch

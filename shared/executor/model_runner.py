@@ -15,9 +15,9 @@ from dataclasses import replace
 
 import torch
 
+from shared.core.input_batch import ModelInputs, build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
-from shared.executor.input_batch import ModelInputs, build_model_inputs
 from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
 from shared.sampling.logprobs import token_logprobs, top_logprobs

@@ -11,9 +11,9 @@ stage) samples; the others' logits are identical copies (the LM head gathers the
 import torch
 import torch.distributed as dist
 
+from shared.core.input_batch import ModelInputs, build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput
-from shared.executor.input_batch import ModelInputs, build_model_inputs
 from shared.executor.model_runner import ModelRunner, _prompt_logprobs
 from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout

@@ -1,7 +1,7 @@
 """What an engine holds, in bytes, for `pdserve:memory_bytes`: its weights and KV pool (the
 target's and a draft model's), and the usage of its bounded caches."""
 
-from shared.memory.collector import CacheUsage
+from shared.memory.cache_usage import CacheUsage
 from shared.memory.components import module_bytes, tensor_bytes
 
 

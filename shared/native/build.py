@@ -2,7 +2,7 @@
 
 `shared_library(source)` is called by kernel loaders (shared/attention/native_decode.py). The
 library is built with the system C++ compiler (`$CXX`, else g++) for this CPU (-march=native)
-and cached under `<model cache dir>/kernels/` keyed by the source text, the flags, the compiler
+and cached under `<pdserve cache dir>/kernels/` keyed by the source text, the flags, the compiler
 and the CPU's feature flags, so a source edit, a different compiler or a different machine
 sharing the home folder gets its own build. Concurrent builders each write a private temporary
 file and rename it into place. Any failure is logged and returns None: callers fall back to
@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from shared.model.default_model import model_cache_dir
+from shared.cache_dir import pdserve_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def shared_library(source: Path) -> Path | None:
     if compiler is None:
         logger.warning("No C++ compiler found; %s falls back to torch", source.name)
         return None
-    target = model_cache_dir() / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
+    target = pdserve_cache_dir() / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
     if target.exists():
         return target
     try:

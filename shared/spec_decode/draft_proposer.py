@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from shared.core.input_batch import build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest
-from shared.executor.input_batch import build_model_inputs
 from shared.kv_cache.layout import KVCacheLayout
 from shared.sampling.sampler import apply_history
 from shared.spec_decode.draws import draw_per_request

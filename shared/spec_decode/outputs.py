@@ -1,4 +1,4 @@
-"""What proposers hand the verifier, and what verification hands back to the scheduler."""
+"""What proposers hand the verifier (the verifier's result is shared.core.verified_tokens)."""
 
 from dataclasses import dataclass
 
@@ -15,17 +15,3 @@ class Proposal:
     # Draft model: positions whose draft KV is now computed (the catch-up and every proposal
     # but the last); 0 for proposers without a KV cache.
     num_draft_computed_tokens: int = 0
-
-
-@dataclass
-class VerifiedTokens:
-    """One speculating request's step result (ModelRunnerOutput.verified)."""
-    # Accepted draft tokens, then the recovered or bonus token: always at least one.
-    token_ids: list[int]
-    num_draft_tokens: int
-    # Draft model: positions whose draft KV holds confirmed tokens after this step.
-    num_draft_computed_tokens: int = 0
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.token_ids) - 1

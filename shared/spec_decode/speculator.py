@@ -14,10 +14,11 @@ from collections.abc import Sequence
 import torch
 
 from shared.core.scheduler_output import ScheduledRequest
+from shared.core.verified_tokens import VerifiedTokens
 from shared.sampling.sampler import apply_history
 from shared.spec_decode.draws import draw_per_request
 from shared.spec_decode.history import verify_rows
-from shared.spec_decode.outputs import Proposal, VerifiedTokens
+from shared.spec_decode.outputs import Proposal
 from shared.spec_decode.probs import processed_probs
 from shared.spec_decode.proposer import Proposer
 from shared.spec_decode.rejection_sampler import rejection_sample

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from shared.cache_dir import pdserve_cache_dir
 from shared.errors import InvalidRequestError
 from shared.model import default_model
 from shared.model.default_model import (
     DefaultModelNotInstalledError,
     cache_entry_name,
     default_gguf_path,
-    model_cache_dir,
     resolve_model,
 )
 from shared.model.gguf_convert import CONVERSION_MARKER_FILE, CONVERTER_VERSION
@@ -52,15 +52,15 @@ def tiny_gguf(tmp_path) -> Path:
     return path
 
 
-def test_model_cache_dir_prefers_environment_variable(monkeypatch, tmp_path):
+def test_pdserve_cache_dir_prefers_environment_variable(monkeypatch, tmp_path):
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
-    assert model_cache_dir() == tmp_path / "cache"
+    assert pdserve_cache_dir() == tmp_path / "cache"
 
 
-def test_model_cache_dir_defaults_to_home_cache(monkeypatch, tmp_path):
+def test_pdserve_cache_dir_defaults_to_home_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("PDSERVE_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert model_cache_dir() == tmp_path / ".cache" / "pdserve"
+    assert pdserve_cache_dir() == tmp_path / ".cache" / "pdserve"
 
 
 def test_default_gguf_path_points_into_the_package():

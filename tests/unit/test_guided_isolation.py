@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-import shared.guided.engine_support as engine_support
+import shared.engine.guided_decoding as guided_decoding
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine, RequestFailedError
 from shared.errors import InvalidRequestError
@@ -82,7 +82,7 @@ def test_a_row_left_with_no_allowed_token_finishes_alone_with_an_error(tiny_llam
     ids = [llm.engine.add_request(PROMPTS[0], params, request_id="dead"),
            llm.engine.add_request(PROMPTS[1], params, request_id="alive")]
     dead_matcher = llm.engine.requests_of("dead")[0].guided_matcher
-    real_fill = engine_support.fill_bitmask
+    real_fill = guided_decoding.fill_bitmask
 
     def fill_with_a_dead_row(matchers, vocab_size):
         bitmask, restricts = real_fill(matchers, vocab_size)
@@ -90,7 +90,7 @@ def test_a_row_left_with_no_allowed_token_finishes_alone_with_an_error(tiny_llam
             if matcher is dead_matcher:
                 bitmask[row] = 0
         return bitmask, restricts
-    monkeypatch.setattr(engine_support, "fill_bitmask", fill_with_a_dead_row)
+    monkeypatch.setattr(guided_decoding, "fill_bitmask", fill_with_a_dead_row)
     dead, alive = llm._run(ids)
     assert dead.outputs[0].finish_reason == "error" and "allows no token" in dead.outputs[0].error
     assert dead.token_ids == []

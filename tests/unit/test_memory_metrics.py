@@ -6,12 +6,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
 from shared.engine import LLM
-from shared.memory.collector import CacheUsage, MemoryCollector
+from shared.memory.cache_usage import CacheUsage
 from shared.memory.components import COMPONENTS, memory_by_component
 from shared.memory.engine_memory import kv_pool_bytes, weight_bytes
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.memory.malloc_stats import is_glibc, malloc_stats
 from shared.memory.process import resident_bytes
+from shared.metrics.memory_collector import MemoryCollector
 from shared.model.row_buckets import bucketed_rows
 
 

@@ -5,11 +5,11 @@ Block size 4 throughout, so block ids and counts are easy to read.
 
 import pytest
 
-from shared.config import SchedulerConfig
+from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
+from shared.core.scheduler_config import SchedulerConfig
 from shared.kv_cache.block_pool import BlockPool
-from shared.kv_cache.manager import KVCacheManager
 from shared.sampling.params import SamplingParams
 
 BLOCK_SIZE = 4

@@ -3,13 +3,13 @@
 Block size 4. Verification results are hand-made `VerifiedTokens`.
 """
 
-from shared.config import SchedulerConfig
+from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request
 from shared.core.scheduler import Scheduler
+from shared.core.scheduler_config import SchedulerConfig
+from shared.core.verified_tokens import VerifiedTokens
 from shared.kv_cache.block_pool import BlockPool
-from shared.kv_cache.manager import KVCacheManager
 from shared.sampling.params import SamplingParams
-from shared.spec_decode.outputs import VerifiedTokens
 
 EOS = 0
 

@@ -6,24 +6,13 @@ The instance wires it with callables so this module needs no service imports:
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.memory.cache_usage import CacheUsage
 from shared.memory.malloc_stats import malloc_stats
 from shared.metrics.families import FamilyMaker
-
-
-@dataclass(frozen=True)
-class CacheUsage:
-    """One bounded cache: entries and bytes held now, and its limits (-1: unknown or none)."""
-
-    name: str
-    num_entries: int
-    max_entries: int
-    memory_bytes: int
-    max_bytes: int = -1
 
 
 class MemoryCollector(Collector):

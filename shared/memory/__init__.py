@@ -1,0 +1,1 @@
+"""Memory accounting: process RSS, malloc arenas, per-component bytes, idle trimming."""

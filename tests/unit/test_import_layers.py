@@ -1,0 +1,69 @@
+"""The one-way layers of pyproject.toml's [tool.importlinter] contracts hold (issue 9).
+
+engine core <- disaggregation <- services <- CLI, benchmarks on top; the engine imports no
+transport; no cycles between the packages of shared/ or of services/. The contracts are run
+by import-linter's own `lint-imports` (no cache, about a second). The planted-violation
+tests copy the source tree, add one bad import and check that the right contract breaks, so
+a contract that stopped checking anything would fail here too.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+SOURCE_PACKAGES = ("shared", "services", "benchmarks")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    # PYTHONPATH first, so that a copied tree's packages shadow the editable install's.
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def copy_sources(into: Path) -> Path:
+    shutil.copy(REPO_ROOT / "pyproject.toml", into / "pyproject.toml")
+    for package in SOURCE_PACKAGES:
+        shutil.copytree(REPO_ROOT / package, into / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "csrc"))
+    return into
+
+
+def test_contracts_are_kept():
+    completed = lint_imports(REPO_ROOT)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "0 broken" in completed.stdout
+
+
+@pytest.mark.parametrize("module, bad_import, broken_contract", [
+    ("shared/core/request.py", "import grpc", "the engine core imports no transport"),
+    ("shared/sampling/sampler.py", "import redis", "the engine core imports no transport"),
+    ("shared/kv_cache/block_pool.py", "import shared.transfer.stats", "never back"),
+    ("shared/guided/bitmask.py", "import shared.core.request", "no import cycles"),
+    ("services/gateway/server.py", "import services.cli.main", "never back"),
+    ("services/common/metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
+])
+def test_a_planted_violation_breaks_its_contract(tmp_path, module, bad_import, broken_contract):
+    root = copy_sources(tmp_path)
+    path = root / module
+    # A function-level import: import-linter counts those too, as the contracts intend.
+    path.write_text(path.read_text() + f"\n\ndef _planted():\n    {bad_import}\n")
+    completed = lint_imports(root)
+    assert completed.returncode != 0, completed.stdout
+    broken = [line for line in completed.stdout.splitlines() if " BROKEN" in line]
+    assert any(broken_contract in line for line in broken), completed.stdout
+
+
+def test_a_new_unlisted_shared_package_must_be_placed_in_a_tier(tmp_path):
+    root = copy_sources(tmp_path)
+    (root / "shared" / "newcomer").mkdir()
+    (root / "shared" / "newcomer" / "__init__.py").write_text("")
+    completed = lint_imports(root)
+    assert completed.returncode != 0, completed.stdout
+    assert "shared.newcomer" in completed.stdout
