@@ -26,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -36,13 +36,14 @@ help:
 	@echo "make run            local stack: redis + prefill + decode + gateway on 127.0.0.1:$(GATEWAY_PORT) (UP_ARGS=...)"
 	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
-	@echo "make bench-offline  offline throughput benchmark vs transformers (BENCH_ARGS=...)"
+	@echo "make bench-offline  offline throughput vs transformers; BENCH_ARGS=--beside-hog, --compare-deterministic, --vllm-python PY"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-faults   kills and SIGTERMs under streaming load: ok/failed/migrated, recovery, p99 (BENCH_ARGS=...)"
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
+	@echo "make bench-sim-validate the simulator vs the local 1P+1D stack at 3 Poisson rates (needs a quiet machine)"
 	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
@@ -110,3 +111,8 @@ clean:
 bench-autoscale: setup
 	$(PYTHON) -m benchmarks.autoscale --mode autoscale $(BENCH_ARGS)
 	$(PYTHON) -m benchmarks.autoscale --mode fixed $(BENCH_ARGS)
+
+# The simulator's validation: 1P+1D at 3 Poisson rates, then the simulator's replay (table + plot).
+bench-sim-validate: setup
+	$(PYTHON) -m benchmarks.sim_validate $(BENCH_ARGS)
+	$(PYTHON) -m benchmarks.sim_validate_report --out bench-results/sim-validate

@@ -37,6 +37,11 @@ def mode_figures(result: dict, ttft_slo: float, itl_slo: float) -> dict:
             "max_prefill": int(pools[:, 1].max()), "max_decode": int(pools[:, 2].max())}
 
 
+def local_host(profile: PerfProfile) -> dict:
+    """The local stack's instances share this host: the simulator's shared-host model."""
+    return {"host_cores": profile.host_cores or 2, "colocated_slowdown": profile.colocated_slowdown}
+
+
 def replay(result: dict) -> list[SimRequest]:
     return [SimRequest(r["index"], r["start_s"], r["prompt_len"], r["expected_output_len"], None, 0)
             for r in result["records"]]
@@ -46,7 +51,7 @@ def simulated_figures(result: dict, profile: PerfProfile, ttft_slo: float, itl_s
     from benchmarks.autoscale import planner_config  # the same policy as the measured run
     from argparse import Namespace
 
-    config = SimConfig(ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, startup_s=20.0, interval_s=5.0)
+    config = SimConfig(ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, startup_s=20.0, interval_s=5.0, **local_host(profile))
     requests = replay(result)
     if result["mode"] == "fixed":
         summary = simulate_fixed(profile, config, requests, 1, 1)
@@ -65,7 +70,7 @@ def phase_comparison(result: dict, profile: PerfProfile, ttft_slo: float, itl_sl
     from services.simulator.cluster import ClusterSim
     from services.simulator.scalers import FixedScaler
 
-    config = SimConfig(ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, interval_s=5.0)
+    config = SimConfig(ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, interval_s=5.0, **local_host(profile))
     recorder = ClusterSim(profile, config, FixedScaler(1, 1), 1, 1).run(replay(result))
     measured = {r["index"]: request_latencies(r) for r in result["records"]}
     end = max(r["start_s"] for r in result["records"])

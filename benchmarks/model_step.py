@@ -7,7 +7,9 @@ each) and a single-prompt prefill step of `--prefill-len` tokens, and splits eac
 layers (incl. the LM head), attention (cache writes, gathers, softmax) and the rest (norms,
 RoPE, activations, Python). `--profile` adds torch.profiler's top operators;
 `--transformers` also times transformers' LlamaForCausalLM on the same shapes (a prefill
-forward and a decode step with its DynamicCache), for a ratio measured under the same load.
+forward and a decode step with its DynamicCache), for a ratio measured under the same load;
+`--roofline` prints each part against the machine's measured matmul peak and streaming
+bandwidth (benchmarks/roofline.py).
 """
 
 import argparse
@@ -50,6 +52,7 @@ class StepInputs:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, block_size: int,
                  context_lens: list[int], query_lens: list[int], num_decodes: int):
+        self.context_lens = context_lens
         blocks_per_seq = [-(-length // block_size) for length in context_lens]
         block_ids = torch.randperm(sum(blocks_per_seq)).split(blocks_per_seq)
         self.kv_cache = KVCacheLayout(config.num_layers, sum(blocks_per_seq), block_size, config.num_kv_heads,
@@ -194,6 +197,9 @@ def main() -> None:
     parser.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc thresholds alone")
     parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top operators")
     parser.add_argument("--transformers", action="store_true", help="also time transformers on the same shapes")
+    parser.add_argument("--roofline", action="store_true",
+                        help="also measure the machine's matmul peak and streaming bandwidth and print each "
+                             "part against them (benchmarks/roofline.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.no_malloc_tuning:
@@ -218,6 +224,11 @@ def main() -> None:
         print(f"{name}: {totals[name]} (of {args.repeats}); breakdown ms: {split}")
         if name in tables:
             print(tables[name])
+    if args.roofline:
+        from benchmarks.roofline import print_roofline, roofline_rows
+        (decode_name, decode), (prefill_name, _) = steps.items()
+        print_roofline(roofline_rows(SMOLLM2_135M, dtype, decode.context_lens, parts[decode_name], args.prefill_len,
+                                     totals[prefill_name].best_ms))
     if args.transformers:
         with torch.inference_mode():
             theirs = transformers_ms(SMOLLM2_135M, dtype, args.batch, args.context, args.prefill_len, args.repeats)

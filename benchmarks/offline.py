@@ -4,6 +4,10 @@ Run by `make bench-offline` (`python -m benchmarks.offline [flags]`). Builds a f
 prompts from common English words (random lengths in [128, 256] tokens, fixed seed), runs
 pdserve's offline engine on all of them at once, then transformers' `generate` in left-padded
 batches of 16, greedy with EOS ignored, and prints throughput, KV memory and output agreement.
+`--beside-hog` and `--compare-deterministic` run pdserve alone in other ways
+(benchmarks/offline_contention.py). Threads: `--num-threads`, default the CPUs this process
+may use (affinity mask and cgroup quota); OpenMP threads spin only briefly before sleeping
+unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (shared/model/cpu_budget.py).
 """
 
 import argparse
@@ -17,6 +21,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from shared.model.cpu_budget import cpu_budget, prefer_bounded_spinning  # noqa: E402
+
+prefer_bounded_spinning()  # before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
 
@@ -70,6 +78,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="both engines' device: cpu, cuda or auto (default cpu)")
     parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads (default 0: the CPUs this process may use)")
+    parser.add_argument("--deterministic", action="store_true", help="pdserve in deterministic mode")
+    parser.add_argument("--vllm-python", type=Path, default=os.environ.get("PDSERVE_VLLM_PYTHON") or None,
+                        help="also run vLLM's offline engine with this interpreter (its own virtualenv; "
+                             "env PDSERVE_VLLM_PYTHON)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--beside-hog", action="store_true",
+                      help="instead: pdserve quiet, then beside `yes > /dev/null` on one CPU; prints the ratio")
+    mode.add_argument("--compare-deterministic", action="store_true",
+                      help="instead: pdserve default vs deterministic=True; prints the cost")
     parser.add_argument("--parallel", nargs="?", const="1x1,1x1:2,3x1,1x2", default=None, metavar="LAYOUTS",
                         help="instead: rows per tensor x pipeline layout, "
                              "TxP[:threads per rank] (default 1x1,1x1:2,3x1,1x2)")
@@ -90,14 +109,18 @@ def build_prompt_ids(tokenizer: Any, num_prompts: int, seed: int) -> list[list[i
     return prompts
 
 
-def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
-    """Times LLM.generate on all prompts at once (after a 2-prompt warm-up).
+def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace,
+                deterministic: bool | None = None) -> tuple:
+    """Times LLM.generate on all prompts at once (after a 2-prompt warm-up) on a new engine
+    (`deterministic` defaults to --deterministic).
 
     Returns (RunResult, per-prompt output token ids, the LLM for its KV usage).
     """
     from shared.engine import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), dtype=args.dtype, device=args.device)
+    deterministic = args.deterministic if deterministic is None else deterministic
+    llm = LLM(model=str(model_dir), dtype=args.dtype, device=args.device, num_threads=torch.get_num_threads(),
+              deterministic=deterministic)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     warmup_params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], warmup_params)
@@ -111,6 +134,23 @@ def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Nam
     output_ids = [list(completion.token_ids) for completion in completions]
     result = RunResult("pdserve", wall_s, sum(map(len, prompt_ids)), sum(map(len, output_ids)))
     return result, output_ids, llm
+
+
+def run_vllm(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
+    """Times vLLM on the same ids in a child process (benchmarks/vllm_peer.py). Returns
+    (RunResult, output ids)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pdserve-vllm-") as folder:
+        request, result = Path(folder) / "request.json", Path(folder) / "result.json"
+        request.write_text(json.dumps({"model": str(model_dir), "dtype": args.dtype, "output_len": args.output_len,
+                                       "prompt_ids": prompt_ids}))
+        script = Path(__file__).with_name("vllm_peer.py")
+        subprocess.run([str(args.vllm_python), str(script), str(request), str(result)], check=True)
+        figures = json.loads(result.read_text())
+    run = RunResult("vllm", figures["wall_s"], figures["num_prompt_tokens"], figures["num_output_tokens"])
+    return run, figures["output_ids"]
 
 
 def _synchronize(device: str) -> None:
@@ -204,7 +244,8 @@ def print_throughput(results: list[RunResult]) -> None:
               f"{result.total_tokens_per_s:>14.1f}")
     if len(results) == 2:
         ours, theirs = results
-        print(f"{'pdserve/hf':<14}{theirs.wall_s / ours.wall_s:>9.2f}x"
+        label = "pdserve/hf" if theirs.name == "transformers" else f"pdserve/{theirs.name}"
+        print(f"{label:<14}{theirs.wall_s / ours.wall_s:>9.2f}x"
               f"{ours.output_tokens_per_s / theirs.output_tokens_per_s:>14.2f}x"
               f"{ours.total_tokens_per_s / theirs.total_tokens_per_s:>13.2f}x")
 
@@ -223,7 +264,7 @@ def print_kv_memory(kv: dict[str, float], num_prompts: int) -> None:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.num_threads or cpu_budget())
     from transformers import AutoTokenizer
 
     from shared.model.default_model import resolve_model
@@ -238,6 +279,14 @@ def main() -> None:
         if args.json is not None:
             args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "parallel": rows}, indent=2))
         return
+    if args.beside_hog or args.compare_deterministic:
+        from benchmarks.offline_contention import run_beside_hog, run_deterministic_comparison
+        mode = run_beside_hog if args.beside_hog else run_deterministic_comparison
+        figures = mode(run_pdserve, model_dir, prompt_ids, args)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, **figures}, indent=2))
+        return
     ours, our_ids, llm = run_pdserve(model_dir, prompt_ids, args)
     results = [ours]
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
@@ -245,6 +294,11 @@ def main() -> None:
         theirs, their_ids = run_transformers(model_dir, prompt_ids, args)
         results.append(theirs)
         report["agreement"] = agreement(our_ids, their_ids)
+    if args.vllm_python is not None:
+        peer, peer_ids = run_vllm(model_dir, prompt_ids, args)
+        report["vllm_agreement"] = agreement(our_ids, peer_ids)
+        print_throughput([ours, peer])
+        print()
     print_throughput(results)
     report["runs"] = [asdict(r) | {"output_tokens_per_s": r.output_tokens_per_s,
                                    "total_tokens_per_s": r.total_tokens_per_s} for r in results]
@@ -253,6 +307,10 @@ def main() -> None:
     if "agreement" in report:
         match = report["agreement"]
         print(f"\ngreedy outputs identical to transformers: {match['num_identical']}/{match['num_compared']} "
+              f"(mean common prefix {match['mean_common_prefix_tokens']:.1f} tokens)")
+    if "vllm_agreement" in report:
+        match = report["vllm_agreement"]
+        print(f"greedy outputs identical to vLLM: {match['num_identical']}/{match['num_compared']} "
               f"(mean common prefix {match['mean_common_prefix_tokens']:.1f} tokens)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

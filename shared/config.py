@@ -37,9 +37,13 @@ class EngineConfig:
     attention_backend: str = "auto"
     # None = the model's own limit.
     max_model_len: int | None = None
-    # Threads for torch's intra-op pool; None leaves torch's choice.
+    # Threads for torch's intra-op pool; None: the CPUs this process may use (affinity mask,
+    # cgroup quota; shared/model/cpu_budget.py).
     num_threads: int | None = None
     seed: int = 0
+    # Batch-invariant computation (CPU): greedy output and logits are the same bits alone or in
+    # any batch, with or without prefix hits, chunking or speculation (docs/deterministic.md).
+    deterministic: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

@@ -14,12 +14,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile", help="measure one instance's prefill and decode costs into a profile JSON",
         description="Runs the engine in-process on random prompts and writes what the planner and "
-                    "the simulator need. The default run takes 1-2 minutes on a quiet 2-core machine.")
+                    "the simulator need: prefill and decode costs, the KV transfer time over UCX on "
+                    "loopback, and the slowdown beside a second busy instance on this host. The "
+                    "default run takes 2-3 minutes on a quiet 2-core machine.")
     parser.add_argument("--output", "-o", type=Path, default=DEFAULT_OUTPUT,
                         help=f"where to write the JSON (default {DEFAULT_OUTPUT})")
     parser.add_argument("--model", default=None, help="HF folder or GGUF file (default: bundled SmolLM2)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: the CPUs this process may use)")
     parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
                         help="KV pool size, as a serving instance's --kv-cache-memory-gb (default 1.0)")
     parser.add_argument("--quick", action="store_true",
@@ -38,4 +40,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: KV capacity {profile.kv_capacity_tokens} tokens, "
           f"prefill 512 tokens {profile.prefill_s(512) * 1e3:.0f} ms, "
           f"decode step at batch 32 x 512 {profile.decode_step_s(32, 512) * 1e3:.0f} ms")
+    transfer = profile.kv_transfer_s(512)
+    if transfer is not None:
+        print(f"KV transfer of 512 tokens {transfer * 1e3:.1f} ms; "
+              f"beside a busy neighbour x{profile.colocated_slowdown:.2f} on {profile.host_cores} cores")
     return 0

@@ -4,6 +4,7 @@
 
 import argparse
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,7 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-median", type=int, default=128)
     parser.add_argument("--prefix-share", type=float, default=0.5, help="requests opening with a common prefix")
     parser.add_argument("--startup", type=float, default=30.0, help="seconds a new instance takes to serve")
-    parser.add_argument("--kv-bandwidth-gbs", type=float, default=1.0, help="KV transfer GB/s")
+    parser.add_argument("--kv-bandwidth-gbs", type=float, default=1.0,
+                        help="KV transfer GB/s, when the profile has no transfer points")
+    parser.add_argument("--shared-host", action="store_true",
+                        help="all instances share one host of the profile's cores (and its co-location "
+                             "slowdown), like `pdserve up` on one machine; default: a machine each")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=0.9, help="SLO attainment a fixed P:D must reach")
     parser.add_argument("--fixed", default=None, metavar="P:D", help="only simulate this fixed P:D")
@@ -40,10 +45,13 @@ def _setup(args: argparse.Namespace):
 
     lengths = LengthModel(prompt_median=args.prompt_median, output_median=args.output_median,
                           prefix_share=args.prefix_share)
+    profile = PerfProfile.load(args.profile)
+    shared = {"host_cores": profile.host_cores or 1, "colocated_slowdown": profile.colocated_slowdown} \
+        if args.shared_host else {}
     config = SimConfig(ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, startup_s=args.startup,
-                       kv_bandwidth_bytes_s=args.kv_bandwidth_gbs * 1e9, interval_s=args.planner_interval)
+                       kv_bandwidth_bytes_s=args.kv_bandwidth_gbs * 1e9, interval_s=args.planner_interval, **shared)
     requests = make_trace(args.trace, args.rate, args.duration, lengths, args.seed, day_s=args.day_length)
-    return PerfProfile.load(args.profile), config, requests
+    return profile, config, requests
 
 
 def _line(label: str, summary) -> str:
@@ -65,11 +73,17 @@ def run(args: argparse.Namespace) -> int:
         print(_line(f"fixed {num_prefill}P:{num_decode}D", simulate_fixed(profile, config, requests,
                                                                          num_prefill, num_decode)))
     else:
+        started = time.perf_counter()
         ratio = least_cost_ratio(profile, config, requests, args.target, args.max_per_pool)
+        search_s = time.perf_counter() - started
         planned, timeline = simulate_planner(profile, config, config_from_args(args), requests)
-        print(_line(f"least-cost fixed {ratio.num_prefill}P:{ratio.num_decode}D", ratio.summary))
+        searched = f"{len(ratio.tried)} runs in {search_s:.0f} s"
+        met = "" if ratio.met else f" (misses {args.target:.0%} even at {args.max_per_pool} per pool)"
+        label = f"least-cost fixed {ratio.num_prefill}P:{ratio.num_decode}D"
+        print(_line(label, ratio.summary) + f"  [{searched}]{met}")
         print(_line("planner", planned))
         results = {"least_cost_fixed": {"num_prefill": ratio.num_prefill, "num_decode": ratio.num_decode,
+                                        "met": ratio.met, "search_s": search_s,
                                         **asdict(ratio.summary)},
                    "planner": asdict(planned), "planner_timeline": timeline, "search_runs": ratio.tried}
     if args.json:

@@ -56,7 +56,11 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on a GPU: each instance's share of its memory (default 0.9; instances "
                              "sharing one GPU must together stay below 1)")
     parser.add_argument("--num-threads", type=int, default=_env("PDSERVE_NUM_THREADS", None, int),
-                        help="torch threads per instance (default: torch's choice; env PDSERVE_NUM_THREADS)")
+                        help="torch threads per instance (default: one per CPU the instance is given, see "
+                             "docs/performance.md; env PDSERVE_NUM_THREADS)")
+    parser.add_argument("--deterministic", action="store_true", default=_env_flag("PDSERVE_DETERMINISTIC"),
+                        help="batch-invariant instances: greedy output identical to the offline engine's "
+                             "with deterministic=True (env PDSERVE_DETERMINISTIC=1; docs/deterministic.md)")
     parser.add_argument("--redis-url", default=_env("PDSERVE_UP_REDIS_URL", None),
                         help="use this Redis instead of starting redis-server (env PDSERVE_UP_REDIS_URL)")
     parser.add_argument("--run-dir", type=Path, default=_env("PDSERVE_UP_RUN_DIR", None, Path),
@@ -145,8 +149,8 @@ def config_from_args(args: argparse.Namespace):
                   "colocated": args.decode_args}
     return StackConfig(
         num_prefill=args.num_prefill, num_decode=args.num_decode, colocated=args.colocated,
-        model=args.model, dtype=args.dtype, num_threads=args.num_threads, host=args.host,
-        gateway_port=args.gateway_port, redis_url=args.redis_url, run_dir=args.run_dir,
+        model=args.model, dtype=args.dtype, num_threads=args.num_threads, deterministic=args.deterministic,
+        host=args.host, gateway_port=args.gateway_port, redis_url=args.redis_url, run_dir=args.run_dir,
         ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, extra_args=extra_args,
         prefill_cpus=args.prefill_cpus, decode_cpus=args.decode_cpus, gateway_cpus=args.gateway_cpus,
     )

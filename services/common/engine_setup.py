@@ -12,6 +12,7 @@ from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
+from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
 
@@ -34,6 +35,7 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         attention_backend=settings.attention_backend,
                         max_model_len=settings.max_model_len or None,
                         num_threads=settings.num_threads or None, seed=settings.seed,
+                        deterministic=settings.deterministic,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
                         parallel=parallel_config(settings))
 
@@ -50,8 +52,8 @@ async def start_engine(settings: InstanceSettings) -> AsyncEngine:
     async_engine = AsyncEngine(engine)
     async_engine.on_loop = HeapTrimmer(trim_policy(settings)).on_loop
     async_engine.start()
-    if settings.num_threads:
-        # OpenMP thread counts are per calling thread: set it where the steps run too.
-        await async_engine.call(torch.set_num_threads, settings.num_threads)
+    # OpenMP thread counts are per calling thread: set it where the steps run too (the
+    # default: the CPUs this process may use, affinity mask and cgroup quota).
+    await async_engine.call(torch.set_num_threads, settings.num_threads or default_num_threads())
     logger.info("engine ready: %d KV blocks of %d tokens", engine.block_pool.num_blocks, engine.kv_manager.block_size)
     return async_engine

@@ -13,6 +13,8 @@ from shared.errors import InvalidRequestError
 from services.common.settings import InstanceSettings, setting_fields
 
 ENV_PREFIX = "PDSERVE_"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def env_name(field_name: str) -> str:
@@ -32,10 +34,14 @@ def build_parser(prog: str, roles: Sequence[str], environ: Mapping[str, str] | N
             continue
         default = roles[0] if field.name == "role" else field.default
         default = _env_default(parser, field.name, field.type, default, environ)
+        help_text = f"{field.metadata['help']} [env {env_name(field.name)}; default: %(default)r]"
+        if field.type is bool:  # --name / --no-name; the variable takes 1/0, true/false, yes/no
+            parser.add_argument(flag_name(field.name), action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+            continue
         parser.add_argument(
             flag_name(field.name), type=field.type, default=default,
-            choices=list(roles) if field.name == "role" else None,
-            help=f"{field.metadata['help']} [env {env_name(field.name)}; default: %(default)r]")
+            choices=list(roles) if field.name == "role" else None, help=help_text)
     if len(roles) == 1:
         parser.set_defaults(role=roles[0])
     return parser
@@ -63,6 +69,10 @@ def _env_default(parser: argparse.ArgumentParser, name: str, kind: type, default
     raw = environ.get(env_name(name))
     if raw is None:
         return default
+    if kind is bool:
+        if raw.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+            parser.error(f"{env_name(name)}={raw!r} is not one of {TRUE_WORDS + FALSE_WORDS}")
+        return raw.strip().lower() in TRUE_WORDS
     try:
         return kind(raw)
     except ValueError:

@@ -51,7 +51,7 @@ class InstanceSettings:
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis holding the cluster state")
     deployment: str = _setting("default", "deployment name; namespaces the Redis keys")
     instance_id: str = _setting("", "instance id in Redis ('' = generated from role and a random suffix)")
-    num_threads: int = _setting(0, "torch intra-op threads (0 = torch's choice)")
+    num_threads: int = _setting(0, "torch intra-op threads (0 = the CPUs this process may use: affinity mask, cgroup quota)")
     kv_cache_memory_gb: float = _setting(1.0, "memory for the KV block pool, GiB")
     num_blocks: int = _setting(0, "KV blocks; overrides --kv-cache-memory-gb when > 0")
     block_size: int = _setting(16, "tokens per KV block (must match across the deployment)")
@@ -59,6 +59,8 @@ class InstanceSettings:
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once")
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step")
     seed: int = _setting(0, "global sampling seed for unseeded requests")
+    deterministic: bool = _setting(False, "batch-invariant computation (CPU): greedy output identical alone or "
+                                          "in any batch, with prefix hits or chunking, and to the offline engine")
     max_grammar_bytes: int = _setting(64 * 1024, "longest guided schema, regex or grammar (bytes)")
     max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
     grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")

@@ -40,9 +40,19 @@ class AutoscaleRunner:
 
         namespace = ClusterNamespace("default", model_folder(self.stack.config.model).name)
         gateway_metrics = self.stack.ready_info["gateway"]["metrics_address"]
-        observer = Observer(InstanceRegistry(client, namespace), [f"http://{gateway_metrics}/metrics"])
+        observer = Observer(InstanceRegistry(client, namespace), [f"http://{gateway_metrics}/metrics"],
+                            prefill_metrics_urls=self.prefill_metrics_urls)
         planner = Planner(self.config, self.profile, self.actuator.replicas("prefill"), self.actuator.replicas("decode"))
         return PlannerService(planner, observer, self.actuator)
+
+    def prefill_metrics_urls(self) -> list[str]:
+        """/metrics of the running prefill instances (for the planner's prefix-hit ratio)."""
+        urls = []
+        for child in list(self.stack.instances):
+            address = self.stack.ready_info.get(child.name, {}).get("metrics_address")
+            if child.role == "prefill" and child.is_running() and address:
+                urls.append(f"http://{address}/metrics")
+        return urls
 
     def _run(self) -> None:
         asyncio.run(self._serve())

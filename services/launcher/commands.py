@@ -25,9 +25,9 @@ def _model_args(config: StackConfig) -> list[str]:
 
 
 def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
-                  ready_file: Path) -> list[str]:
+                  ready_file: Path, num_threads: int | None = None) -> list[str]:
     """`python -m services.prefill|services.decode ...` for one engine instance (ports 0,
-    /metrics included)."""
+    /metrics included); `num_threads` (the launcher's CPU plan) else the config's."""
     argv = [config.python, "-m", module_of(config, role)]
     if role != "prefill":
         argv += ["--role", role]
@@ -38,8 +38,11 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
     ]
     if config.host not in WILDCARD_HOSTS:
         argv += ["--ucx-host", config.host]
-    if config.num_threads is not None:
-        argv += ["--num-threads", str(config.num_threads)]
+    num_threads = num_threads or config.num_threads
+    if num_threads is not None:
+        argv += ["--num-threads", str(num_threads)]
+    if config.deterministic:
+        argv.append("--deterministic")
     return argv + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
 
 

@@ -28,6 +28,8 @@ class StackConfig:
     model: str | None = None
     dtype: str = "bfloat16"
     num_threads: int | None = None
+    # Every instance runs in deterministic (batch-invariant) mode (`--deterministic`).
+    deterministic: bool = False
     host: str = DEFAULT_HOST
     gateway_port: int = DEFAULT_GATEWAY_PORT
     # The gateway's OpenAI-compatible HTTP API (0: an ephemeral port; negative: none).

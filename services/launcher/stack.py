@@ -10,12 +10,14 @@ from pathlib import Path
 from services.launcher.child import ChildProcess, stop_children
 from services.launcher.commands import child_env, gateway_argv, instance_argv
 from services.launcher.config import StackConfig
+from services.launcher.cpu_plan import InstanceCpus, cpus_for_new_instance, plan_instance_cpus
 from services.launcher.errors import StackError
 from services.launcher.ports import find_free_port
 from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_serving
 from services.launcher.redis_child import RedisChild
 from services.launcher.supervision_board import publish_records
 from services.launcher.supervisor import Supervisor
+from shared.model.cpu_budget import allowed_cpus, cpu_budget, omp_environment
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,9 @@ class LocalStack:
         self.ready_info: dict[str, dict] = {}
         self.addresses: dict[str, str] = {}
         self.supervisor = Supervisor(config.restart_policy, self.restart_child)
+        # CPUs and threads of the first instances: disjoint cores where there are enough.
+        self.available_cpus = allowed_cpus()[:cpu_budget()]  # a cgroup quota below the mask caps it
+        self.cpu_plan = plan_instance_cpus(config, config.instance_roles(), self.available_cpus)
 
     # ---- starting ------------------------------------------------------------------------
 
@@ -85,8 +90,9 @@ class LocalStack:
         children = []
         for name, role in names_and_roles:
             ready_file = self._ready_file(name)
-            argv = instance_argv(self.config, name, role, self.redis_url, ready_file)
-            children.append(self._spawn(name, role, argv, ready_file))
+            placement = self._placement(name, role, len(self.instances) + len(names_and_roles))
+            argv = instance_argv(self.config, name, role, self.redis_url, ready_file, placement.num_threads)
+            children.append(self._spawn(name, role, argv, ready_file, placement))
         self.instances.extend(children)
         for child in children:
             self._await_serving(child, deadline, should_abort)
@@ -119,10 +125,21 @@ class LocalStack:
     def _ready_file(self, name: str) -> Path:
         return self.run_dir / "ready" / f"{name}.json"
 
-    def _spawn(self, name: str, role: str, argv: list[str], ready_file: Path) -> ChildProcess:
+    def _placement(self, name: str, role: str, num_instances: int) -> InstanceCpus:
+        placement = self.cpu_plan.get(name)
+        if placement is None:
+            placement = cpus_for_new_instance(self.config, role, num_instances, self.available_cpus)
+        return placement
+
+    def _spawn(self, name: str, role: str, argv: list[str], ready_file: Path,
+               placement: InstanceCpus | None = None) -> ChildProcess:
+        """Start a child; an instance gets its planned CPUs, thread count and wait policy."""
         log_path = self.run_dir / "logs" / f"{name}.log"
-        child = ChildProcess(name, role, argv, log_path, ready_file, child_env(self.config),
-                             cpus=self.config.cpus_of(role))
+        env, cpus = child_env(self.config), self.config.cpus_of(role)
+        if placement is not None:
+            env.update(omp_environment(placement.num_threads, env))
+            cpus = placement.cpus
+        child = ChildProcess(name, role, argv, log_path, ready_file, env, cpus=cpus)
         child.start()
         return child
 

@@ -31,9 +31,10 @@ class MovingAverage:
 
     alpha: float = 0.3
     value: float | None = None
+    keep_zero: bool = False  # a ratio: 0 is a real sample (a length of 0 means "none completed")
 
     def update(self, sample: float | None) -> None:
-        if sample is None or sample <= 0:
+        if sample is None or sample < 0 or (sample == 0 and not self.keep_zero):
             return
         self.value = sample if self.value is None else self.alpha * sample + (1 - self.alpha) * self.value
 
@@ -54,10 +55,11 @@ class LoadForecaster:
         self.rate = HoltForecaster()
         self.prompt = MovingAverage()
         self.output = MovingAverage()
-        self.hit_ratio = MovingAverage()
+        self.hit_ratio = MovingAverage(keep_zero=True)
         self.defaults = (default_prompt_tokens, default_output_tokens)
 
-    def update(self, request_rate: float, prompt_tokens: float, output_tokens: float, hit_ratio: float) -> None:
+    def update(self, request_rate: float, prompt_tokens: float, output_tokens: float,
+               hit_ratio: float | None) -> None:
         self.rate.update(request_rate)
         self.prompt.update(prompt_tokens)
         self.output.update(output_tokens)

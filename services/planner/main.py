@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=os.environ.get("PDSERVE_MODEL"), help="to derive --model-key")
     parser.add_argument("--gateway-metrics-url", action="append", default=(_env("GATEWAY_METRICS_URLS") or "").split()
                         or [], help="a gateway's /metrics URL (repeatable; env: space-separated)")
+    parser.add_argument("--prefill-metrics-url", action="append",
+                        default=(_env("PREFILL_METRICS_URLS") or "").split() or [],
+                        help="a prefill instance's /metrics URL, for the prefix-hit ratio that sizes the "
+                             "prefill pool (repeatable; env: space-separated; none: no hits assumed)")
     parser.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"))
     parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "-1")),
                         help="Prometheus /metrics port (0 = a free one; -1 = none)")
@@ -74,7 +78,8 @@ async def serve(args: argparse.Namespace) -> int:
     client = redis.asyncio.Redis.from_url(args.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     registry = InstanceRegistry(client, ClusterNamespace(args.deployment, model_key_of(args)))
     planner = Planner(config, PerfProfile.load(args.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
-    service = PlannerService(planner, Observer(registry, args.gateway_metrics_url), actuator)
+    service = PlannerService(planner, Observer(registry, args.gateway_metrics_url,
+                                                      prefill_metrics_urls=args.prefill_metrics_url), actuator)
     if args.metrics_port >= 0:
         service.metrics.server.start(args.metrics_host, args.metrics_port)
     stop = asyncio.Event()

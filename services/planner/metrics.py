@@ -20,6 +20,7 @@ OBSERVED = {
     "decode_running": "Sequences decoding on decode instances.",
     "decode_queue_depth": "Requests reserved or waiting on decode instances.",
     "kv_usage": "Used fraction of the decode instances' KV blocks.",
+    "prefix_hit_ratio": "Share of prompt tokens the prefill instances found in their prefix caches.",
     "ttft_p90_s": "Gateway time to first token, p90 over the interval, seconds.",
     "itl_p90_s": "Gateway inter-token latency, p90 over the interval, seconds.",
     "num_prefill": "Live prefill instances in Redis.",

@@ -10,7 +10,7 @@ class Observation:
     request_rate: float = 0.0  # requests/s arriving at the gateways
     mean_prompt_tokens: float = 0.0  # of requests completed in the interval
     mean_output_tokens: float = 0.0
-    prefix_hit_ratio: float = 0.0  # cached / prompt tokens on prefill instances
+    prefix_hit_ratio: float | None = None  # cached / prompt tokens on prefill instances (None: no data)
     prefill_queue_depth: int = 0  # prompts waiting on prefill instances, summed
     decode_running: int = 0  # sequences decoding, summed over decode instances
     decode_queue_depth: int = 0  # reserved or waiting on decode instances, summed

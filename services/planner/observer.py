@@ -1,6 +1,6 @@
-"""Observer: each interval, the gateways' metrics (rate, lengths, latencies) plus the
-instances' heartbeats in Redis (queue depths, running sequences, KV usage, live counts)
-become one Observation."""
+"""Observer: each interval, the gateways' metrics (rate, lengths, latencies), the prefill
+instances' metrics (prefix-hit ratio) and the instances' heartbeats in Redis (queue depths,
+running sequences, KV usage, live counts) become one Observation."""
 
 import asyncio
 import logging
@@ -11,6 +11,7 @@ from shared.cluster.instances import InstanceLoad, InstanceRegistry
 
 from services.planner.gateway_sample import GatewaySample, interval_between, scrape
 from services.planner.observation import Observation
+from services.planner.prefix_hits import PrefixCacheSample, PrefixHitTracker, scrape_prefix_cache
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +29,19 @@ def pool_levels(loads_by_role: dict[str, list[InstanceLoad]]) -> dict[str, float
 
 
 class Observer:
+    """`prefill_metrics_urls`: the prefill instances' /metrics URLs, a list or a function
+    returning the current list (instances come and go)."""
+
     def __init__(self, registry: InstanceRegistry, gateway_metrics_urls: Sequence[str],
-                 clock: Callable[[], float] = time.monotonic, fetch: Callable[[str], GatewaySample] = scrape):
+                 clock: Callable[[], float] = time.monotonic, fetch: Callable[[str], GatewaySample] = scrape,
+                 prefill_metrics_urls: Sequence[str] | Callable[[], Sequence[str]] = (),
+                 fetch_prefix_cache: Callable[[str], PrefixCacheSample] = scrape_prefix_cache):
         self.registry = registry
         self.urls = list(gateway_metrics_urls)
         self.clock = clock
         self.fetch = fetch
+        self.prefill_urls = prefill_metrics_urls if callable(prefill_metrics_urls) else (lambda: prefill_metrics_urls)
+        self.prefix_hits = PrefixHitTracker(fetch_prefix_cache)
         self._last: tuple[float, GatewaySample] | None = None
 
     def _gateways(self) -> GatewaySample:
@@ -47,6 +55,7 @@ class Observer:
 
     async def observe(self) -> Observation:
         sample = await asyncio.to_thread(self._gateways)
+        hit_ratio = await asyncio.to_thread(self.prefix_hits.observe, list(self.prefill_urls()))
         now = self.clock()
         before = self._last or (now, sample)
         self._last = (now, sample)
@@ -56,4 +65,4 @@ class Observer:
             loads.setdefault(info.role, []).append(load)
         return Observation(request_rate=interval.request_rate, mean_prompt_tokens=interval.mean_prompt_tokens,
                            mean_output_tokens=interval.mean_output_tokens, ttft_p90_s=interval.ttft_p90_s,
-                           itl_p90_s=interval.itl_p90_s, **pool_levels(loads))
+                           itl_p90_s=interval.itl_p90_s, prefix_hit_ratio=hit_ratio, **pool_levels(loads))

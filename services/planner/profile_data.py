@@ -5,6 +5,12 @@ turn them into smooth, extrapolating cost models:
 
     prefill_s(new_tokens)          = a + b * n + c * n^2       (attention is quadratic)
     decode_step_s(batch, context)  = a + b * batch + c * batch * context
+    kv_transfer_s(prompt_tokens)   = a + b * n                  (a profile without transfer
+                                                                 points gives None)
+
+`colocated_slowdown` is how much slower one instance computes while another instance on the
+same host is busy (1.0 when not measured), and `host_cores` how many cores that host has: the
+simulator's shared-host model for instances that share a machine.
 
 A prefix hit computes only the uncached tokens, so `prefill_s(prompt, cached)` charges
 `prompt - cached` new tokens (the measured hit points show how well that holds).
@@ -33,6 +39,12 @@ class DecodePoint:
     seconds: float  # one engine step
 
 
+@dataclass(frozen=True)
+class TransferPoint:
+    prompt_tokens: int
+    seconds: float  # the prompt's KV blocks from the prefill's cache into the decode's
+
+
 @dataclass
 class PerfProfile:
     model: str
@@ -45,12 +57,20 @@ class PerfProfile:
     prefill_fit: list[float] = field(default_factory=list)
     decode_fit: list[float] = field(default_factory=list)
     version: int = PROFILE_VERSION
+    transfer: list[TransferPoint] = field(default_factory=list)
+    transfer_fit: list[float] = field(default_factory=list)
+    host_cores: int | None = None
+    colocated_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.prefill_fit:
             self.prefill_fit = fit_prefill(self.prefill)
         if not self.decode_fit:
             self.decode_fit = fit_decode(self.decode)
+        if self.transfer and not self.transfer_fit:
+            self.transfer_fit = fit_transfer(self.transfer)
+        if self.colocated_slowdown < 1.0:
+            raise ValueError(f"colocated_slowdown must be >= 1, got {self.colocated_slowdown}")
 
     def prefill_s(self, prompt_tokens: float, cached_tokens: float = 0.0) -> float:
         """Seconds one instance spends computing this prompt alone."""
@@ -58,10 +78,23 @@ class PerfProfile:
         a, b, c = self.prefill_fit
         return max(1e-4, a + b * new_tokens + c * new_tokens ** 2)
 
+    def prefill_batch_s(self, new_token_counts: list[float]) -> float:
+        """Seconds of one engine step computing these prompts together (the per-step cost `a`
+        once, the per-token and attention terms per prompt)."""
+        a, b, c = self.prefill_fit
+        return max(1e-4, a + sum(b * max(1.0, n) + c * max(1.0, n) ** 2 for n in new_token_counts))
+
     def decode_step_s(self, batch_size: float, context_tokens: float) -> float:
         """Seconds of one decode step for `batch_size` sequences of `context_tokens` each."""
         a, b, c = self.decode_fit
         return max(1e-4, a + b * batch_size + c * batch_size * context_tokens)
+
+    def kv_transfer_s(self, prompt_tokens: float) -> float | None:
+        """Seconds to ship a prompt's KV to a decode instance, or None if not profiled."""
+        if not self.transfer_fit:
+            return None
+        a, b = self.transfer_fit
+        return max(1e-5, a + b * prompt_tokens)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -76,6 +109,7 @@ class PerfProfile:
             raise ValueError(f"{path}: profile version {raw.get('version')!r}, expected {PROFILE_VERSION}")
         raw["prefill"] = [PrefillPoint(**point) for point in raw["prefill"]]
         raw["decode"] = [DecodePoint(**point) for point in raw["decode"]]
+        raw["transfer"] = [TransferPoint(**point) for point in raw.get("transfer", [])]
         return cls(**raw)
 
 
@@ -103,4 +137,9 @@ def fit_prefill(points: list[PrefillPoint]) -> list[float]:
 
 def fit_decode(points: list[DecodePoint]) -> list[float]:
     rows = [[1.0, p.batch_size, p.batch_size * p.context_tokens] for p in points]
+    return _non_negative_lstsq(rows, [p.seconds for p in points])
+
+
+def fit_transfer(points: list[TransferPoint]) -> list[float]:
+    rows = [[1.0, p.prompt_tokens] for p in points]
     return _non_negative_lstsq(rows, [p.seconds for p in points])

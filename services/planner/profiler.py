@@ -1,21 +1,27 @@
 """Measure one engine instance in-process: prefill time vs prompt length (fresh and with
-prefix hits), decode step time vs batch size and context length, KV capacity in tokens.
+prefix hits), decode step time vs batch size and context length, KV capacity in tokens, the
+KV transfer time vs prompt length (transfer_profile), and how much slower the instance runs
+while a second instance on the same host is busy (a `busy_neighbour` process).
 
 Prompts are random token ids (EOS ignored), each with its own seed so that fresh prompts never
 hit the prefix cache; a hit is measured by re-sending a prompt that shares a known prefix.
 """
 
 import logging
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.engine.llm import engine_config_from_kwargs
 from shared.engine.llm_engine import LLMEngine
 from shared.sampling.params import SamplingParams
 
 from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint
+from services.planner.transfer_profile import QUICK_TRANSFER_PLAN, TransferPlan, measure_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +38,16 @@ class ProfilePlan:
     max_decode_tokens: int = 16384
     decode_steps: int = 6
     repeats: int = 2
+    transfer: TransferPlan | None = field(default_factory=TransferPlan)
+    # Prompt lengths and (batch, context) decode points re-measured beside a busy neighbour
+    # (each must also be in the main grid); empty: no co-location measurement.
+    colocated_prompts: tuple[int, ...] = (128, 256, 512)
+    colocated_decode: tuple[tuple[int, int], ...] = ((8, 128), (32, 128), (8, 512))
 
 
 QUICK_PLAN = ProfilePlan(prompt_lengths=(8, 16, 32, 64), hit_fractions=(0.5,), hit_prompt_length=64,
-                         batch_sizes=(1, 4, 8), context_lengths=(16, 48), decode_steps=3, repeats=1)
+                         batch_sizes=(1, 4, 8), context_lengths=(16, 48), decode_steps=3, repeats=1,
+                         transfer=QUICK_TRANSFER_PLAN, colocated_prompts=(), colocated_decode=())
 
 
 class Profiler:
@@ -48,13 +60,22 @@ class Profiler:
     def random_prompt(self, length: int) -> list[int]:
         return [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
 
-    def run(self, model: str, dtype: str, num_threads: int | None) -> PerfProfile:
+    def run(self, model: str, dtype: str, num_threads: int | None, neighbour_command: list[str] | None = None
+            ) -> PerfProfile:
         prefill = self.measure_prefill() + self.measure_prefix_hits()
         decode = self.measure_decode()
+        transfer = []
+        if self.plan.transfer is not None:
+            executor = self.engine.executor
+            transfer = measure_transfer(executor.kv_cache, executor.kv_cache_layout, self.plan.transfer)
+        slowdown = 1.0
+        if neighbour_command and (self.plan.colocated_prompts or self.plan.colocated_decode):
+            slowdown = self.measure_colocated_slowdown(neighbour_command, prefill, decode)
         pool = self.engine.block_pool
         block_size = self.engine.kv_manager.block_size
         return PerfProfile(model=model, dtype=dtype, num_threads=num_threads, block_size=block_size,
-                           kv_capacity_tokens=pool.num_blocks * block_size, prefill=prefill, decode=decode)
+                           kv_capacity_tokens=pool.num_blocks * block_size, prefill=prefill, decode=decode,
+                           transfer=transfer, host_cores=len(os.sched_getaffinity(0)), colocated_slowdown=slowdown)
 
     # ---- prefill -------------------------------------------------------------------------
 
@@ -119,9 +140,54 @@ class Profiler:
         return points
 
 
+    # ---- co-location -----------------------------------------------------------------------
+
+    def measure_colocated_slowdown(self, neighbour_command: list[str], prefill: list[PrefillPoint],
+                                   decode: list[DecodePoint]) -> float:
+        """Median ratio of the chosen points' times beside a busy neighbour to their times alone."""
+        alone_prefill = {p.prompt_tokens: p.seconds for p in prefill if p.cached_tokens == 0}
+        alone_decode = {(p.batch_size, p.context_tokens): p.seconds for p in decode}
+        neighbour = subprocess.Popen(neighbour_command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            if neighbour.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the busy neighbour {neighbour_command} exited before it was ready")
+            ratios = []
+            for length in self.plan.colocated_prompts:
+                seconds = statistics.median(self._time_to_finish(self.random_prompt(length))
+                                            for _ in range(self.plan.repeats))
+                ratios.append(seconds / alone_prefill[length])
+                logger.info("beside a busy neighbour: prefill %d tokens %.1f ms (x%.2f)", length, seconds * 1e3,
+                            ratios[-1])
+            for batch_size, context in self.plan.colocated_decode:
+                seconds = self._decode_step_seconds(batch_size, context)
+                ratios.append(seconds / alone_decode[(batch_size, context)])
+                logger.info("beside a busy neighbour: decode batch %d at %d tokens %.1f ms (x%.2f)", batch_size,
+                            context, seconds * 1e3, ratios[-1])
+        finally:
+            neighbour.stdin.close()
+            try:
+                neighbour.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                neighbour.kill()
+                neighbour.wait()
+        return max(1.0, statistics.median(ratios))
+
+
+def neighbour_command_for(model: str | None, dtype: str, num_threads: int | None,
+                          prompt_tokens: int = 256) -> list[str]:
+    command = [sys.executable, "-m", "services.planner.busy_neighbour", "--dtype", dtype,
+               "--prompt-tokens", str(prompt_tokens)]
+    if model:
+        command += ["--model", model]
+    if num_threads:
+        command += ["--num-threads", str(num_threads)]
+    return command
+
+
 def profile_instance(model: str | None, dtype: str, num_threads: int | None, plan: ProfilePlan,
                      **engine_kwargs) -> PerfProfile:
     """Build an engine like a serving instance's and measure it."""
     config = engine_config_from_kwargs(model, dtype, num_threads=num_threads, **engine_kwargs)
     engine = LLMEngine.from_config(config)
-    return Profiler(engine, plan).run(model or "default", dtype, num_threads)
+    return Profiler(engine, plan).run(model or "default", dtype, num_threads,
+                                      neighbour_command_for(model, dtype, num_threads))

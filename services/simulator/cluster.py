@@ -1,16 +1,23 @@
 """ClusterSim: a discrete-event simulation of a P/D cluster. Requests arrive, the gateway
 routes each prompt to the prefill instance that finishes it first (its backlog plus the
 prompt's cost there, so a cached prefix counts), the KV moves to the decode instance with
-the most free KV, decode instances batch continuously, and a scaler resizes both pools every
-interval (new instances serve after `startup_s`; removed ones drain first). Live instance
-lists are rebuilt per KV arrival: fine for hundreds of instances."""
+the most free KV (in the profiled transfer time), decode instances batch continuously, and a
+scaler resizes both pools every interval (new instances serve after `startup_s`; removed ones
+drain first).
+
+Instances run on machines of their own, or (`host_cores` set) all on one shared host whose
+cores they split (services.simulator.host): then every prefill and decode step is a job on
+that host and its end moves whenever another job starts or ends.
+
+Events are plain tuples (time, order, kind, subject, detail) on one heap."""
 
 import heapq
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.planner.profile_data import PerfProfile
+from services.simulator.host import SharedHost
 from services.simulator.instances import DecodeSim, Lifetime, PrefillSim
 from services.simulator.prefill_router import PrefillRouter
 from services.simulator.recorder import Recorder
@@ -26,21 +33,17 @@ DECODE_CHOICES = 8
 class SimConfig:
     ttft_slo_s: float = 2.0
     itl_slo_s: float = 0.2
+    # The KV transfer when the profile has no transfer points: latency + bytes / bandwidth.
     kv_bytes_per_token: int = 23_040  # SmolLM2 bf16: 30 layers x 2 x 3 KV heads x 64 x 2 bytes
     kv_bandwidth_bytes_s: float = 1.0e9
     kv_transfer_latency_s: float = 0.002
     startup_s: float = 30.0
     max_batch: int = 128
+    max_prefill_batch_tokens: int = 2048  # an instance's --max-num-batched-tokens
     interval_s: float = 10.0
-
-
-@dataclass(order=True)
-class Event:
-    at: float
-    order: int
-    kind: str = field(compare=False)
-    subject: object = field(compare=False, default=None)
-    detail: object = field(compare=False, default=None)
+    # None: every instance on a machine of its own; else all share one host of this many cores.
+    host_cores: int | None = None
+    colocated_slowdown: float = 1.0  # see services.simulator.host
 
 
 class ClusterSim:
@@ -52,65 +55,126 @@ class ClusterSim:
         self.decode: list[DecodeSim] = []
         self.recorder = Recorder(config.ttft_slo_s, config.itl_slo_s)
         self.router = PrefillRouter()
+        self.host = None if config.host_cores is None else SharedHost(config.host_cores, config.colocated_slowdown)
+        self._jobs: dict[int, tuple] = {}  # shared host: job id -> (kind, subject, detail)
         self._rng = random.Random(0)
-        self._events: list[Event] = []
+        self._events: list[tuple] = []
         self._order = itertools.count()
         self._names = itertools.count()
+        self._routable_decode: list[DecodeSim] | None = None
+        self._routable_until = 0.0
         self.now = 0.0
         self.resize("prefill", num_prefill, startup_s=0.0)
         self.resize("decode", num_decode, startup_s=0.0)
 
     def schedule(self, at: float, kind: str, subject=None, detail=None) -> None:
-        heapq.heappush(self._events, Event(at, next(self._order), kind, subject, detail))
+        heapq.heappush(self._events, (at, next(self._order), kind, subject, detail))
 
     def run(self, requests: list[SimRequest]) -> Recorder:
         for request in requests:
             self.schedule(request.arrival_s, "arrive", request)
         self.schedule(self.config.interval_s, "plan")
         handlers = {"arrive": self._arrive, "prefilled": self._prefilled, "kv_arrived": self._kv_arrived,
-                    "step_end": self._step_end, "plan": self._plan}
-        while self._events:
-            event = heapq.heappop(self._events)
-            self.now = event.at
-            handlers[event.kind](event)
+                    "step_end": self._step_end, "plan": self._plan, "job_done": self._job_done,
+                    "prefill_wake": self._prefill_wake, "decode_wake": self._decode_wake}
+        self._handlers = handlers
+        events, pop = self._events, heapq.heappop
+        while events:
+            at, _, kind, subject, detail = pop(events)
+            self.now = at
+            handlers[kind](subject, detail)
         self.recorder.close(self.now, self.prefill + self.decode)
         return self.recorder
 
+    # ---- computing: on a machine of its own, or a job on the shared host -------------------
+
+    def _compute(self, work_s: float, kind: str, subject, detail=None) -> None:
+        if self.host is None:
+            self.schedule(self.now + work_s, kind, subject, detail)
+            return
+        job_id = next(self._order)
+        self._jobs[job_id] = (kind, subject, detail)
+        for moved_id, at, version in self.host.start(self.now, job_id, work_s):
+            self.schedule(at, "job_done", moved_id, version)
+
+    def _job_done(self, job_id: int, version: int) -> None:
+        if not self.host.is_current(job_id, version):
+            return  # a finish time that has moved since
+        kind, subject, detail = self._jobs.pop(job_id)
+        for moved_id, at, moved_version in self.host.finish(self.now, job_id):
+            self.schedule(at, "job_done", moved_id, moved_version)
+        self._handlers[kind](subject, detail)
+
     # ---- request path ----------------------------------------------------------------------
 
-    def _arrive(self, event: Event) -> None:
-        request: SimRequest = event.subject
+    def _arrive(self, request: SimRequest, _) -> None:
         self.recorder.on_arrival(request)
         target = self.router.choose(request.prefix_id, lambda p: max(p.busy_until, p.life.ready_s, self.now)
                                     + self.profile.prefill_s(request.prompt_tokens, p.cached_tokens(request)))
-        target.busy_until = max(target.busy_until, target.life.ready_s)
         is_new_prefix = request.prefix_id is not None and request.prefix_id not in target.cached_prefixes
-        done_at, _ = target.enqueue(request, self.now, self.profile)
+        self.recorder.on_routed(request, target.enqueue(request, self.now, self.profile))
         if is_new_prefix:
             self.router.on_cached(target, request.prefix_id)
-        self.schedule(done_at, "prefilled", request, target)
+        self._start_prefill(target)
 
-    def _prefilled(self, event: Event) -> None:
-        request, instance = event.subject, event.detail
-        instance.outstanding -= 1
+    def _start_prefill(self, instance: PrefillSim) -> None:
+        if instance.is_busy or not instance.queue:
+            return
+        if self.now < instance.life.ready_s:
+            instance.is_busy = True  # until it is ready
+            self.schedule(instance.life.ready_s, "prefill_wake", instance)
+            return
+        requests, new_tokens = instance.take_batch(self.config.max_prefill_batch_tokens)
+        instance.is_busy = True
+        self._compute(self.profile.prefill_batch_s(new_tokens), "prefilled", requests, instance)
+
+    def _prefill_wake(self, instance: PrefillSim, _) -> None:
+        instance.is_busy = False
+        self._start_prefill(instance)
+
+    def transfer_s(self, request: SimRequest) -> float:
+        profiled = self.profile.kv_transfer_s(request.prompt_tokens)
+        if profiled is not None:
+            return profiled
+        config = self.config
+        num_bytes = request.prompt_tokens * config.kv_bytes_per_token
+        return config.kv_transfer_latency_s + num_bytes / config.kv_bandwidth_bytes_s
+
+    def _prefilled(self, requests: list[SimRequest], instance: PrefillSim) -> None:
+        instance.outstanding -= len(requests)
+        instance.is_busy = False
         if instance.life.draining and instance.outstanding == 0:
             instance.life.stopped_s = self.now
-        transfer_s = (self.config.kv_transfer_latency_s
-                      + request.prompt_tokens * self.config.kv_bytes_per_token / self.config.kv_bandwidth_bytes_s)
-        self.recorder.on_first_token(request, self.now + transfer_s)
-        self.schedule(self.now + transfer_s, "kv_arrived", request)
+        self._start_prefill(instance)
+        for request in requests:
+            arrives_at = self.now + self.transfer_s(request)
+            self.recorder.on_first_token(request, arrives_at)
+            self.schedule(arrives_at, "kv_arrived", request)
 
-    def _kv_arrived(self, event: Event) -> None:
-        ready = [d for d in self.decode if d.life.is_routable(self.now)]
-        candidates = ready or [d for d in self.decode if not d.life.draining and d.life.stopped_s is None]
+    def _decode_candidates(self) -> list[DecodeSim]:
+        """Routable decode instances (cached until the pool changes or one becomes ready);
+        if none, the live ones still starting."""
+        if self._routable_decode is None or self.now >= self._routable_until:
+            self._routable_decode = [d for d in self.decode if d.life.is_routable(self.now)]
+            starting = [d.life.ready_s for d in self.decode if not d.life.draining and d.life.stopped_s is None
+                         and d.life.ready_s > self.now]
+            self._routable_until = min(starting, default=float("inf"))
+        return self._routable_decode or [d for d in self.decode if not d.life.draining and d.life.stopped_s is None]
+
+    def _kv_arrived(self, request: SimRequest, _) -> None:
+        candidates = self._decode_candidates()
         if len(candidates) > EXACT_DECODE_CHOICE:  # large pools: the best of a few random ones
             candidates = self._rng.sample(candidates, DECODE_CHOICES)
         target = max(candidates, key=lambda d: (d.free_kv() - 1_000_000 * len(d.waiting), -d.load()))
-        target.waiting.append(event.subject)
+        target.waiting.append(request)
         if not target.is_stepping:
             self._start_step(target)
 
     def _start_step(self, instance: DecodeSim) -> None:
+        if self.now < instance.life.ready_s:
+            instance.is_stepping = True  # until it is ready
+            self.schedule(instance.life.ready_s, "decode_wake", instance)
+            return
         instance.admit_waiting()
         if not instance.running:
             instance.is_stepping = False
@@ -118,25 +182,27 @@ class ClusterSim:
                 instance.life.stopped_s = self.now
             return
         instance.is_stepping = True
-        duration = instance.next_step_s()
-        self.schedule(max(self.now, instance.life.ready_s) + duration, "step_end", instance, duration)
+        instance.step_started = self.now
+        self._compute(instance.next_step_s(), "step_end", instance)
 
-    def _step_end(self, event: Event) -> None:
-        instance: DecodeSim = event.subject
-        for sequence in instance.end_step(event.detail):
+    def _decode_wake(self, instance: DecodeSim, _) -> None:
+        self._start_step(instance)
+
+    def _step_end(self, instance: DecodeSim, _) -> None:
+        for sequence in instance.end_step(self.now - instance.step_started):
             self.recorder.on_done(sequence.request, self.now)
         self._start_step(instance)
 
     # ---- scaling ---------------------------------------------------------------------------
 
-    def _plan(self, event: Event) -> None:
+    def _plan(self, *_) -> None:
         num_prefill, num_decode = self.scaler.decide(self, self.now)
         for role, replicas in (("prefill", num_prefill), ("decode", num_decode)):
             if replicas != self.pool_size(role):
                 self.recorder.scale_events += 1
                 self.resize(role, replicas, self.config.startup_s)
         self.recorder.on_interval(self.now, self.pool_size("prefill"), self.pool_size("decode"))
-        if any(e.kind != "plan" for e in self._events):
+        if any(event[2] != "plan" for event in self._events):
             self.schedule(self.now + self.config.interval_s, "plan")
 
     def pool(self, role: str) -> list:
@@ -146,6 +212,7 @@ class ClusterSim:
         return sum(1 for i in self.pool(role) if not i.life.draining and i.life.stopped_s is None)
 
     def resize(self, role: str, replicas: int, startup_s: float) -> None:
+        self._routable_decode = None
         current = self.pool_size(role)
         for _ in range(replicas - current):
             life = Lifetime(self.now, self.now + startup_s)

@@ -1,7 +1,10 @@
 """Simulated instances, costed by the profile.
 
-PrefillSim: a FIFO that computes one prompt at a time (a batched prefill moves the same
-tokens per second on these machines), remembering which common prefixes it has cached.
+PrefillSim: a FIFO whose engine computes, each step, every queued prompt that fits the step's
+token budget (--max-num-batched-tokens) together: the step costs the profile's per-step time
+once plus each prompt's per-token and attention time, and all of them finish when it ends.
+It remembers which common prefixes it has cached. `busy_until` is when it would be free if
+every queued prompt ran alone (what the gateway's choice uses: an upper bound).
 DecodeSim: continuous batching. Sequences join at a step boundary and leave when done; a step
 lasts decode_step_s(batch, mean context). Bookkeeping is O(1) per step plus O(1) per
 finishing sequence: each sequence's finish step is known when it joins, and the running
@@ -9,6 +12,7 @@ context sum follows from the joins."""
 
 import heapq
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 from services.planner.profile_data import PerfProfile
@@ -31,8 +35,10 @@ class PrefillSim:
     name: str
     life: Lifetime
     busy_until: float = 0.0
-    outstanding: int = 0
+    outstanding: int = 0  # queued + computing
     cached_prefixes: set[int] = field(default_factory=set)
+    queue: deque = field(default_factory=deque)  # (request, new tokens to compute)
+    is_busy: bool = False
 
     def cached_tokens(self, request: SimRequest) -> int:
         return request.prefix_tokens if request.prefix_id in self.cached_prefixes else 0
@@ -40,14 +46,26 @@ class PrefillSim:
     def backlog_s(self, now: float) -> float:
         return max(0.0, self.busy_until - now)
 
-    def enqueue(self, request: SimRequest, now: float, profile: PerfProfile) -> tuple[float, int]:
-        """Queue the prompt; returns (time its prefill ends, tokens it found cached)."""
+    def enqueue(self, request: SimRequest, now: float, profile: PerfProfile) -> int:
+        """Queue the prompt; returns the tokens it found cached."""
         cached = self.cached_tokens(request)
-        self.busy_until = max(now, self.busy_until) + profile.prefill_s(request.prompt_tokens, cached)
+        cost = profile.prefill_s(request.prompt_tokens, cached)
+        self.busy_until = max(now, self.busy_until, self.life.ready_s) + cost
+        self.queue.append((request, request.prompt_tokens - cached))
         self.outstanding += 1
         if request.prefix_id is not None:
             self.cached_prefixes.add(request.prefix_id)
-        return self.busy_until, cached
+        return cached
+
+
+    def take_batch(self, max_tokens: int) -> tuple[list[SimRequest], list[int]]:
+        """The queued prompts one step computes: in order, while they fit `max_tokens` (at least one)."""
+        requests, new_tokens = [], []
+        while self.queue and (not requests or sum(new_tokens) + self.queue[0][1] <= max_tokens):
+            request, tokens = self.queue.popleft()
+            requests.append(request)
+            new_tokens.append(tokens)
+        return requests, new_tokens
 
 
 @dataclass
@@ -71,6 +89,7 @@ class DecodeSim:
         self.sum_prompt = 0
         self.sum_join = 0
         self.is_stepping = False
+        self.step_started = 0.0
         self.step_durations = array("d")
         self.step_batches = array("i")
 

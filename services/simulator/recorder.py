@@ -16,6 +16,12 @@ class IntervalLoad:
     output_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
+    queried_tokens: int = 0  # prompt tokens routed to prefill instances
+    cached_tokens: int = 0  # of which the chosen instance had cached
+
+    @property
+    def prefix_hit_ratio(self) -> float | None:
+        return self.cached_tokens / self.queried_tokens if self.queried_tokens else None
 
 
 @dataclass
@@ -58,6 +64,10 @@ class Recorder:
     def on_arrival(self, request: SimRequest) -> None:
         self.num_requests += 1
         self.interval.arrivals += 1
+
+    def on_routed(self, request: SimRequest, cached_tokens: int) -> None:
+        self.interval.queried_tokens += request.prompt_tokens
+        self.interval.cached_tokens += cached_tokens
 
     def on_first_token(self, request: SimRequest, at: float) -> None:
         self.first_token_at[request.request_id] = at

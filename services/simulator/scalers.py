@@ -31,6 +31,7 @@ def observe(cluster, interval_s: float) -> Observation:
         prefill_queue_depth=sum(p.outstanding for p in prefill),
         decode_running=sum(len(d.running) for d in decode), decode_queue_depth=sum(len(d.waiting) for d in decode),
         kv_usage=sum(d.kv_reserved for d in decode) / capacity, ttft_p90_s=p90(load.ttfts), itl_p90_s=p90(load.tpots),
+        prefix_hit_ratio=load.prefix_hit_ratio,
         num_prefill=cluster.pool_size("prefill"), num_decode=cluster.pool_size("decode"))
 
 

@@ -16,6 +16,12 @@ skip all of that: it reads keys and values in place through the block tables (`d
 "auto", the default; "torch" forces the path above, "native" requires the kernel).
 Prefill chunks run one sequence at a time (a step has few) as two batched matmuls over the
 heads, a third faster than torch's CPU flash-attention kernel on a 512-token prompt.
+
+`deterministic=True` (batch-invariant mode, docs/deterministic.md) sends every row, decode
+or prompt, through the C++ kernel as a query of its own over the context up to its position:
+one fixed tiling of the keys (16-token tiles in block order, online softmax in fp32) whatever
+the batch, the chunking or the prefix-cache hits, so a token's attention output is the same
+bits however it was scheduled.
 """
 
 import torch
@@ -25,8 +31,8 @@ from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
 from shared.attention.torch_paged_step import (
-    DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, plan_decode_groups,
-    plan_prefill_chunks)
+    DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, per_row_native_inputs,
+    plan_decode_groups, plan_prefill_chunks)
 
 # Above this many KV heads the flat kernel's masked-out work outgrows its savings.
 FLAT_DECODE_MAX_KV_HEADS = 4
@@ -39,15 +45,19 @@ PREFILL_PIECE_ROWS = 128
 
 class TorchPagedAttention(AttentionBackend):
     """CPU paged attention. `decode_kernel` is "auto", "native" or "torch" (see the module
-    docstring); `flat_decode` picks the torch decode path (None: by KV head count)."""
+    docstring); `flat_decode` picks the torch decode path (None: by KV head count);
+    `deterministic` runs every row through the C++ kernel (batch-invariant, see above)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, flat_decode: bool | None = None,
-                 decode_kernel: str = "auto"):
+                 decode_kernel: str = "auto", deterministic: bool = False):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.num_queries_per_kv = num_heads // num_kv_heads
         self.flat_decode = num_kv_heads <= FLAT_DECODE_MAX_KV_HEADS if flat_decode is None else flat_decode
-        self.decode_kernel = decode_kernel
-        self.native_decode = _native_decode_for(decode_kernel)
+        self.deterministic = deterministic
+        if deterministic and decode_kernel == "torch":
+            raise ValueError("decode_kernel: deterministic mode needs the native kernel, not torch")
+        self.decode_kernel = "native" if deterministic else decode_kernel
+        self.native_decode = _native_decode_for(self.decode_kernel)
 
     def uses_native_decode(self, block_size: int, dtype: torch.dtype) -> bool:
         if self.native_decode is None:
@@ -60,6 +70,9 @@ class TorchPagedAttention(AttentionBackend):
         return supported
 
     def prepare(self, metadata: AttentionMetadata, block_size: int, dtype: torch.dtype) -> TorchPagedStep:
+        if self.deterministic and self.uses_native_decode(block_size, dtype):
+            inputs = per_row_native_inputs(metadata, block_size)
+            return TorchPagedStep(metadata.slot_mapping, int(inputs.context_lens.shape[0]), [], [], inputs)
         chunks = plan_prefill_chunks(metadata, block_size)
         for chunk in chunks:
             chunk.score_bias = additive_mask(chunk.causal_mask, dtype)

@@ -76,6 +76,27 @@ class TorchPagedStep:
     native_decode: NativeDecodeInputs | None = None
 
 
+def per_row_native_inputs(metadata: AttentionMetadata, block_size: int) -> NativeDecodeInputs:
+    """Every row of the step (decodes, then each prefill chunk's rows) as a query of its own:
+    row i of a chunk attends to the context up to its position, through its sequence's blocks."""
+    tables, context_lens = [], []
+    if metadata.num_decode_tokens:
+        tables.append(metadata.decode_block_tables)
+        context_lens.append(metadata.decode_context_lens)
+    for query_len, context_len, block_table in zip(
+            metadata.prefill_query_lens, metadata.prefill_context_lens, metadata.prefill_block_tables):
+        num_blocks = math.ceil(context_len / block_size)
+        tables.append(block_table[:num_blocks].expand(query_len, num_blocks))
+        context_lens.append(torch.arange(context_len - query_len + 1, context_len + 1))
+    width = max(table.shape[1] for table in tables)
+    block_tables = torch.zeros((sum(len(lens) for lens in context_lens), width), dtype=torch.int32)
+    first_row = 0
+    for table in tables:
+        block_tables[first_row:first_row + table.shape[0], :table.shape[1]] = table
+        first_row += table.shape[0]
+    return NativeDecodeInputs(block_tables, torch.cat(context_lens).to(torch.int32))
+
+
 def plan_decode_groups(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
     if not metadata.num_decode_tokens:
         return []

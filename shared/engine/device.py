@@ -60,17 +60,23 @@ def kv_cache_memory_bytes(config: EngineConfig, device: torch.device) -> int:
     return budget
 
 
-def make_attention_backend(name: str, device: torch.device, config: ModelConfig) -> AttentionBackend:
-    """The backend `name` ("auto": Triton on CUDA, torch on the CPU) for the model's heads."""
+def make_attention_backend(name: str, device: torch.device, config: ModelConfig,
+                           deterministic: bool = False) -> AttentionBackend:
+    """The backend `name` ("auto": Triton on CUDA, torch on the CPU) for the model's heads;
+    `deterministic` asks for the CPU's batch-invariant attention (torch backend only)."""
     if name not in ATTENTION_BACKENDS:
         raise InvalidRequestError("attention_backend", f"must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
+    if deterministic and name != "torch":
+        raise InvalidRequestError("deterministic", f"runs on the CPU's torch attention backend only so far, "
+                                                   f"not {name} on {device}")
     if name == "torch":
         if device.type != "cpu":
             raise InvalidRequestError("attention_backend", "the torch backend runs on the CPU only")
         from shared.attention.torch_paged import TorchPagedAttention
-        return TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim)
+        return TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
+                                   deterministic=deterministic)
     from shared.attention.triton_kernels import triton_available
     if not triton_available():
         raise InvalidRequestError("attention_backend", f"the triton package is needed on {device}")

@@ -13,6 +13,8 @@ from shared.executor.in_process import InProcessExecutor
 from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
 from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
+from shared.model.batch_invariance import make_batch_invariant
+from shared.model.cpu_budget import default_num_threads
 from shared.model.loader import load_model
 from shared.spec_decode.builder import build_speculator, draft_model_config
 
@@ -35,12 +37,14 @@ def build_engine_parts(config: EngineConfig):
     folder = resolve_model(config.model)
     if config.parallel.is_parallel:
         return build_parallel_engine_parts(config, folder, dtype, device)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(config.num_threads or default_num_threads())
     torch.manual_seed(config.seed)
     started = time.perf_counter()
-    backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder))
+    backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder),
+                                     config.deterministic)
     model, model_config = load_model(folder, dtype, device=device, attn_backend=backend)
+    if config.deterministic:
+        make_batch_invariant(model, config.scheduler.max_num_batched_tokens)
     tokenizer = load_tokenizer_if_present(folder)
     draft_config = draft_model_config(config.speculative, folder)
     layout = kv_cache_layout(config, model_config, dtype, draft_config, kv_cache_memory_bytes(config, device))
@@ -67,6 +71,8 @@ def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch
                                                           f"not on {device}")
     if config.speculative.is_enabled:
         raise InvalidRequestError("speculative_method", "is not supported with tensor or pipeline parallelism")
+    if config.deterministic:
+        raise InvalidRequestError("deterministic", "is not supported with tensor or pipeline parallelism")
     model_config = ModelConfig.from_folder(folder)
     config.parallel.check_model(model_config.num_heads, model_config.num_kv_heads, model_config.num_layers)
     layout = kv_cache_layout(config, model_config, dtype)

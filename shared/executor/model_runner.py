@@ -18,6 +18,7 @@ import torch
 from shared.core.input_batch import ModelInputs, build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.executor.thread_governor import ThreadGovernor
 from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
 from shared.sampling.logprobs import token_logprobs, top_logprobs
@@ -37,6 +38,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.speculator = speculator
         self._generators: dict[str, torch.Generator] = {}
+        # Fewer threads while other processes keep our CPUs busy (CPU only).
+        self.thread_governor = ThreadGovernor.for_this_process() if self.device.type == "cpu" else None
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -44,6 +47,8 @@ class ModelRunner:
             self._generators.pop(request_id, None)
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
+        if self.thread_governor is not None:
+            self.thread_governor.maybe_adjust()
         failed: dict[str, str] = {}
         scheduled, proposals = self._add_proposals(scheduler_output.scheduled, failed)
         inputs = build_model_inputs(scheduled, self.layout.block_size)

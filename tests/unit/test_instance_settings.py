@@ -36,8 +36,17 @@ def test_environment_gives_defaults_and_flags_override_them():
     assert parse_settings("x", DECODE_ROLES, [], {}) == InstanceSettings(role="decode")
 
 
+def test_switches_take_a_flag_its_negation_or_a_yes_no_variable():
+    assert not parse_settings("x", DECODE_ROLES, [], {}).deterministic
+    assert parse_settings("x", DECODE_ROLES, ["--deterministic"], {}).deterministic
+    assert parse_settings("x", DECODE_ROLES, [], {"PDSERVE_DETERMINISTIC": "true"}).deterministic
+    assert not parse_settings("x", DECODE_ROLES, ["--no-deterministic"], {"PDSERVE_DETERMINISTIC": "1"}).deterministic
+    assert engine_config(parse_settings("x", DECODE_ROLES, ["--deterministic"], {})).deterministic
+
+
 @pytest.mark.parametrize("argv, environ, message", [
     ([], {"PDSERVE_NUM_BLOCKS": "many"}, "PDSERVE_NUM_BLOCKS='many' is not a valid int"),
+    ([], {"PDSERVE_DETERMINISTIC": "maybe"}, "PDSERVE_DETERMINISTIC='maybe' is not one of"),
     (["--heartbeat-interval-s", "2", "--heartbeat-ttl-s", "1"], {}, "--heartbeat-ttl-s: must exceed"),
     (["--dtype", "int8"], {}, "--dtype: must be one of"),
     (["--grpc-port", "70000"], {}, "--grpc-port: must be in"),

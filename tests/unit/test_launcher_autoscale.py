@@ -83,3 +83,21 @@ def test_up_parses_the_planner_flags():
     config = config_from_args(args)
     assert (config.prefill.min_replicas, config.prefill.max_replicas, config.decode.max_replicas) == (2, 6, 3)
     assert (config.ttft_slo_s, config.itl_slo_s) == (1.5, 0.05)
+
+
+def test_the_planner_reads_the_running_prefill_instances_metrics(tmp_path):
+    from services.launcher.autoscale_runner import AutoscaleRunner
+    from services.planner.config import PlannerConfig
+    from tests.unit.test_planner_logic import PROFILE
+
+    PROFILE.save(tmp_path / "profile.json")
+    stack = FakeStack()
+    stack.instances.append(FakeChild("prefill-2", "prefill"))
+    stack.instances.append(FakeChild("prefill-3", "prefill"))  # still loading: no ready info yet
+    stack.ready_info = {"prefill-0": {"metrics_address": "127.0.0.1:9001"},
+                        "decode-1": {"metrics_address": "127.0.0.1:9002"},
+                        "prefill-2": {"metrics_address": "127.0.0.1:9003"}}
+    runner = AutoscaleRunner(stack, PlannerConfig(), tmp_path / "profile.json", -1)
+    assert runner.prefill_metrics_urls() == ["http://127.0.0.1:9001/metrics", "http://127.0.0.1:9003/metrics"]
+    stack.instances[0].send_signal(signal.SIGTERM)  # the fake child counts as exited: no longer read
+    assert runner.prefill_metrics_urls() == ["http://127.0.0.1:9003/metrics"]

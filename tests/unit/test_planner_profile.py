@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint
+from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.cli.main import main
 
 
@@ -20,8 +20,19 @@ def test_fits_recover_linear_costs():
     assert profile.decode_step_s(16, 256) == pytest.approx(0.02 + 0.016 + 1e-5 * 16 * 256, rel=1e-6)
 
 
-def test_json_round_trip(tmp_path):
+def test_transfer_fit_and_defaults():
     profile = make_profile()
+    assert profile.kv_transfer_s(512) is None and profile.colocated_slowdown == 1.0
+    with_transfer = PerfProfile(**{**profile.__dict__, "transfer": [TransferPoint(n, 0.002 + 1e-5 * n)
+                                                                    for n in (64, 256, 1024)], "transfer_fit": []})
+    assert with_transfer.kv_transfer_s(512) == pytest.approx(0.002 + 512e-5, rel=1e-6)
+    with pytest.raises(ValueError, match="colocated_slowdown"):
+        PerfProfile(**{**profile.__dict__, "colocated_slowdown": 0.5})
+
+
+def test_json_round_trip(tmp_path):
+    profile = PerfProfile(**{**make_profile().__dict__, "transfer": [TransferPoint(64, 0.003), TransferPoint(512, 0.01)],
+                             "colocated_slowdown": 1.3, "host_cores": 2})
     profile.save(tmp_path / "p.json")
     loaded = PerfProfile.load(tmp_path / "p.json")
     assert loaded == profile
@@ -37,7 +48,39 @@ def test_quick_profile_of_the_tiny_model(tiny_llama_folder, tmp_path, capsys):
     assert {(p.batch_size, p.context_tokens) for p in profile.decode} == {(b, c) for b in (1, 4, 8) for c in (16, 48)}
     assert all(p.seconds > 0 for p in profile.prefill + profile.decode)
     assert profile.kv_capacity_tokens > 0 and profile.kv_capacity_tokens % profile.block_size == 0
-    assert "KV capacity" in capsys.readouterr().out
+    assert [p.prompt_tokens for p in profile.transfer] == [16, 64]  # over UCX on loopback
+    assert all(p.seconds > 0 for p in profile.transfer) and profile.kv_transfer_s(64) > 0
+    out = capsys.readouterr().out
+    assert "KV capacity" in out and "KV transfer of 512 tokens" in out
+
+
+def test_colocated_slowdown_beside_a_real_busy_neighbour(tiny_llama_folder):
+    from dataclasses import replace
+
+    from services.planner.profiler import QUICK_PLAN, Profiler, neighbour_command_for
+    from shared.engine.llm import engine_config_from_kwargs
+    from shared.engine.llm_engine import LLMEngine
+
+    plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32, 64), colocated_decode=((4, 16),))
+    engine = LLMEngine.from_config(engine_config_from_kwargs(str(tiny_llama_folder), "float32", num_blocks=64))
+    profile = Profiler(engine, plan).run("tiny", "float32", 1, neighbour_command_for(str(tiny_llama_folder),
+                                                                                    "float32", 1, 64))
+    assert profile.colocated_slowdown >= 1.0 and profile.host_cores >= 1 and profile.transfer == []
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+
+
+def test_a_neighbour_that_dies_is_reported(tiny_llama_folder):
+    import sys
+    from dataclasses import replace
+
+    from services.planner.profiler import QUICK_PLAN, Profiler
+    from shared.engine.llm import engine_config_from_kwargs
+    from shared.engine.llm_engine import LLMEngine
+
+    plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32,))
+    engine = LLMEngine.from_config(engine_config_from_kwargs(str(tiny_llama_folder), "float32", num_blocks=64))
+    with pytest.raises(RuntimeError, match="exited before it was ready"):
+        Profiler(engine, plan).run("tiny", "float32", 1, [sys.executable, "-c", "pass"])
 
 
 def test_profiling_returns_every_kv_block(tiny_llama_folder):

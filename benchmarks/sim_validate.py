@@ -1,0 +1,95 @@
+"""The simulator's validation against the real local stack: fixed 1 prefill + 1 decode
+(1 thread each) under Poisson load at a few constant rates, one after the other on the same
+stack after a few unrecorded warm-up requests; every request's TTFT and token times are
+recorded, with each process's CPU seconds and the load average, so
+`benchmarks.sim_validate_report` can replay the same requests in the simulator and compare
+percentiles. Run it on a quiet machine (`/work/wt/quiet ...`).
+
+    python -m benchmarks.sim_validate --rates 0.3 0.6 0.9 --duration 110 --out bench-results/sim-validate
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import resource
+import time
+from pathlib import Path
+
+from benchmarks.autoscale import send_all
+from benchmarks.harness.datasets import BenchPrompt
+from benchmarks.harness.vocabulary import load_bench_tokenizer, usable_token_ids
+from services.launcher.config import StackConfig
+from services.launcher.stack import LocalStack
+from services.simulator.workload import poisson_arrivals
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.3, 0.6, 0.9])
+    parser.add_argument("--duration", type=float, default=110.0, help="seconds of arrivals per rate")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/sim-validate"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-range", type=int, nargs=2, default=[32, 96], help="uniform prompt tokens")
+    parser.add_argument("--output-range", type=int, nargs=2, default=[16, 48], help="uniform output tokens")
+    return parser.parse_args()
+
+
+def poisson_workload(rate: float, duration_s: float, token_ids: list[int], seed: int, args: argparse.Namespace):
+    rng = random.Random(seed)
+    arrivals = poisson_arrivals(rng, rate, duration_s)
+    prompts = [BenchPrompt([rng.choice(token_ids) for _ in range(rng.randint(*args.prompt_range))],
+                           rng.randint(*args.output_range)) for _ in arrivals]
+    return arrivals, prompts
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(stack: LocalStack) -> dict[str, float]:
+    children = {child.name: cpu_seconds(child.pid) for child in stack.children() if child.pid}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    children["load-generator"] = usage.ru_utime + usage.ru_stime
+    return children
+
+
+def run_rate(stack: LocalStack, rate: float, args: argparse.Namespace, token_ids: list[int]) -> dict:
+    arrivals, prompts = poisson_workload(rate, args.duration, token_ids, args.seed + int(rate * 1000), args)
+    cpu_before, load_before, started = cpu_by_process(stack), os.getloadavg()[0], time.perf_counter()
+    records = asyncio.run(send_all(stack.gateway_address, arrivals, prompts, started))
+    wall = time.perf_counter() - started
+    cpu_after = cpu_by_process(stack)
+    cores = {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / wall for name in cpu_after}
+    failed = sum(1 for r in records if r.error or not r.chunk_times_s)
+    print(f"rate {rate}: {len(records)} requests, {failed} failed, {wall:.0f} s, cores used "
+          + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()), flush=True)
+    return {"rate": rate, "duration_s": args.duration, "wall_s": wall, "cores_used": cores,
+            "load_average": [load_before, os.getloadavg()[0]], "records": [r.__dict__ for r in records]}
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    token_ids = usable_token_ids(load_bench_tokenizer(None))
+    config = StackConfig(num_prefill=1, num_decode=1, gateway_port=0, gateway_http_port=-1, num_threads=1)
+    results = []
+    with LocalStack(config) as stack:
+        stack.start()
+        warm_arrivals, warm_prompts = poisson_workload(1.0, 8.0, token_ids, args.seed - 1, args)  # not recorded
+        asyncio.run(send_all(stack.gateway_address, warm_arrivals, warm_prompts, time.perf_counter()))
+        for rate in args.rates:
+            results.append(run_rate(stack, rate, args, token_ids))
+            (args.out / "runs.json").write_text(json.dumps({"host_cores": len(os.sched_getaffinity(0)),
+                                                            "runs": results}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
