@@ -27,6 +27,7 @@ from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorRole, KVTransferConfig, KVTransferOutcome, KVTransferResult,
 )
 from shared.guided.params import GuidedDecodingParams
+from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes
 from shared.model import row_buckets
@@ -109,7 +110,11 @@ async def main(args: argparse.Namespace) -> None:
     StagingConnector.staging = None if args.no_staging else pool_class()
     kv_transfer = KVTransferConfig(f"{StagingConnector.__module__}:StagingConnector", KVConnectorRole.PRODUCER)
     engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads, kv_transfer=kv_transfer))
-    async_engine = AsyncEngine(engine)
+    trimmer = None
+    if args.busy_trim_mb or args.idle_trim_s:
+        policy = TrimPolicy(idle_interval_s=args.idle_trim_s, busy_growth_bytes=int(args.busy_trim_mb * MIB))
+        trimmer = HeapTrimmer(policy)
+    async_engine = AsyncEngine(engine, on_loop=trimmer.on_loop if trimmer is not None else None)
     await async_engine.start()
     rng, started = random.Random(0), time.perf_counter()
     report("loaded", started, 0)
@@ -127,6 +132,9 @@ async def main(args: argparse.Namespace) -> None:
             release_free_memory()
         tokens = engine.stats.num_prompt_tokens_computed - tokens_before
         report(f"batch {batch}", started, baseline_python, tokens / (time.perf_counter() - batch_started))
+    if trimmer is not None:
+        print(f"trims: {trimmer.num_busy_trims} busy, {trimmer.num_idle_trims} idle, "
+              f"{trimmer.trim_seconds * 1000:.1f} ms inside malloc_trim in all")
     if first is not None:
         for stat in tracemalloc.take_snapshot().compare_to(first, "traceback")[:8]:
             print(stat, "\n   ", "\n    ".join(stat.traceback.format()[-6:]))
@@ -140,6 +148,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--per-batch", type=int, default=8, help="concurrent requests of each kind per batch")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every batch")
+    parser.add_argument("--busy-trim-mb", type=float, default=0.0,
+                        help="engine-loop trimmer: trim while busy once RSS grew this many MiB (0: off)")
+    parser.add_argument("--idle-trim-s", type=float, default=0.0,
+                        help="engine-loop trimmer: idle trims at most this often (0: off)")
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--staging-module", default="shared.transfer.staging", help="where StagingPool comes from")
     parser.add_argument("--no-staging", action="store_true", help="skip gathering the KV into staging")

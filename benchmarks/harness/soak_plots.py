@@ -7,15 +7,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.harness.soak_report import MIB, IntervalLatency  # noqa: E402
+from benchmarks.harness.soak_report import MIB, IntervalLatency, process_names  # noqa: E402
 from benchmarks.harness.soak_samples import MemorySample  # noqa: E402
 
 
 def plot_rss(samples: list[MemorySample], warmup_s: float, path: Path, title: str = "") -> Path:
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    minutes = [s.elapsed_s / 60 for s in samples]
-    for process in samples[0].rss_bytes:
-        axis.plot(minutes, [s.rss_bytes.get(process, 0) / MIB for s in samples], label=process)
+    for process in process_names(samples):
+        present = [s for s in samples if process in s.rss_bytes]
+        axis.plot([s.elapsed_s / 60 for s in present], [s.rss_bytes[process] / MIB for s in present], label=process)
     axis.axvline(warmup_s / 60, color="grey", linestyle="--", linewidth=1, label="end of warm-up")
     axis.set(xlabel="minutes", ylabel="RSS (MiB)", title=title or "Resident memory per process")
     axis.grid(True, alpha=0.3)

@@ -32,15 +32,22 @@ class IntervalLatency:
     itl_p99_ms: float
 
 
+def process_names(samples: list[MemorySample]) -> list[str]:
+    """Every process seen in any sample, in the order first seen (a child may start late)."""
+    return list(dict.fromkeys(name for sample in samples for name in sample.rss_bytes))
+
+
 def rss_growth(samples: list[MemorySample], warmup_s: float) -> list[RssGrowth]:
-    """One row per process; the slope needs at least two samples after the warm-up."""
-    after = [s for s in samples if s.elapsed_s >= warmup_s] or samples[-2:]
+    """One row per process, from the samples it appears in; the slope needs at least two
+    samples after the warm-up (else the last two)."""
     growth = []
-    for process in samples[0].rss_bytes:
+    for process in process_names(samples):
+        present = [s for s in samples if process in s.rss_bytes]
+        after = [s for s in present if s.elapsed_s >= warmup_s] or present[-2:]
         times = np.array([s.elapsed_s / 60 for s in after])
-        values = np.array([s.rss_bytes.get(process, 0) / MIB for s in after])
+        values = np.array([s.rss_bytes[process] / MIB for s in after])
         slope = float(np.polyfit(times, values, 1)[0]) if len(after) >= 2 else float("nan")
-        growth.append(RssGrowth(process, samples[0].rss_bytes[process] / MIB, values[0], values[-1], slope))
+        growth.append(RssGrowth(process, present[0].rss_bytes[process] / MIB, values[0], values[-1], slope))
     return growth
 
 

@@ -16,7 +16,7 @@ from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from shared.guided.limits import GuidedLimits
-from shared.memory.idle_trim import IdleTrimmer
+from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from services.common.settings import InstanceSettings, parallel_config, speculative_config
@@ -73,10 +73,10 @@ async def start_engine(settings: InstanceSettings) -> EngineClient:
 
 async def start_engine_thread(settings: InstanceSettings, config: EngineConfig) -> AsyncEngine:
     engine = await asyncio.to_thread(LLMEngine.from_config, config)
-    on_idle = IdleTrimmer(min_interval_s=settings.idle_trim_interval_s).on_idle if settings.idle_trim_interval_s > 0 else None
+    on_loop = HeapTrimmer(trim_policy(settings)).on_loop
     # OpenMP thread counts are per calling thread: the engine thread sets it (the default: the
     # CPUs this process may use, affinity mask and cgroup quota).
-    client = AsyncEngine(engine, on_idle=on_idle, num_threads=settings.num_threads or default_num_threads())
+    client = AsyncEngine(engine, on_loop=on_loop, num_threads=settings.num_threads or default_num_threads())
     await client.start()
     return client
 
@@ -89,6 +89,11 @@ async def start_core_process(settings: InstanceSettings, config: EngineConfig) -
     # the CPUs this process, and so the core, may use).
     config = dataclasses.replace(config, model=str(folder), num_threads=config.num_threads or default_num_threads())
     tokenizer = await asyncio.to_thread(load_tokenizer_if_present, folder)
-    client = CoreProcessClient(config, tokenizer, idle_trim_interval_s=settings.idle_trim_interval_s)
+    client = CoreProcessClient(config, tokenizer, trim_policy=trim_policy(settings))
     await client.start()
     return client
+
+
+def trim_policy(settings: InstanceSettings) -> TrimPolicy:
+    return TrimPolicy(idle_interval_s=settings.idle_trim_interval_s,
+                      busy_growth_bytes=int(settings.busy_trim_growth_mb * (1 << 20)))

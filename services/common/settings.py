@@ -106,6 +106,9 @@ class InstanceSettings(ServiceSettings):
     max_engine_restarts: int = _setting(3, "engine-core crashes restarted within --engine-restart-window-s; "
                                            "one more exits the instance non-zero", ge=0)
     engine_restart_window_s: float = _setting(300.0, "window of --max-engine-restarts, seconds", ge=0)
+    busy_trim_growth_mb: float = _setting(64.0, "while the engine is busy, return free heap memory once the "
+                                                "resident set has grown this many MiB since the last trim (0 = never)",
+                                          ge=0)
     log_level: str = _setting("INFO", "Python logging level")
     log_format: Literal[LOG_FORMATS] = _setting("text", "log lines as plain text or one JSON object each (text, json)")
     tls_cert_file: str = _setting("", "serve gRPC over TLS with this PEM certificate ('' = plain)")

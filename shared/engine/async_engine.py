@@ -35,6 +35,7 @@ from shared.executor.base import SampledLogprobs
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncEngine", "EngineDeadError", "KVTransferFailedError", "OutputObserver", "RequestFailedError"]
+IDLE_WAKE_S = 1.0  # an idle engine thread runs its loop (and on_loop) at least this often
 
 
 @dataclass
@@ -64,15 +65,16 @@ _WAKE = (lambda: None, (), {}, None, None)  # a command that only wakes an idle 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 on_idle: Callable[[], Any] | None = None, num_threads: int | None = None):
+                 on_loop: Callable[[bool], Any] | None = None, num_threads: int | None = None):
         """`on_failure(error)` is called on the engine thread once, if the engine fails as a
-        whole (the service then stops serving and exits); `on_idle()` when it has nothing to
-        run (memory trimming); `num_threads`: torch threads of the steps."""
+        whole (the service then stops serving and exits); `on_loop(is_idle)` on every loop
+        iteration, with whether it has nothing to run (memory trimming); `num_threads`: torch
+        threads of the steps."""
         self._engine = engine
         self.info: EngineInfo = engine_info(engine)
         self.observer = observer
         self.on_failure = on_failure
-        self.on_idle = on_idle
+        self.on_loop = on_loop
         self._num_threads = num_threads
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
@@ -273,8 +275,8 @@ class AsyncEngine:
                 torch.set_num_threads(self._num_threads)  # per calling thread: set it where steps run
             while not self._stopping.is_set():
                 is_idle = not self._engine.scheduler.num_unfinished
-                if is_idle and self.on_idle is not None:
-                    self._notify(self.on_idle)
+                if self.on_loop is not None:
+                    self._notify(self.on_loop, is_idle)
                 self._run_commands(block=is_idle)
                 self._dispatch(self._engine.step())
                 self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
@@ -290,8 +292,8 @@ class AsyncEngine:
                 self._notify(self.on_failure, error)
 
     def _run_commands(self, block: bool) -> None:
-        try:
-            command = self._commands.get(block=block)
+        try:  # an idle loop still wakes now and then, so that on_loop sees it idle
+            command = self._commands.get(block=block, timeout=IDLE_WAKE_S if block else None)
         except queue.Empty:
             return
         while command is not None:

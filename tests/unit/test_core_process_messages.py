@@ -4,6 +4,7 @@ version, or bytes that are not a message, are refused with ProtocolError."""
 import msgspec
 import pytest
 
+from shared.memory.idle_trim import TrimPolicy
 from shared.config import CacheConfig, EngineConfig
 from shared.engine.client import (CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
                                   KVReservation)
@@ -73,7 +74,8 @@ def test_startup_round_trips_the_engine_config():
                           cache=CacheConfig(block_size=4, num_blocks=64),
                           kv_transfer=KVTransferConfig("shared.transfer.ucx_connector:UCXConnector",
                                                        KVConnectorRole.CONSUMER, port=0))
-    startup = CoreStartup(PROTOCOL_VERSION, config, "ipc:///tmp/x/requests", "ipc:///tmp/x/outputs", 10.0)
+    startup = CoreStartup(PROTOCOL_VERSION, config, "ipc:///tmp/x/requests", "ipc:///tmp/x/outputs",
+                          TrimPolicy(idle_interval_s=10.0, busy_growth_bytes=0))
     assert decode_startup(encode(startup)) == startup
 
 

@@ -1,4 +1,4 @@
-"""Memory introspection and its metrics: glibc stats, idle trimming, bytes by component,
+"""Memory introspection and its metrics: glibc stats, heap trimming, bytes by component,
 the staging pool's bound, and the gauges an instance exports."""
 
 import pytest
@@ -9,7 +9,7 @@ from shared.engine import LLM
 from shared.memory.cache_usage import CacheUsage
 from shared.memory.components import COMPONENTS, memory_by_component
 from shared.memory.engine_memory import kv_pool_bytes, weight_bytes
-from shared.memory.idle_trim import IdleTrimmer
+from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.memory.malloc_stats import is_glibc, malloc_stats
 from shared.memory.process import resident_bytes
 from shared.metrics.memory_collector import MemoryCollector
@@ -27,11 +27,12 @@ def test_malloc_stats_see_a_large_allocation():
 
 
 @pytest.mark.skipif(not is_glibc(), reason="glibc only")
-def test_idle_trimmer_trims_at_most_once_per_interval():
-    trimmer = IdleTrimmer(min_free_bytes=0, min_interval_s=3600)
-    assert trimmer.on_idle() is True
-    assert trimmer.on_idle() is False
-    assert trimmer.num_trims == 1
+def test_heap_trimmer_reads_and_trims_the_real_heap_once_per_idle_period():
+    trimmer = HeapTrimmer(TrimPolicy(min_free_bytes=0, idle_interval_s=3600))
+    trimmer.on_loop(is_idle=False)
+    assert trimmer.on_loop(is_idle=True) is True
+    assert trimmer.on_loop(is_idle=True) is False
+    assert trimmer.num_idle_trims == 1 and trimmer.trim_seconds > 0
 
 
 def test_components_add_up_to_the_resident_set():

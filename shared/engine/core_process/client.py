@@ -22,6 +22,7 @@ import zmq
 import zmq.asyncio
 
 from shared.config import EngineConfig
+from shared.memory.idle_trim import TrimPolicy
 from shared.engine.client import (CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
                                   EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
                                   KVTransferFailedError, RequestFailedError)
@@ -42,12 +43,12 @@ SHUTDOWN_TIMEOUT_S = 10.0
 
 
 class CoreProcessClient:
-    def __init__(self, config: EngineConfig, tokenizer=None, idle_trim_interval_s: float = 0.0,
+    def __init__(self, config: EngineConfig, tokenizer=None, trim_policy: TrimPolicy = TrimPolicy(),
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S):
         """`tokenizer`: the model's, for detokenization and stop strings (None: token ids only)."""
         self.config = config
         self.tokenizer = tokenizer
-        self.idle_trim_interval_s = idle_trim_interval_s
+        self.trim_policy = trim_policy
         self.startup_timeout_s = startup_timeout_s
         self.info: EngineInfo | None = None
         # Called on the event loop when the core dies, before the streams fail.
@@ -75,7 +76,7 @@ class CoreProcessClient:
         self._is_stopping = False
         self.error = None
         self._last_words = None
-        core = await spawn_core(self.config, self.idle_trim_interval_s, self.startup_timeout_s)
+        core = await spawn_core(self.config, self.trim_policy, self.startup_timeout_s)
         self._core, self.info, self.num_starts = core, core.ready.info, self.num_starts + 1
         self._load = EngineLoad(0, 0, 0, self.info.num_blocks, self.info.num_blocks)
         self._output_processor = OutputProcessor(self.tokenizer)

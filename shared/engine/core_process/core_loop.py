@@ -81,11 +81,11 @@ class WakeupPipe:
 
 class CoreLoop:
     def __init__(self, core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket,
-                 on_idle: Callable[[], object] | None = None):
+                 on_loop: Callable[[bool], object] | None = None):
         self.core = core
         self.inbox = inbox
         self.outbox = outbox
-        self.on_idle = on_idle
+        self.on_loop = on_loop
         self.preparer = GrammarPreparer(core)
         self.wakeup = WakeupPipe()
         self.poller = zmq.Poller()
@@ -110,8 +110,8 @@ class CoreLoop:
 
     def _run_once(self) -> None:
         is_stepping = self.core.scheduler.num_unfinished > 0
-        if not is_stepping and not self._compiling and self.on_idle is not None:
-            self.on_idle()
+        if self.on_loop is not None:
+            self.on_loop(not is_stepping and not self._compiling)
         timeout = 0 if is_stepping else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
         changed = self._wait_and_handle_messages(timeout)
         changed = self._admit_compiled() or changed

@@ -21,7 +21,7 @@ from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, C
 from shared.engine.introspection import engine_info
 from shared.engine.engine_core import EngineCore
 from shared.isolation import describe_error
-from shared.memory.idle_trim import IdleTrimmer
+from shared.memory.idle_trim import HeapTrimmer
 
 logger = logging.getLogger("shared.engine.core_process")
 
@@ -53,8 +53,7 @@ def serve(startup: CoreStartup) -> None:
     try:
         core = build_core(startup)
         outbox.send(encode(Ready(PROTOCOL_VERSION, engine_info(core), os.getpid())))
-        trimmer = IdleTrimmer(min_interval_s=startup.idle_trim_interval_s) if startup.idle_trim_interval_s > 0 else None
-        CoreLoop(core, inbox, outbox, trimmer.on_idle if trimmer is not None else None).run()
+        CoreLoop(core, inbox, outbox, HeapTrimmer(startup.trim_policy).on_loop).run()
     except BaseException as error:
         outbox.send(encode(CoreFailed(describe_error(error))))
         raise

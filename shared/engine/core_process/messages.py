@@ -19,6 +19,7 @@ from shared.engine.client import EngineInfo, EngineLoad, EngineMemory, EngineSta
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
+from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
 PROTOCOL_VERSION = 1
@@ -35,7 +36,7 @@ class CoreStartup(msgspec.Struct, frozen=True):
     config: EngineConfig
     input_address: str     # the core receives requests here (the service binds it)
     output_address: str    # the core sends outputs here (the service binds it)
-    idle_trim_interval_s: float = 0.0  # 0: no idle memory trimming
+    trim_policy: TrimPolicy = TrimPolicy()  # when the core returns free heap memory to the OS
 
 
 # ---- service -> core -------------------------------------------------------------------------

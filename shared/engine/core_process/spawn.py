@@ -15,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 from shared.config import EngineConfig
+from shared.memory.idle_trim import TrimPolicy
 from shared.engine.client import EngineDeadError
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
                                                  check_version, decode_core_message, encode)
@@ -58,7 +59,7 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-async def spawn_core(config: EngineConfig, idle_trim_interval_s: float, startup_timeout_s: float) -> CoreHandle:
+async def spawn_core(config: EngineConfig, trim_policy: TrimPolicy, startup_timeout_s: float) -> CoreHandle:
     """Start a core and wait for its Ready; EngineDeadError if it exits or times out first."""
     folder = tempfile.mkdtemp(prefix="pdserve-core-")
     context = zmq.asyncio.Context()
@@ -70,7 +71,7 @@ async def spawn_core(config: EngineConfig, idle_trim_interval_s: float, startup_
     try:
         process = await asyncio.create_subprocess_exec(sys.executable, "-m", CORE_MODULE, stdin=asyncio.subprocess.PIPE,
                                                        env=child_environment())
-        startup = CoreStartup(PROTOCOL_VERSION, config, input_address, output_address, idle_trim_interval_s)
+        startup = CoreStartup(PROTOCOL_VERSION, config, input_address, output_address, trim_policy)
         process.stdin.write(encode(startup))
         await process.stdin.drain()
         process.stdin.close()
