@@ -50,7 +50,7 @@ def test_gateway_flag_over_env_over_file_over_default(tmp_path, monkeypatch):
     settings = gateway_settings(["--config", config, "--max-n", "5"])
     assert (settings.port, settings.redis_url, settings.max_n, settings.limits.max_n) == (6002, "redis://file:1/0", 5, 5)
     assert (settings.api_key, settings.prefer_colocated) == (("k1", "k2"), True)
-    assert settings.block_size == GatewaySettings().block_size
+    assert settings.lease_s == GatewaySettings().lease_s
 
 
 def test_planner_and_up_share_one_file(tmp_path, monkeypatch):
@@ -104,9 +104,9 @@ def test_a_missing_settings_file_is_named(capsys):
 def test_bad_gateway_and_planner_settings_exit_2_naming_them(tmp_path, monkeypatch, capsys):
     from services.gateway.__main__ import main as gateway_main
 
-    monkeypatch.setenv("PDSERVE_BLOCK_SIZE", "sixteen")
+    monkeypatch.setenv("PDSERVE_LEASE_S", "long")
     assert gateway_main([]) == 2
-    assert "--block-size: Input should be a valid integer" in capsys.readouterr().err
+    assert "--lease-s: Input should be a valid number" in capsys.readouterr().err
     assert planner_main([]) == 2
     assert "--profile: is required" in capsys.readouterr().err
     assert planner_main(["--profile", "p.json", "--metrics-port", "-5"]) == 2
