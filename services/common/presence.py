@@ -6,6 +6,7 @@ every Redis write happens in background tasks that retry, and shutdown is best e
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -67,10 +68,7 @@ class ClusterPresence:
     async def _resync(self) -> None:
         """Republish the prefix index, then whatever the role handlers keep in Redis (leases)."""
         await self.publisher.republish()
-        for hook in self.resync_hooks:
-            result = hook()
-            if result is not None:
-                await result
+        await run_resync_hooks(self.resync_hooks)
 
     async def withdraw(self) -> None:
         """Leave routing: stop beating and deregister, stop publishing and drop the prefix-index
@@ -91,3 +89,12 @@ class ClusterPresence:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(REDIS_TIMEOUT_S):
                 await self.redis.aclose()
+
+
+async def run_resync_hooks(hooks: list[Callable[[], Awaitable[None] | object]]) -> None:
+    """Call each hook, awaiting those that return an awaitable (a plain function may return
+    anything, e.g. LeaseTable.republish's count)."""
+    for hook in hooks:
+        result = hook()
+        if inspect.isawaitable(result):
+            await result
