@@ -48,8 +48,9 @@ def _setup(args: argparse.Namespace):
     profile = PerfProfile.load(args.profile)
     shared = {"host_cores": profile.host_cores or 1, "colocated_slowdown": profile.colocated_slowdown} \
         if args.shared_host else {}
-    config = SimConfig(ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, startup_s=args.startup,
-                       kv_bandwidth_bytes_s=args.kv_bandwidth_gbs * 1e9, interval_s=args.planner_interval, **shared)
+    policy = planner_policy(args)
+    config = SimConfig(ttft_slo_s=policy.ttft_slo_s, itl_slo_s=policy.itl_slo_s, startup_s=args.startup,
+                       kv_bandwidth_bytes_s=args.kv_bandwidth_gbs * 1e9, interval_s=policy.interval_s, **shared)
     requests = make_trace(args.trace, args.rate, args.duration, lengths, args.seed, day_s=args.day_length)
     return profile, config, requests
 
@@ -58,6 +59,13 @@ def _line(label: str, summary) -> str:
     return (f"{label:<26} SLO {summary.slo_attainment:6.1%}  TTFT p90 {summary.ttft_p90_s:7.2f} s  "
             f"TPOT p90 {summary.tpot_p90_s * 1e3:6.0f} ms  instance-h {summary.instance_hours:8.2f}  "
             f"scale events {summary.scale_events}")
+
+
+def planner_policy(args: argparse.Namespace):
+    """The planner's SLOs and interval, resolved like its other settings (flag > env > file >
+    default): the planner flags are settings, not plain argparse values."""
+    from services.planner.flags import config_from_args
+    return config_from_args(args)
 
 
 def run(args: argparse.Namespace) -> int:
