@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from shared.engine.client import (
     KVTransferFailedError, OutputObserver, RequestFailedError,
 )
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
+from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
@@ -44,19 +45,9 @@ class _Stream:
     queue: asyncio.Queue
 
 
-@dataclass
-class _KVWait:
-    """A reservation's KV arrival, as its waiters see it (touched on `loop` only)."""
-    loop: asyncio.AbstractEventLoop
-    has_arrived: bool = False
-    waiters: list[asyncio.Future] = field(default_factory=list)
-
-    def settle(self, error: str | None) -> None:
-        self.has_arrived = self.has_arrived or error is None
-        waiters, self.waiters = self.waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                _settle(waiter, None, KVTransferFailedError(error) if error is not None else None)
+@dataclass(kw_only=True)
+class _KVWait(KVArrivalWait):
+    loop: asyncio.AbstractEventLoop  # the waiters' loop: the engine thread settles through it
 
 
 _WAKE = (lambda: None, (), {}, None, None)  # a command that only wakes an idle engine thread
@@ -140,7 +131,7 @@ class AsyncEngine:
             if made:
                 engine.abort_request(request_id)
 
-        self._reservations[request_id] = _KVWait(asyncio.get_running_loop())
+        self._reservations[request_id] = _KVWait(loop=asyncio.get_running_loop())
         try:
             reservation = await self._call(reserve)
         except BaseException:
@@ -154,15 +145,7 @@ class AsyncEngine:
         wait = self._reservations.get(request_id)
         if wait is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        if wait.has_arrived:
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        wait.waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if waiter in wait.waiters:
-                wait.waiters.remove(waiter)
+        await wait.wait()
 
     async def generate_reserved(self, request_id: str, first_token_id: int,
                                 first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -26,17 +27,24 @@ from shared.memory.idle_trim import TrimPolicy
 from shared.engine.client import (CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
                                   EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
                                   KVTransferFailedError, RequestFailedError)
-from shared.engine.core_process.kv_waits import ReservationWait
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, Query, Ready, Rejected, ReleaseKV, ReserveKV,
                                                  Shutdown, StartReserved, StepOutputs, decode_core_message, encode)
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
+from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.output_processor import OutputProcessor
 from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.executor.base import SampledLogprobs
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class ReservationWait(KVArrivalWait):
+    """A reservation in the core, with the prompt it was made for (its output processing
+    starts when Decode takes it)."""
+    request: GenerateRequest
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -227,7 +235,7 @@ class CoreProcessClient:
         request_id = request.request_id
         if request_id in self._reservations or request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved or running")
-        self._reservations[request_id] = ReservationWait(request)
+        self._reservations[request_id] = ReservationWait(request=request)
         try:
             result = await self._call(lambda call_id: ReserveKV(
                 call_id, request_id, list(request.prompt_token_ids), request.params, request.cache_salt,

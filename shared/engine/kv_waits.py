@@ -1,15 +1,15 @@
-"""The service side's record of a decode-role reservation in the engine core: the prompt it
-was made for (to start its output processing later) and whether its KV has arrived."""
+"""A decode-role reservation's KV arrival, as the callers of `wait_kv` see it: whether it has
+arrived, and the futures waiting for it (touched on one event loop only). Both engine clients
+(in-thread and core process) keep one per reservation."""
 
 import asyncio
 from dataclasses import dataclass, field
 
-from shared.engine.client import GenerateRequest, KVTransferFailedError
+from shared.engine.client import KVTransferFailedError
 
 
-@dataclass
-class ReservationWait:
-    request: GenerateRequest
+@dataclass(kw_only=True)
+class KVArrivalWait:
     has_arrived: bool = False
     waiters: list[asyncio.Future] = field(default_factory=list)
 
