@@ -24,7 +24,7 @@ import torch
 
 from shared.engine.client import (
     EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-    KVTransferFailedError, OutputObserver, RequestFailedError,
+    KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
 )
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
 from shared.engine.kv_waits import KVArrivalWait
@@ -196,10 +196,7 @@ class AsyncEngine:
                 if isinstance(output, BaseException):
                     raise EngineDeadError(str(output))
                 is_finished = output.finished
-                if output.error is not None:
-                    raise RequestFailedError(output.error)
-                if output.kv_transfer_error is not None:
-                    raise KVTransferFailedError(f"KV transfer of {request_id!r}: {output.kv_transfer_error}")
+                raise_if_failed(request_id, output)
                 yield output
         finally:
             self._streams.pop(request_id, None)

@@ -199,3 +199,11 @@ class EngineClient(Protocol):
     async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
         """Prefix-cache changes since the previous call; a snapshot when asked, or when the
         engine dropped events nobody drained (KVCacheEvents.is_snapshot)."""
+
+
+def raise_if_failed(request_id: str, output: RequestOutput) -> None:
+    """What a client's stream raises for an output: the request failed, or its KV send did."""
+    if output.error is not None:
+        raise RequestFailedError(output.error)
+    if output.kv_transfer_error is not None:
+        raise KVTransferFailedError(f"KV transfer of {request_id!r}: {output.kv_transfer_error}")

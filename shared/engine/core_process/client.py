@@ -26,7 +26,7 @@ from shared.config import EngineConfig
 from shared.memory.idle_trim import TrimPolicy
 from shared.engine.client import (CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
                                   EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-                                  KVTransferFailedError, RequestFailedError)
+                                  raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, Query, Ready, Rejected, ReleaseKV, ReserveKV,
                                                  Shutdown, StartReserved, StepOutputs, decode_core_message, encode)
@@ -186,10 +186,7 @@ class CoreProcessClient:
                 if isinstance(output, BaseException):
                     raise output
                 finished = output.finished
-                if output.error is not None:
-                    raise RequestFailedError(output.error)
-                if output.kv_transfer_error is not None:
-                    raise KVTransferFailedError(f"KV transfer of {request_id!r}: {output.kv_transfer_error}")
+                raise_if_failed(request_id, output)
                 yield output
         finally:
             self._streams.pop(request_id, None)
