@@ -10,6 +10,7 @@ its HTTP API answers, yields its base URL (`http://host:port`) and stops it:
   pdserve             the stack `make run` / `pdserve up` starts by default (its CPU plan:
                       services/launcher/cpu_plan.py), through the gateway's HTTP door
   pdserve-pinned      1 prefill on the first CPU, 1 decode on the second, 1 thread each
+  pdserve-pinned-gateway  the same, with the gateway and Redis on the prefill's CPU
   pdserve-unpinned    1 prefill + 1 decode, both over every CPU, one thread per CPU each
   pdserve-colocated   one colocated instance over every CPU, one thread per CPU
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 from services.launcher.ports import find_free_port
 
 HOST = "127.0.0.1"
-PDSERVE_LAYOUTS = ("pdserve", "pdserve-pinned", "pdserve-unpinned", "pdserve-colocated")
+PDSERVE_LAYOUTS = ("pdserve", "pdserve-pinned", "pdserve-pinned-gateway", "pdserve-unpinned", "pdserve-colocated")
 SERVERS = ("vllm",) + PDSERVE_LAYOUTS
 POLL_INTERVAL_S = 0.5
 STOP_GRACE_S = 30.0
@@ -133,10 +134,13 @@ def pdserve_stack_config(layout: str, options: ServerOptions, run_dir: Path, num
     every_cpu = tuple(sorted(os.sched_getaffinity(0)))
     if layout == "pdserve":
         return StackConfig(**common)
+    if layout.startswith("pdserve-pinned") and num_cpus < 2:
+        raise ServerStartError(f"{layout} needs 2 CPUs")
     if layout == "pdserve-pinned":
-        if num_cpus < 2:
-            raise ServerStartError("pdserve-pinned needs 2 CPUs")
         return StackConfig(prefill_cpus=every_cpu[:1], decode_cpus=every_cpu[1:2], num_threads=1, **common)
+    if layout == "pdserve-pinned-gateway":
+        return StackConfig(prefill_cpus=every_cpu[:1], decode_cpus=every_cpu[1:2], gateway_cpus=every_cpu[:1],
+                           num_threads=1, **common)
     if layout == "pdserve-unpinned":
         return StackConfig(prefill_cpus=every_cpu, decode_cpus=every_cpu, num_threads=num_cpus, **common)
     if layout == "pdserve-colocated":

@@ -78,6 +78,9 @@ def test_pdserve_layouts_place_instances_as_named(tmp_path, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert placements("pdserve-pinned", tmp_path) == {"prefill-0": InstanceCpus((0,), 1),
                                                       "decode-0": InstanceCpus((1,), 1)}
+    assert placements("pdserve-pinned-gateway", tmp_path) == placements("pdserve-pinned", tmp_path)
+    gateway_pinned = pdserve_stack_config("pdserve-pinned-gateway", ServerOptions(), tmp_path, num_cpus=2)
+    assert gateway_pinned.cpus_of("gateway") == gateway_pinned.cpus_of("redis") == (0,)
     assert placements("pdserve-unpinned", tmp_path) == {"prefill-0": InstanceCpus((0, 1), 2),
                                                         "decode-0": InstanceCpus((0, 1), 2)}
     assert placements("pdserve-colocated", tmp_path) == {"colocated-0": InstanceCpus((0, 1), 2)}
