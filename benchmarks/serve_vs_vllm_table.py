@@ -26,6 +26,8 @@ COLUMNS = (
     Column("TTFT p99", lambda s: s.ttft.percentiles_ms["p99"]),
     Column("ITL p50", lambda s: s.itl.percentiles_ms["p50"]),
     Column("ITL p99", lambda s: s.itl.percentiles_ms["p99"]),
+    # The longest stall a stream saw: a few multi-second stalls hide below p99 of thousands of gaps.
+    Column("ITL max", lambda s: s.itl.percentiles_ms.get("p100", math.nan)),
 )
 
 

@@ -62,8 +62,8 @@ def test_vllm_command_line_serves_the_folder_on_the_port(tmp_path):
     argv = vllm_argv(Path("/venv/bin/python"), tmp_path, 8123, options)
     assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     flags = dict(zip(argv[3::2], argv[4::2]))
-    assert flags == {"--model": str(tmp_path), "--host": "127.0.0.1", "--port": "8123", "--dtype": "bfloat16", "--seed": "0",
-                     "--gpu-memory-utilization": "0.2", "--max-num-seqs": "64"}
+    assert flags == {"--model": str(tmp_path), "--host": "127.0.0.1", "--port": "8123", "--dtype": "bfloat16",
+                     "--seed": "0", "--gpu-memory-utilization": "0.2", "--max-num-seqs": "64"}
 
 
 # ---- pdserve layouts ---------------------------------------------------------------------
@@ -157,7 +157,8 @@ FAKE_VLLM = textwrap.dedent('''
         protocol_version = "HTTP/1.1"
 
         def do_GET(self):
-            body = json.dumps({"data": [{"id": argv[argv.index("--model") + 1]}]}).encode() if self.path == "/v1/models" else b""
+            model = argv[argv.index("--model") + 1]
+            body = json.dumps({"data": [{"id": model}]}).encode() if self.path == "/v1/models" else b""
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -240,7 +241,7 @@ def fake_run(label: str, ttft_s: float, gap_s: float, failed: int = 0) -> RunRes
         record = RequestRecord(2 + index, prompt_len=8, expected_output_len=3)
         record.error, record.end_s = "HTTP 500", 0.1
         records.append(record)
-    return RunResult(label, LoadShape(1.0), records, summarize(records, duration_s=1.0))
+    return RunResult(label, LoadShape(1.0), records, summarize(records, duration_s=1.0, percentiles=(50, 99, 100)))
 
 
 def test_table_has_every_server_and_the_ratios_to_vllm():
@@ -248,10 +249,11 @@ def test_table_has_every_server_and_the_ratios_to_vllm():
     series = {"vllm": [fake_run("vllm", 1.0, 0.5)], "pdserve": [fake_run("pdserve", 0.5, 0.125, failed=1)]}
     table = format_table(series, [0.2])
     lines = table.splitlines()
-    assert lines[1] == "| rate (req/s) | server | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ok/failed |"
-    assert lines[3] == "| 0.2 | vllm | 6 | 1000 | 1000 | 500 | 500 | 2/0 |"
-    assert lines[4] == "| 0.2 | pdserve | 6 | 500 | 500 | 125 | 125 | 2/1 |"
-    assert lines[5] == "| 0.2 | **pdserve / vllm** | 1.00x | 0.50x | 0.50x | 0.25x | 0.25x |  |"
+    assert lines[1] == ("| rate (req/s) | server | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ITL max |"
+                        " ok/failed |")
+    assert lines[3] == "| 0.2 | vllm | 6 | 1000 | 1000 | 500 | 500 | 500 | 2/0 |"
+    assert lines[4] == "| 0.2 | pdserve | 6 | 500 | 500 | 125 | 125 | 125 | 2/1 |"
+    assert lines[5] == "| 0.2 | **pdserve / vllm** | 1.00x | 0.50x | 0.50x | 0.25x | 0.25x | 0.25x |  |"
     assert target_lines(series, [0.2]) == [
         "- 0.2 req/s, pdserve: ITL p99 0.25x of vLLM's (target <= 0.25x: met), TTFT p99 0.50x "
         "(target <= 0.5x: met)"]
