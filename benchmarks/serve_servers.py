@@ -152,10 +152,14 @@ def pdserve_stack_config(layout: str, options: ServerOptions, run_dir: Path, num
 def pdserve_server(layout: str, options: ServerOptions, run_dir: Path) -> Iterator[str]:
     """Start a local pdserve stack with its HTTP door; yield the door's base URL."""
     from services.launcher import LocalStack
+    from services.launcher.errors import StackError
 
     config = pdserve_stack_config(layout, options, run_dir, len(os.sched_getaffinity(0)))
     with LocalStack(config) as stack:
-        stack.start()
+        try:
+            stack.start()
+        except StackError as error:
+            raise ServerStartError(f"pdserve {layout}: {error} (logs {stack.run_dir / 'logs'})") from error
         base_url = f"http://{stack.ready_info['gateway']['http_address']}"
         wait_until_http_ready(f"{base_url}/health", lambda: stack.find_dead_child() is None,
                               options.ready_timeout_s, f"pdserve {layout} (logs {stack.run_dir / 'logs'})")

@@ -20,8 +20,8 @@ from benchmarks.harness.metrics import summarize
 from benchmarks.harness.records import RequestRecord
 from benchmarks.harness.runner import LoadShape, RunResult
 from benchmarks.harness.sweep import run_sweep
-from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_stack_config, stop_process_group,
-                                      vllm_argv, vllm_server, wait_until_http_ready)
+from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_server, pdserve_stack_config,
+                                      stop_process_group, vllm_argv, vllm_server, wait_until_http_ready)
 from benchmarks.serve_vs_vllm import parse_args
 from benchmarks.serve_vs_vllm_table import format_table, ratio, target_lines
 from services.launcher.cpu_plan import InstanceCpus, plan_instance_cpus
@@ -267,3 +267,15 @@ def test_table_without_vllm_has_no_ratios_and_targets_can_fail():
         "- 1 req/s, pdserve: ITL p99 0.50x of vLLM's (target <= 0.25x: not met), TTFT p99 0.80x "
         "(target <= 0.5x: not met)"]
     assert math.isnan(ratio(1.0, 0.0)) and math.isnan(ratio(math.nan, 1.0))
+
+
+def test_a_pdserve_stack_that_fails_to_start_is_a_server_start_error(tmp_path, monkeypatch):
+    from services.launcher.errors import StackError
+    from services.launcher.stack import LocalStack
+
+    def fail(self, should_abort=None):
+        raise StackError("decode-0 exited with status 1")
+    monkeypatch.setattr(LocalStack, "start", fail)
+    with pytest.raises(ServerStartError, match="pdserve pdserve-colocated: decode-0 exited.*logs"):
+        with pdserve_server("pdserve-colocated", ServerOptions(), tmp_path / "run"):
+            pass
