@@ -351,10 +351,14 @@ void decode_seq_bf16_avx512(const uint16_t* query, const uint16_t* key_cache, co
 #endif
 
 #ifdef PDSERVE_HAVE_AVX512F
-// The AVX-512F path: bf16 is widened to fp32 exactly (zero-extend to 32 bits, shift into the
-// high half), dot products and the weighted sum of values are fp32 FMAs, 16 lanes a vector.
+// The AVX-512F path: bf16 is widened to fp32 exactly (see lane_of_dim), dot products and the
+// weighted sum of values are fp32 FMAs, 16 lanes a vector.
 constexpr int kTileTokens = 16;
 constexpr int kRowsPerItem = 32;
+// Bytes of the next tile's keys and of its values requested ahead: its first lines, which
+// start the hardware prefetchers on a block they could not guess (measured on the session's
+// Xeon: the whole tile, or nothing, read the KV 10-20% slower).
+constexpr int kPrefetchBytes = 512;
 
 // One row's online softmax for the query heads of one KV head, views into a flat buffer:
 // queries [group][head_dim] (already scaled), accumulators [group][head_dim], then the
@@ -373,12 +377,23 @@ inline RowHeadState state_view(float* base, int group_size, int head_dim) {
     return {base, base + group_size * head_dim, maxima, maxima + group_size};
 }
 
+// Where dim d of a row sits in the fp32 lane order this path computes in. bf16 rows are
+// widened 32 dims at a time from one 512-bit load: a shift gives the even dims, a mask the odd
+// ones (each bf16 is the high half of its fp32), stored even dims first; a last 16 dims (head
+// dims of 16 mod 32) and fp32 rows keep their order. Queries and accumulators use the same order.
+template <typename T>
+inline int lane_of_dim(int d, int head_dim) {
+    if (std::is_same_v<T, float> || d >= head_dim / 32 * 32) return d;
+    return d / 32 * 32 + (d % 2) * 16 + (d % 32) / 2;
+}
+
 template <typename T>
 void start_state(const T* query, float scale, int group_size, int head_dim, RowHeadState state) {
+    float row[kMaxHeadDim];
     for (int q = 0; q < group_size; ++q) {
         float* scaled = state.queries + q * head_dim;
-        load_row(query + static_cast<int64_t>(q) * head_dim, scaled, head_dim);
-        for (int d = 0; d < head_dim; ++d) scaled[d] *= scale;
+        load_row(query + static_cast<int64_t>(q) * head_dim, row, head_dim);
+        for (int d = 0; d < head_dim; ++d) scaled[lane_of_dim<T>(d, head_dim)] = row[d] * scale;
         std::memset(state.accumulators + q * head_dim, 0, sizeof(float) * head_dim);
         state.running_max[q] = -INFINITY;
         state.running_sum[q] = 0.f;
@@ -391,59 +406,87 @@ void finish_state(const RowHeadState& state, int group_size, int head_dim, T* ou
     for (int q = 0; q < group_size; ++q) {
         const float inverse_sum = 1.f / state.running_sum[q];
         const float* accumulator = state.accumulators + q * head_dim;
-        for (int d = 0; d < head_dim; ++d) row[d] = accumulator[d] * inverse_sum;
+        for (int d = 0; d < head_dim; ++d) row[d] = accumulator[lane_of_dim<T>(d, head_dim)] * inverse_sum;
         store_row(row, output + static_cast<int64_t>(q) * head_dim, head_dim);
     }
 }
 
-// A tile's rows (`count` values, a multiple of 16) as fp32: bf16 widened into `scratch`
-// (exact), fp32 used in place.
-inline const float* tile_as_float(const uint16_t* source, int count, std::vector<float>& scratch) {
-    if (scratch.size() < static_cast<size_t>(count)) scratch.resize(count);
+// A tile's `num_rows` rows of `head_dim` values as fp32 in lane order (lane_of_dim): bf16
+// widened into `scratch` (exact), fp32 used in place.
+inline const float* tile_as_float(const uint16_t* source, int num_rows, int head_dim, std::vector<float>& scratch) {
+    const size_t count = static_cast<size_t>(num_rows) * head_dim;
+    if (scratch.size() < count) scratch.resize(count);
     float* target = scratch.data();
-    for (int i = 0; i < count; i += 16) {
-        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source + i)));
-        _mm512_storeu_ps(target + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const int paired_dims = head_dim / 32 * 32;
+    for (int row = 0; row < num_rows; ++row, source += head_dim, target += head_dim) {
+        for (int d = 0; d < paired_dims; d += 32) {
+            const __m512i pairs = _mm512_loadu_si512(source + d);
+            _mm512_storeu_ps(target + d, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)));
+            _mm512_storeu_ps(target + d + 16, _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half)));
+        }
+        if (paired_dims < head_dim) {
+            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source + paired_dims)));
+            _mm512_storeu_ps(target + paired_dims, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+        }
     }
-    return target;
+    return scratch.data();
 }
 
-inline const float* tile_as_float(const float* source, int, std::vector<float>&) { return source; }
+inline const float* tile_as_float(const float* source, int, int, std::vector<float>&) { return source; }
 
-// Folds `num_tokens` (1..16) keys/values of one KV head into one row's state. Per query head:
-// each token's dot product as 16-lane partial sums (dims 16v + lane, v in order), summed across
-// lanes for the 16 tokens at once, then the online softmax, then the values in token order.
+// Scaled scores of `num_tokens` (1..16) keys for one query head, lanes past them -inf: each
+// token's dot product as 16-lane partial sums (dims 16v + lane, v in order), then summed
+// across lanes for the 16 tokens at once.
+template <int kVecs>
+inline __m512 tile_scores_f32(const float* query, const float* keys, int row_stride, int num_tokens) {
+    __m512 query_v[kVecs];
+    for (int v = 0; v < kVecs; ++v) query_v[v] = _mm512_loadu_ps(query + 16 * v);
+    __m512 partial_sums[kTileTokens];
+    for (int t = 0; t < kTileTokens; ++t) {
+        __m512 sum = _mm512_setzero_ps();
+        if (t < num_tokens)
+            for (int v = 0; v < kVecs; ++v)
+                sum = _mm512_fmadd_ps(query_v[v], _mm512_loadu_ps(keys + static_cast<int64_t>(t) * row_stride + 16 * v), sum);
+        partial_sums[t] = sum;
+    }
+    const __mmask16 valid = static_cast<__mmask16>((1u << num_tokens) - 1u);
+    return _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), sum_lanes_16(partial_sums));
+}
+
+// Folds `num_tokens` (1..16) keys/values of one KV head into one row's state: the scores of
+// every query head, then their online-softmax updates, then the values in token order. Each
+// phase's query heads are independent, so their dependency chains overlap.
 template <int kVecs>
 void attend_tile_f32(const float* keys, const float* values, int row_stride, int num_tokens, int group_size,
                      RowHeadState state) {
     constexpr int head_dim = kVecs * 16;
     const __mmask16 valid = static_cast<__mmask16>((1u << num_tokens) - 1u);
+    __m512 scores[kMaxQueriesPerKv];
+    for (int q = 0; q < group_size; ++q)
+        scores[q] = tile_scores_f32<kVecs>(state.queries + q * head_dim, keys, row_stride, num_tokens);
+    alignas(64) float token_weights[kMaxQueriesPerKv][kTileTokens];
+    alignas(64) float max_steps[kMaxQueriesPerKv];  // old max - new max, lane q
     for (int q = 0; q < group_size; ++q) {
-        __m512 query[kVecs];
-        for (int v = 0; v < kVecs; ++v) query[v] = _mm512_loadu_ps(state.queries + q * head_dim + 16 * v);
-        __m512 partial_sums[kTileTokens];
-        for (int t = 0; t < kTileTokens; ++t) {
-            __m512 sum = _mm512_setzero_ps();
-            if (t < num_tokens)
-                for (int v = 0; v < kVecs; ++v)
-                    sum = _mm512_fmadd_ps(query[v], _mm512_loadu_ps(keys + static_cast<int64_t>(t) * row_stride + 16 * v), sum);
-            partial_sums[t] = sum;
-        }
-        const __m512 scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), sum_lanes_16(partial_sums));
         const float old_max = state.running_max[q];
-        const float new_max = std::fmax(old_max, _mm512_reduce_max_ps(scores));
-        const __m512 weights = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
-        const float correction = std::exp(old_max - new_max);
+        const float new_max = std::fmax(old_max, _mm512_reduce_max_ps(scores[q]));
+        _mm512_store_ps(token_weights[q],
+                        _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores[q], _mm512_set1_ps(new_max)))));
+        max_steps[q] = old_max - new_max;
         state.running_max[q] = new_max;
-        state.running_sum[q] = std::fma(state.running_sum[q], correction, _mm512_reduce_add_ps(weights));
-        alignas(64) float token_weights[kTileTokens];
-        _mm512_store_ps(token_weights, weights);
+    }
+    alignas(64) float corrections[kMaxQueriesPerKv];  // one exp for every query head's rescale
+    _mm512_store_ps(corrections, exp16(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << group_size) - 1u), max_steps)));
+    for (int q = 0; q < group_size; ++q)
+        state.running_sum[q] = std::fma(state.running_sum[q], corrections[q],
+                                        _mm512_reduce_add_ps(_mm512_load_ps(token_weights[q])));
+    for (int q = 0; q < group_size; ++q) {
         float* accumulator = state.accumulators + q * head_dim;
         __m512 sums[kVecs];
         for (int v = 0; v < kVecs; ++v)
-            sums[v] = _mm512_mul_ps(_mm512_loadu_ps(accumulator + 16 * v), _mm512_set1_ps(correction));
+            sums[v] = _mm512_mul_ps(_mm512_loadu_ps(accumulator + 16 * v), _mm512_set1_ps(corrections[q]));
         for (int t = 0; t < num_tokens; ++t) {
-            const __m512 weight = _mm512_set1_ps(token_weights[t]);
+            const __m512 weight = _mm512_set1_ps(token_weights[q][t]);
             const float* value = values + static_cast<int64_t>(t) * row_stride;
             for (int v = 0; v < kVecs; ++v) sums[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + 16 * v), sums[v]);
         }
@@ -494,10 +537,11 @@ void attend_rows(const T* queries, const T* key_cache, const T* value_cache, con
         if (next < last_context) {
             const Tile following = tile_at(next, last_context, block_table, shape);
             prefetch_rows(key_cache + following.row_offset, value_cache + following.row_offset,
-                          following.num_tokens * row_stride * static_cast<int>(sizeof(T)));
+                          std::min(kPrefetchBytes, following.num_tokens * row_stride * static_cast<int>(sizeof(T))));
         }
-        const float* keys = tile_as_float(key_cache + tile.row_offset, tile.num_tokens * row_stride, key_tile);
-        const float* values = tile_as_float(value_cache + tile.row_offset, tile.num_tokens * row_stride, value_tile);
+        const int tile_rows = tile.num_tokens * shape.num_kv_heads;
+        const float* keys = tile_as_float(key_cache + tile.row_offset, tile_rows, head_dim, key_tile);
+        const float* values = tile_as_float(value_cache + tile.row_offset, tile_rows, head_dim, value_tile);
         for (int row = std::max(0, start + 1 - first_context); row < num_rows; ++row) {
             const int num_tokens = std::min(tile.num_tokens, first_context + row - start);
             for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head)
