@@ -354,7 +354,9 @@ void decode_seq_bf16_avx512(const uint16_t* query, const uint16_t* key_cache, co
 // The AVX-512F path: bf16 is widened to fp32 exactly (see lane_of_dim), dot products and the
 // weighted sum of values are fp32 FMAs, 16 lanes a vector.
 constexpr int kTileTokens = 16;
-constexpr int kRowsPerItem = 32;
+// Rows of a segment per work item: each item re-reads its tiles, so more rows share more of
+// the reading, fewer balance the threads better (a prompt chunk's later rows see more context).
+constexpr int kRowsPerItem = 16;
 // Bytes of the next tile's keys and of its values requested ahead: its first lines, which
 // start the hardware prefetchers on a block they could not guess (measured on the session's
 // Xeon: the whole tile, or nothing, read the KV 10-20% slower).
@@ -652,7 +654,10 @@ void attend_all(const T* query, const T* key_cache, const T* value_cache, const 
 #ifdef PDSERVE_HAVE_AVX512F
     if (path == Path::kAvx512F) {
         const RowsFunction<T> attend = avx512f_rows_function<T>(shape.head_dim);
-        const std::vector<RowSpan> spans = segments.spans(kRowsPerItem, shape);
+        std::vector<RowSpan> spans = segments.spans(kRowsPerItem, shape);
+        std::stable_sort(spans.begin(), spans.end(), [](const RowSpan& a, const RowSpan& b) {
+            return a.first_context + a.num_rows > b.first_context + b.num_rows;  // longest first
+        });
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
         for (size_t i = 0; i < spans.size(); ++i)
             attend(query + spans[i].first_row * row_elements, key_cache, value_cache, spans[i].block_table,
