@@ -30,7 +30,6 @@ from shared.attention.native_decode import NativePagedDecode, load_native_decode
 from shared.native.build import shared_library
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
-ROTATION_BYTES = 1 << 30
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rotate-mib", type=int, default=1024, help="layer caches each decode timing cycles through")
     parser.add_argument("--baseline-source", type=Path, help="another kernel source to time alongside")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     return parser.parse_args(argv)
@@ -77,16 +77,16 @@ def load_kernels(baseline_source: Path | None) -> dict:
     return kernels
 
 
-def layer_caches(num_blocks: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def layer_caches(num_blocks: int, dtype: torch.dtype, rotate_mib: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     layer_bytes = 2 * num_blocks * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM * dtype.itemsize
-    num_layers = max(2, -(-ROTATION_BYTES // layer_bytes))
+    num_layers = max(2, -(-(rotate_mib << 20) // layer_bytes))
     return [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(num_layers)]
 
 
-def decode_gbps(kernels: dict, batch: int, context: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+def decode_gbps(kernels: dict, batch: int, context: int, dtype: torch.dtype, args) -> dict[str, float]:
     blocks_per_seq = -(-context // BLOCK_SIZE)
-    caches = layer_caches(batch * blocks_per_seq, dtype)
+    caches = layer_caches(batch * blocks_per_seq, dtype, args.rotate_mib)
     tables = torch.randperm(batch * blocks_per_seq).view(batch, blocks_per_seq).to(torch.int32)
     lens = torch.full((batch,), context, dtype=torch.int32)
     query = torch.randn(batch, NUM_HEADS, HEAD_DIM).to(dtype)
@@ -96,14 +96,14 @@ def decode_gbps(kernels: dict, batch: int, context: int, dtype: torch.dtype, rep
         def every_layer():
             for key_cache, value_cache in caches:
                 kernel(query, key_cache, value_cache, tables, lens, HEAD_DIM ** -0.5)
-        results[name] = kv_bytes * len(caches) / best_seconds(every_layer, repeats) / 1e9
+        results[name] = kv_bytes * len(caches) / best_seconds(every_layer, args.repeats) / 1e9
     return results
 
 
 def prompt_rows_ms(kernels: dict, prompt_len: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
     """Milliseconds per layer for one prompt's rows, as one segment and as one row each."""
     blocks = -(-prompt_len // BLOCK_SIZE)
-    key_cache, value_cache = layer_caches(blocks, dtype)[0]
+    key_cache, value_cache = layer_caches(blocks, dtype, 0)[0]
     table = torch.randperm(blocks)[None, :].to(torch.int32)
     query = torch.randn(prompt_len, NUM_HEADS, HEAD_DIM).to(dtype)
     row_tables = table.expand(prompt_len, -1).contiguous()
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
           f"this kernel's path: {result['path']}; {args.threads} threads, {args.dtype}")
     print("\n| decode, batch %d | context | GB/s of K/V | share of streaming |\n| --- | --- | --- | --- |" % args.batch)
     for context in args.contexts:
-        figures = decode_gbps(kernels, args.batch, context, dtype, args.repeats)
+        figures = decode_gbps(kernels, args.batch, context, dtype, args)
         result["decode"][context] = figures
         for name, gbps in figures.items():
             print(f"| {name} | {context} | {gbps:.1f} | {gbps / result['stream_gbps']:.0%} |")
