@@ -84,6 +84,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vllm-python", type=Path, default=os.environ.get("PDSERVE_VLLM_PYTHON") or None,
                         help="also run vLLM's offline engine with this interpreter (its own virtualenv; "
                              "env PDSERVE_VLLM_PYTHON)")
+    parser.add_argument("--vllm-dtype", choices=("bfloat16", "float32"), default=None,
+                        help="vLLM's dtype (default: --dtype); float32 may be vLLM's faster choice on a CPU without "
+                             "bf16 hardware. vLLM reserves one CPU for its front end unless "
+                             "VLLM_CPU_NUM_OF_RESERVED_CPU=0 is set")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--beside-hog", action="store_true",
                       help="instead: pdserve quiet, then beside `yes > /dev/null` on one CPU; prints the ratio")
@@ -144,12 +148,14 @@ def run_vllm(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namesp
 
     with tempfile.TemporaryDirectory(prefix="pdserve-vllm-") as folder:
         request, result = Path(folder) / "request.json", Path(folder) / "result.json"
-        request.write_text(json.dumps({"model": str(model_dir), "dtype": args.dtype, "output_len": args.output_len,
+        request.write_text(json.dumps({"model": str(model_dir), "dtype": args.vllm_dtype or args.dtype,
+                                       "output_len": args.output_len,
                                        "prompt_ids": prompt_ids}))
         script = Path(__file__).with_name("vllm_peer.py")
         subprocess.run([str(args.vllm_python), str(script), str(request), str(result)], check=True)
         figures = json.loads(result.read_text())
-    run = RunResult("vllm", figures["wall_s"], figures["num_prompt_tokens"], figures["num_output_tokens"])
+    name = "vllm" if not args.vllm_dtype or args.vllm_dtype == args.dtype else f"vllm ({args.vllm_dtype})"
+    run = RunResult(name, figures["wall_s"], figures["num_prompt_tokens"], figures["num_output_tokens"])
     return run, figures["output_ids"]
 
 

@@ -1,8 +1,10 @@
 """The roofline table of `python -m benchmarks.model_step --roofline`: each part of a model
 step against what this machine can do, measured in the same run.
 
-Machine figures are measured, not taken from a data sheet: the bf16 matmul peak is the best
-GFLOP/s of a large oneDNN-packed matmul (2048 x 2048 x 2048) on the step's threads, the
+Machine figures are measured, not taken from a data sheet: the matmul peak is the best GFLOP/s
+of a large oneDNN-packed matmul (2048 x 2048 x 2048) on the step's threads, in the dtype the
+linear layers compute in (fp32 for a bf16 model on a CPU without bf16 hardware:
+shared.native.cpu_matmul), the
 streaming bandwidth the best read+write bytes/s of copying a 256 MiB tensor. Work per part:
 linear layers 2 x rows x weights (the LM head only on the rows that sample), decode attention
 the bytes of keys and values its contexts hold (every layer), a prefill step 2 x tokens x
@@ -14,6 +16,7 @@ import time
 import torch
 
 from shared.model.config import ModelConfig
+from shared.native.cpu_matmul import cpu_matmul_dtype
 
 PEAK_SIZE = 2048
 COPY_BYTES = 256 << 20
@@ -32,7 +35,7 @@ def best_seconds(run, repeats: int = 5) -> float:
 def matmul_peak_gflops(dtype: torch.dtype) -> float:
     weight = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
     rows = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
-    if dtype == torch.bfloat16:
+    if torch.backends.mkldnn.is_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         seconds = best_seconds(lambda: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], ""))
     else:
@@ -73,14 +76,16 @@ def prefill_gflop(config: ModelConfig, length: int) -> float:
 def roofline_rows(config: ModelConfig, dtype: torch.dtype, decode_lens: list[int], decode_parts: dict[str, float],
                   prefill_len: int, prefill_ms: float) -> list[tuple[str, str, float, str, float, float]]:
     """(part, unit, work, achieved per second, machine figure, share) rows."""
-    peak, bandwidth = matmul_peak_gflops(dtype), stream_gbps()
+    compute_dtype = cpu_matmul_dtype(dtype)
+    peak, bandwidth = matmul_peak_gflops(compute_dtype), stream_gbps()
+    peak_name = f"{str(compute_dtype).removeprefix('torch.')} matmul peak"
     linear = linear_gflop(config, len(decode_lens), len(decode_lens)) / (decode_parts["linear"] / 1e3)
     kv = decode_kv_gb(config, decode_lens, torch.finfo(dtype).bits // 8) / (decode_parts["attention"] / 1e3)
     prefill = prefill_gflop(config, prefill_len) / (prefill_ms / 1e3)
     return [
-        (f"linear layers, decode batch {len(decode_lens)}", "GFLOP/s", linear, "matmul peak", peak, linear / peak),
+        (f"linear layers, decode batch {len(decode_lens)}", "GFLOP/s", linear, peak_name, peak, linear / peak),
         (f"decode attention, batch {len(decode_lens)}", "GB/s", kv, "streaming", bandwidth, kv / bandwidth),
-        (f"prefill {prefill_len} tokens (whole step)", "GFLOP/s", prefill, "matmul peak", peak, prefill / peak),
+        (f"prefill {prefill_len} tokens (whole step)", "GFLOP/s", prefill, peak_name, peak, prefill / peak),
     ]
 
 

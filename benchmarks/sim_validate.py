@@ -16,10 +16,14 @@ import os
 import random
 import resource
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.autoscale import send_all
 from benchmarks.harness.datasets import BenchPrompt
+from benchmarks.harness.process_tree import descendants, parent_pids
 from benchmarks.harness.vocabulary import load_bench_tokenizer, usable_token_ids
 from services.launcher.config import StackConfig
 from services.launcher.stack import LocalStack
@@ -53,25 +57,72 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int, parents: dict[int, int]) -> float:
+    """CPU seconds of a service and every process it started (its engine-core child)."""
+    return sum(cpu_seconds(member) for member in [pid, *descendants(pid, parents)])
+
+
 def cpu_by_process(stack: LocalStack) -> dict[str, float]:
-    children = {child.name: cpu_seconds(child.pid) for child in stack.children() if child.pid}
+    parents = parent_pids()
+    children = {child.name: tree_cpu_seconds(child.pid, parents) for child in stack.children() if child.pid}
     usage = resource.getrusage(resource.RUSAGE_SELF)
     children["load-generator"] = usage.ru_utime + usage.ru_stime
     return children
 
 
+ENGINE_SERIES = ("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
+                 "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+                 "pdserve:engine_steps_total", "pdserve:prompt_tokens_computed_total")
+
+
+def engine_series(stack: LocalStack) -> dict[str, dict[str, float]]:
+    """Each instance's engine-side counters (queue time, engine TTFT, steps), summed over labels."""
+    found = {}
+    for name, info in stack.ready_info.items():
+        if name == "gateway" or not info.get("metrics_address"):
+            continue
+        with urllib.request.urlopen(f"http://{info['metrics_address']}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        values = dict.fromkeys(ENGINE_SERIES, 0.0)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in values:
+                    values[sample.name] += sample.value
+        found[name] = values
+    return found
+
+
+def series_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    return {name: {key: value - before.get(name, {}).get(key, 0.0) for key, value in values.items()}
+            for name, values in after.items()}
+
+
 def run_rate(stack: LocalStack, rate: float, args: argparse.Namespace, token_ids: list[int]) -> dict:
     arrivals, prompts = poisson_workload(rate, args.duration, token_ids, args.seed + int(rate * 1000), args)
+    series_before = engine_series(stack)
     cpu_before, load_before, started = cpu_by_process(stack), os.getloadavg()[0], time.perf_counter()
     records = asyncio.run(send_all(stack.gateway_address, arrivals, prompts, started))
     wall = time.perf_counter() - started
     cpu_after = cpu_by_process(stack)
     cores = {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / wall for name in cpu_after}
+    engines = series_delta(series_before, engine_series(stack))
     failed = sum(1 for r in records if r.error or not r.chunk_times_s)
     print(f"rate {rate}: {len(records)} requests, {failed} failed, {wall:.0f} s, cores used "
           + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()), flush=True)
+    for name, values in engines.items():
+        print(f"  {name}: {describe_engine(values)}", flush=True)
     return {"rate": rate, "duration_s": args.duration, "wall_s": wall, "cores_used": cores,
-            "load_average": [load_before, os.getloadavg()[0]], "records": [r.__dict__ for r in records]}
+            "load_average": [load_before, os.getloadavg()[0]], "engines": engines,
+            "records": [r.__dict__ for r in records]}
+
+
+def describe_engine(values: dict[str, float]) -> str:
+    def mean(series: str) -> float:
+        count = values[f"{series}_count"]
+        return values[f"{series}_sum"] / count if count else 0.0
+    return (f"engine queue mean {mean('vllm:request_queue_time_seconds'):.3f} s, engine TTFT mean "
+            f"{mean('vllm:time_to_first_token_seconds'):.3f} s, {values['pdserve:engine_steps_total']:.0f} steps, "
+            f"{values['pdserve:prompt_tokens_computed_total']:.0f} prompt tokens computed")
 
 
 def main() -> None:

@@ -110,12 +110,19 @@ class PerfProfile:
         raw["prefill"] = [PrefillPoint(**point) for point in raw["prefill"]]
         raw["decode"] = [DecodePoint(**point) for point in raw["decode"]]
         raw["transfer"] = [TransferPoint(**point) for point in raw.get("transfer", [])]
+        for fit in ("prefill_fit", "decode_fit", "transfer_fit"):  # derived: refit by this version's rules
+            raw.pop(fit, None)
         return cls(**raw)
 
 
-def _non_negative_lstsq(rows: list[list[float]], targets: list[float]) -> list[float]:
-    """Least squares; a negative coefficient is dropped (set to 0) and the rest refitted."""
+def _non_negative_lstsq(rows: list[list[float]], targets: list[float], relative: bool = False) -> list[float]:
+    """Least squares; a negative coefficient is dropped (set to 0) and the rest refitted.
+    `relative` minimizes relative errors instead (each row weighted by 1/target), so short
+    prompts and small batches are fitted as closely as long ones, not swamped by their seconds."""
     matrix, vector = np.asarray(rows, dtype=float), np.asarray(targets, dtype=float)
+    if relative:
+        weights = 1.0 / np.maximum(vector, 1e-9)
+        matrix, vector = matrix * weights[:, None], vector * weights
     keep = list(range(matrix.shape[1]))
     while True:
         solution, *_ = np.linalg.lstsq(matrix[:, keep], vector, rcond=None)
@@ -132,7 +139,7 @@ def _non_negative_lstsq(rows: list[list[float]], targets: list[float]) -> list[f
 def fit_prefill(points: list[PrefillPoint]) -> list[float]:
     fresh = [point for point in points if point.cached_tokens == 0] or points
     rows = [[1.0, n, n * n] for n in (p.prompt_tokens - p.cached_tokens for p in fresh)]
-    return _non_negative_lstsq(rows, [p.seconds for p in fresh])
+    return _non_negative_lstsq(rows, [p.seconds for p in fresh], relative=True)
 
 
 def fit_decode(points: list[DecodePoint]) -> list[float]:

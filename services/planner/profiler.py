@@ -28,11 +28,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ProfilePlan:
-    prompt_lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    prompt_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
     # Fractions of a prompt already cached when it arrives (prefix hits).
     hit_fractions: tuple[float, ...] = (0.5, 0.9)
     hit_prompt_length: int = 512
-    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    batch_sizes: tuple[int, ...] = (1, 4, 8, 32, 64)
     context_lengths: tuple[int, ...] = (128, 512)
     # Decode grid points whose batch x context exceeds this are skipped (their prefill is slow).
     max_decode_tokens: int = 16384

@@ -1,7 +1,8 @@
 """ClusterSim: a discrete-event simulation of a P/D cluster. Requests arrive, the gateway
 routes each prompt to the prefill instance that finishes it first (its backlog plus the
 prompt's cost there, so a cached prefix counts), the KV moves to the decode instance with
-the most free KV (in the profiled transfer time), decode instances batch continuously, and a
+the most free KV (in the profiled transfer time), decode instances batch continuously (a
+request joins, and its first token streams, between two steps), and a
 scaler resizes both pools every interval (new instances serve after `startup_s`; removed ones
 drain first).
 
@@ -147,9 +148,7 @@ class ClusterSim:
             instance.life.stopped_s = self.now
         self._start_prefill(instance)
         for request in requests:
-            arrives_at = self.now + self.transfer_s(request)
-            self.recorder.on_first_token(request, arrives_at)
-            self.schedule(arrives_at, "kv_arrived", request)
+            self.schedule(self.now + self.transfer_s(request), "kv_arrived", request)
 
     def _decode_candidates(self) -> list[DecodeSim]:
         """Routable decode instances (cached until the pool changes or one becomes ready);
@@ -167,15 +166,17 @@ class ClusterSim:
             candidates = self._rng.sample(candidates, DECODE_CHOICES)
         target = max(candidates, key=lambda d: (d.free_kv() - 1_000_000 * len(d.waiting), -d.load()))
         target.waiting.append(request)
-        if not target.is_stepping:
-            self._start_step(target)
+        if not target.is_stepping:  # the step starts once every arrival of this instant is in
+            target.is_stepping = True
+            self.schedule(self.now, "decode_wake", target)
 
     def _start_step(self, instance: DecodeSim) -> None:
         if self.now < instance.life.ready_s:
             instance.is_stepping = True  # until it is ready
             self.schedule(instance.life.ready_s, "decode_wake", instance)
             return
-        instance.admit_waiting()
+        for request in instance.admit_waiting():  # its first token streams now, between steps
+            self.recorder.on_first_token(request, self.now)
         if not instance.running:
             instance.is_stepping = False
             if instance.life.draining:

@@ -103,15 +103,20 @@ class DecodeSim:
         needed = request.prompt_tokens + request.output_tokens
         return len(self.running) < self.max_batch and needed <= self.free_kv()
 
-    def admit_waiting(self) -> None:
+    def admit_waiting(self) -> list[SimRequest]:
+        """Start the waiting requests that fit, in order; returns them (the decode engine
+        admits a request between steps and streams its first token then)."""
+        admitted = []
         while self.waiting and (self._fits(self.waiting[0]) or not self.running):
             request = self.waiting.pop(0)
+            admitted.append(request)
             finish = self.step + max(0, request.output_tokens - 1)
             self.running[request.request_id] = Sequence(request, self.step, finish)
             heapq.heappush(self.finishing, (finish, request.request_id))
             self.kv_reserved += request.prompt_tokens + request.output_tokens
             self.sum_prompt += request.prompt_tokens
             self.sum_join += self.step
+        return admitted
 
     def next_step_s(self) -> float:
         batch = len(self.running)

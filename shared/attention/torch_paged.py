@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
+from shared.native.cpu_matmul import cpu_matmul_dtype
 from shared.attention.torch_paged_step import (
     DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, segment_native_inputs,
     plan_decode_groups, plan_prefill_chunks)
@@ -140,21 +141,22 @@ class TorchPagedAttention(AttentionBackend):
         heads (cheap next to the scores). Query rows go a piece at a time, each piece against
         only the keys its last row may see, which skips most of the causally masked work and
         bounds the scores' memory."""
+        compute = _matmul_dtype(query)
         keys = key_cache.index_select(0, chunk.block_ids).flatten(0, 1)[:chunk.context_len]
         values = value_cache.index_select(0, chunk.block_ids).flatten(0, 1)[:chunk.context_len]
-        keys_t = keys.permute(1, 2, 0).repeat_interleave(self.num_queries_per_kv, dim=0)
-        values = values.transpose(0, 1).repeat_interleave(self.num_queries_per_kv, dim=0)
-        queries = query.transpose(0, 1)
-        output = query.new_empty(queries.shape)
+        keys_t = keys.permute(1, 2, 0).repeat_interleave(self.num_queries_per_kv, dim=0).to(compute)
+        values = values.transpose(0, 1).repeat_interleave(self.num_queries_per_kv, dim=0).to(compute)
+        queries = query.transpose(0, 1).to(compute)
+        output = queries.new_empty(queries.shape)
         num_cached = chunk.context_len - chunk.query_len
         piece = min(PREFILL_PIECE_ROWS, max(1, MAX_SCORES_PER_PIECE // (self.num_heads * chunk.context_len)))
         for start in range(0, chunk.query_len, piece):
             stop = min(start + piece, chunk.query_len)
             visible = num_cached + stop
-            scores = torch.baddbmm(chunk.score_bias[start:stop, :visible], queries[:, start:stop],
+            scores = torch.baddbmm(chunk.score_bias[start:stop, :visible].to(compute), queries[:, start:stop],
                                    keys_t[:, :, :visible], alpha=self.scale)
             torch.bmm(torch.softmax(scores, dim=-1), values[:, :visible], out=output[:, start:stop])
-        return output.transpose(0, 1)
+        return output.transpose(0, 1).to(query.dtype)
 
     def _decode_score_bias(self, is_in_context: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Flat kernel: (n, num_heads, padded_len * num_kv_heads), allowing a column when its
@@ -166,6 +168,11 @@ class TorchPagedAttention(AttentionBackend):
         is_own_kv_head = kv_head_of_query[:, None] == torch.arange(self.num_kv_heads)
         allowed = is_in_context[:, None, :, None] & is_own_kv_head[None, :, None, :]
         return additive_mask(allowed.flatten(2), dtype)
+
+
+def _matmul_dtype(query: torch.Tensor) -> torch.dtype:
+    """bf16 prompt attention computes in fp32 on a CPU without bf16 hardware (shared.native.cpu_matmul)."""
+    return cpu_matmul_dtype(query.dtype) if query.device.type == "cpu" else query.dtype
 
 
 def _native_decode_for(decode_kernel: str) -> NativePagedDecode | None:

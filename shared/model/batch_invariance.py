@@ -127,9 +127,9 @@ def _shape_key(module: nn.Module) -> tuple:
 def _input_spec(module: nn.Module) -> tuple[int, torch.dtype, torch.device]:
     """(input features, dtype, device) of a row-wise module."""
     if isinstance(module, PackedGatedMLP):
-        return module.down_proj.out_features, module.down_proj.packed_weight.dtype, torch.device("cpu")
+        return module.down_proj.out_features, module.io_dtype, torch.device("cpu")
     if isinstance(module, PackedLinear):
-        return module.in_features, module.packed_weight.dtype, torch.device("cpu")
+        return module.in_features, module.io_dtype, torch.device("cpu")
     if isinstance(module, LlamaMLP):
         weight = module.gate_up_proj.weight
         return weight.shape[1], weight.dtype, weight.device
