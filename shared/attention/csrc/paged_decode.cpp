@@ -372,7 +372,9 @@ struct RowHeadState {
     float* running_sum;
 };
 
-inline int64_t state_floats(int group_size, int head_dim) { return static_cast<int64_t>(group_size) * (2 * head_dim + 2); }
+inline int64_t state_floats(int group_size, int head_dim) {
+    return static_cast<int64_t>(group_size) * (2 * head_dim + 2);
+}
 
 inline RowHeadState state_view(float* base, int group_size, int head_dim) {
     float* maxima = base + 2 * group_size * head_dim;
@@ -428,7 +430,8 @@ inline const float* tile_as_float(const uint16_t* source, int num_rows, int head
             _mm512_storeu_ps(target + d + 16, _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half)));
         }
         if (paired_dims < head_dim) {
-            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source + paired_dims)));
+            const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(source + paired_dims));
+            const __m512i wide = _mm512_cvtepu16_epi32(last);
             _mm512_storeu_ps(target + paired_dims, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
         }
     }
@@ -449,7 +452,8 @@ inline __m512 tile_scores_f32(const float* query, const float* keys, int row_str
         __m512 sum = _mm512_setzero_ps();
         if (t < num_tokens)
             for (int v = 0; v < kVecs; ++v)
-                sum = _mm512_fmadd_ps(query_v[v], _mm512_loadu_ps(keys + static_cast<int64_t>(t) * row_stride + 16 * v), sum);
+                sum = _mm512_fmadd_ps(query_v[v], _mm512_loadu_ps(keys + static_cast<int64_t>(t) * row_stride + 16 * v),
+                                      sum);
         partial_sums[t] = sum;
     }
     const __mmask16 valid = static_cast<__mmask16>((1u << num_tokens) - 1u);
@@ -478,7 +482,8 @@ void attend_tile_f32(const float* keys, const float* values, int row_stride, int
         state.running_max[q] = new_max;
     }
     alignas(64) float corrections[kMaxQueriesPerKv];  // one exp for every query head's rescale
-    _mm512_store_ps(corrections, exp16(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << group_size) - 1u), max_steps)));
+    const __mmask16 heads = static_cast<__mmask16>((1u << group_size) - 1u);
+    _mm512_store_ps(corrections, exp16(_mm512_maskz_loadu_ps(heads, max_steps)));
     for (int q = 0; q < group_size; ++q)
         state.running_sum[q] = std::fma(state.running_sum[q], corrections[q],
                                         _mm512_reduce_add_ps(_mm512_load_ps(token_weights[q])));
@@ -629,7 +634,8 @@ struct Segments {
 
     std::vector<RowRef> rows(const Shape& shape) const {
         std::vector<RowRef> result;
-        for (const RowSpan& span : spans(1, shape)) result.push_back({span.first_row, span.first_context, span.block_table});
+        for (const RowSpan& span : spans(1, shape))
+            result.push_back({span.first_row, span.first_context, span.block_table});
         return result;
     }
 };
