@@ -35,6 +35,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=110.0, help="seconds of arrivals per rate")
     parser.add_argument("--out", type=Path, default=Path("bench-results/sim-validate"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lone-requests", type=int, default=12,
+                        help="requests sent one at a time before the rates, to measure the path's latency")
     parser.add_argument("--prompt-range", type=int, nargs=2, default=[32, 96], help="uniform prompt tokens")
     parser.add_argument("--output-range", type=int, nargs=2, default=[16, 48], help="uniform output tokens")
     return parser.parse_args()
@@ -125,6 +127,18 @@ def describe_engine(values: dict[str, float]) -> str:
             f"{values['pdserve:prompt_tokens_computed_total']:.0f} prompt tokens computed")
 
 
+def lone_requests(stack: LocalStack, args: argparse.Namespace, token_ids: list[int]) -> list[dict]:
+    """Requests sent one at a time (each after the last finished) on the idle stack: their TTFT
+    minus the profiled prefill and transfer is the request path's own latency, which the report
+    measures here, apart from the loaded runs it then predicts."""
+    rng = random.Random(args.seed - 2)
+    records = []
+    for _ in range(args.lone_requests):
+        prompt = BenchPrompt([rng.choice(token_ids) for _ in range(rng.randint(*args.prompt_range))], 4)
+        records += asyncio.run(send_all(stack.gateway_address, [0.0], [prompt], time.perf_counter()))
+    return [r.__dict__ for r in records if not r.error and r.chunk_times_s]
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -136,10 +150,12 @@ def main() -> None:
         stack.start()
         warm_arrivals, warm_prompts = poisson_workload(1.0, 8.0, token_ids, args.seed - 1, args)  # not recorded
         asyncio.run(send_all(stack.gateway_address, warm_arrivals, warm_prompts, time.perf_counter()))
+        lone = lone_requests(stack, args, token_ids)
+        print(f"lone requests: TTFT median {sorted(r['chunk_times_s'][0] for r in lone)[len(lone) // 2]:.3f} s", flush=True)
         for rate in args.rates:
             results.append(run_rate(stack, rate, args, token_ids))
             (args.out / "runs.json").write_text(json.dumps({"host_cores": len(os.sched_getaffinity(0)),
-                                                            "runs": results}) + "\n")
+                                                            "lone": lone, "runs": results}) + "\n")
 
 
 if __name__ == "__main__":

@@ -124,10 +124,24 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
+def request_overhead_s(profile: PerfProfile, lone: list[dict]) -> float:
+    """Median of the lone requests' TTFT beyond the profile's prefill and KV transfer (>= 0)."""
+    if not lone:
+        return profile.request_overhead_s
+    extra = [record["chunk_times_s"][0] - profile.prefill_s(record["prompt_len"])
+             - (profile.kv_transfer_s(record["prompt_len"]) or 0.0) for record in lone]
+    return max(0.0, float(np.median(extra)))
+
+
 def main() -> None:
     args = parse_args()
     runs = json.loads(args.runs.read_text())
     profile = PerfProfile.load(args.profile)
+    overhead = request_overhead_s(profile, runs.get("lone", []))
+    profile = replace(profile, request_overhead_s=overhead)
+    print(f"request path overhead from {len(runs.get('lone', []))} lone requests: {overhead * 1e3:.0f} ms")
+    args.out.mkdir(parents=True, exist_ok=True)
+    profile.save(args.out / "profile-with-overhead.json")  # what the planner and `pdserve simulate` should use
     rows = compare(runs, profile)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sim-validation.json").write_text(json.dumps(rows, indent=1) + "\n")

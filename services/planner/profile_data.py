@@ -61,6 +61,10 @@ class PerfProfile:
     transfer_fit: list[float] = field(default_factory=list)
     host_cores: int | None = None
     colocated_slowdown: float = 1.0
+    # Latency a request's path adds to TTFT beyond the engines' compute and the KV transfer
+    # (gateway routing, the Reserve/Prefill/Decode RPCs, the instances' service processes),
+    # measured on a real stack with lone requests (benchmarks.sim_validate); 0 if unmeasured.
+    request_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.prefill_fit:
@@ -71,6 +75,8 @@ class PerfProfile:
             self.transfer_fit = fit_transfer(self.transfer)
         if self.colocated_slowdown < 1.0:
             raise ValueError(f"colocated_slowdown must be >= 1, got {self.colocated_slowdown}")
+        if self.request_overhead_s < 0.0:
+            raise ValueError(f"request_overhead_s must be >= 0, got {self.request_overhead_s}")
 
     def prefill_s(self, prompt_tokens: float, cached_tokens: float = 0.0) -> float:
         """Seconds one instance spends computing this prompt alone."""

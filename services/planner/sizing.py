@@ -39,7 +39,7 @@ def prefill_need(profile: PerfProfile, request_rate: float, prompt_tokens: float
                  queue_depth: int, ttft_slo_s: float, interval_s: float, cap: float) -> Need:
     service_s = profile.prefill_s(prompt_tokens, prompt_tokens * hit_ratio)
     work = request_rate * service_s + queue_depth * service_s / interval_s  # instance-seconds per second
-    utilization = max_prefill_utilization(service_s, ttft_slo_s, cap)
+    utilization = max_prefill_utilization(service_s, ttft_slo_s - profile.request_overhead_s, cap)
     if utilization == 0.0:
         replicas = math.ceil(work / cap - EPSILON)
         return Need(replicas, f"TTFT SLO below one prefill ({service_s * 1e3:.0f} ms): sized at {cap:.0%}")

@@ -148,7 +148,8 @@ class ClusterSim:
             instance.life.stopped_s = self.now
         self._start_prefill(instance)
         for request in requests:
-            self.schedule(self.now + self.transfer_s(request), "kv_arrived", request)
+            handoff_s = self.transfer_s(request) + self.profile.request_overhead_s
+            self.schedule(self.now + handoff_s, "kv_arrived", request)
 
     def _decode_candidates(self) -> list[DecodeSim]:
         """Routable decode instances (cached until the pool changes or one becomes ready);

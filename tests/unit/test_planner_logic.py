@@ -4,6 +4,8 @@ sized separately, no flapping inside the hysteresis band, cooldowns and patience
 The profile is made by hand: prefill costs 1 ms a token (a 256-token prompt 0.256 s), a decode
 step 20 ms + 1 ms per sequence (so 80 sequences fit a 100 ms ITL SLO)."""
 
+import dataclasses
+
 import pytest
 
 from services.planner import sizing
@@ -41,6 +43,13 @@ def test_prefill_need_is_throughput_at_the_ttft_slo():
 def test_prefill_need_when_the_slo_is_below_one_prompt():
     need = sizing.prefill_need(PROFILE, 10, 256, 0.0, 0, 0.2, 10.0, 0.8)
     assert need.replicas == 4 and "below one prefill" in need.reason
+
+
+def test_the_request_path_overhead_comes_out_of_the_ttft_budget():
+    # 2.048 s prompts under a 3 s SLO: 48% busy at most; with 0.5 s of the SLO spent on the
+    # request's path only 0.45 s of queueing is left: 5 -> 7 instances (M/D/1 at 31%).
+    slow_path = dataclasses.replace(PROFILE, request_overhead_s=0.5)
+    assert sizing.prefill_need(slow_path, 1, 2048, 0.0, 0, 3.0, 10.0, 0.8).replicas == 7
 
 
 def test_prefill_need_counts_only_uncached_tokens():

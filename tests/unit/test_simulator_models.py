@@ -81,6 +81,13 @@ def test_the_first_token_streams_when_the_decode_admits_the_request():
     assert recorder.ttft[1] + 0.3 == pytest.approx(admitted_0 + steps_before * 0.021)
 
 
+def test_the_request_path_overhead_delays_the_first_token():
+    request = [SimRequest(0, 0.0, 500, 3, None, 0)]
+    with_overhead = dataclasses.replace(WITH_TRANSFER, request_overhead_s=0.2)
+    plain = simulate_fixed(WITH_TRANSFER, CONFIG, request, 1, 1).ttft_p50_s
+    assert simulate_fixed(with_overhead, CONFIG, request, 1, 1).ttft_p50_s == pytest.approx(plain + 0.2)
+
+
 def test_the_kv_transfer_time_comes_from_the_profile():
     request = [SimRequest(0, 0.0, 500, 3, None, 0)]
     summary = simulate_fixed(WITH_TRANSFER, CONFIG, request, 1, 1)
