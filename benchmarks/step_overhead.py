@@ -21,6 +21,7 @@ tail), and steps that compute prompt tokens. Figures are per step (ms) and share
 """
 
 import argparse
+import hashlib
 import os
 import time
 from collections import defaultdict
@@ -179,8 +180,10 @@ def main() -> None:
     wall_s = time.perf_counter() - started
     num_output_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
     stepped_s = sum(record.seconds["step"] for record in timer.steps)
+    digest = hashlib.sha256(str([list(output.outputs[0].token_ids) for output in outputs]).encode()).hexdigest()
     print(f"{len(timer.steps)} steps, {wall_s:.2f} s, {num_output_tokens / wall_s:.1f} output tok/s; "
-          f"outside steps {1000 * (wall_s - stepped_s):.0f} ms (adding requests, the generate loop)\n")
+          f"outside steps {1000 * (wall_s - stepped_s):.0f} ms (adding requests, the generate loop); "
+          f"output ids sha256 {digest[:16]} (compare runs of one tree against another)\n")
     print_table(timer, group_steps(timer.steps, args.num_prompts))
     llm.shutdown()
 
