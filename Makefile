@@ -26,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-offline bench-step-overhead bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -37,6 +37,7 @@ help:
 	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
 	@echo "make bench-offline  offline throughput vs transformers; BENCH_ARGS=--beside-hog, --compare-deterministic, --vllm-python PY"
+	@echo "make bench-step-overhead an engine step split: schedule, inputs, forward, sampling, update, detokenize (BENCH_ARGS=...)"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
@@ -73,6 +74,9 @@ bench: setup
 
 bench-offline: setup
 	$(PYTHON) -m benchmarks.offline $(BENCH_ARGS)
+
+bench-step-overhead: setup
+	$(PYTHON) -m benchmarks.step_overhead $(BENCH_ARGS)
 
 bench-transfer: setup
 	$(PYTHON) -m benchmarks.transfer $(BENCH_ARGS)
