@@ -110,8 +110,9 @@ class PerfProfile:
         raw["prefill"] = [PrefillPoint(**point) for point in raw["prefill"]]
         raw["decode"] = [DecodePoint(**point) for point in raw["decode"]]
         raw["transfer"] = [TransferPoint(**point) for point in raw.get("transfer", [])]
-        for fit in ("prefill_fit", "decode_fit", "transfer_fit"):  # derived: refit by this version's rules
-            raw.pop(fit, None)
+        for fit, points in (("prefill_fit", "prefill"), ("decode_fit", "decode"), ("transfer_fit", "transfer")):
+            if raw[points]:  # derived from the points: refit by this version's rules
+                raw.pop(fit, None)
         return cls(**raw)
 
 

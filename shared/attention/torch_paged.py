@@ -18,10 +18,11 @@ Prefill chunks run one sequence at a time (a step has few) as two batched matmul
 heads, a third faster than torch's CPU flash-attention kernel on a 512-token prompt.
 
 `deterministic=True` (batch-invariant mode, docs/deterministic.md) sends every row, decode
-or prompt, through the C++ kernel as a query of its own over the context up to its position:
-one fixed tiling of the keys (16-token tiles in block order, online softmax in fp32) whatever
-the batch, the chunking or the prefix-cache hits, so a token's attention output is the same
-bits however it was scheduled.
+or prompt, through the C++ kernel, each over the context up to its own position (a prompt
+chunk's rows as one segment, whose context tiles the kernel reads once for all of them):
+one fixed tiling of the keys (16-token tiles in block order, online softmax in fp32) per row
+whatever the batch, the chunking or the prefix-cache hits, so a token's attention output is
+the same bits however it was scheduled.
 """
 
 import torch
@@ -32,7 +33,7 @@ from shared.attention.metadata import AttentionMetadata
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
 from shared.native.cpu_matmul import cpu_matmul_dtype
 from shared.attention.torch_paged_step import (
-    DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, per_row_native_inputs,
+    DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, segment_native_inputs,
     plan_decode_groups, plan_prefill_chunks)
 
 # Above this many KV heads the flat kernel's masked-out work outgrows its savings.
@@ -72,8 +73,8 @@ class TorchPagedAttention(AttentionBackend):
 
     def prepare(self, metadata: AttentionMetadata, block_size: int, dtype: torch.dtype) -> TorchPagedStep:
         if self.deterministic and self.uses_native_decode(block_size, dtype):
-            inputs = per_row_native_inputs(metadata, block_size)
-            return TorchPagedStep(metadata.slot_mapping, int(inputs.context_lens.shape[0]), [], [], inputs)
+            inputs = segment_native_inputs(metadata, block_size)
+            return TorchPagedStep(metadata.slot_mapping, int(inputs.query_lens.sum()), [], [], inputs)
         chunks = plan_prefill_chunks(metadata, block_size)
         for chunk in chunks:
             chunk.score_bias = additive_mask(chunk.causal_mask, dtype)
@@ -105,7 +106,7 @@ class TorchPagedAttention(AttentionBackend):
         if step.native_decode is not None:
             inputs = step.native_decode
             return self.native_decode(query, key_cache, value_cache, inputs.block_tables, inputs.context_lens,
-                                      self.scale)
+                                      self.scale, inputs.query_lens)
         groups = step.decode_groups
         if len(groups) == 1 and groups[0].rows is None:
             return self._decode_group(query, key_cache, value_cache, groups[0])

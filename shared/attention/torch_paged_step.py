@@ -54,11 +54,14 @@ class PrefillChunk:
 
 @dataclass
 class NativeDecodeInputs:
-    """The decodes' block tables and context lengths as the C++ kernel reads them."""
-    # (num_decodes, max_blocks) int32, contiguous.
+    """The rows' segments as the C++ kernel reads them (native_decode.py): per segment, one
+    sequence's consecutive rows, its block table and the context of its last row."""
+    # (num_segments, max_blocks) int32, contiguous.
     block_tables: torch.Tensor
-    # (num_decodes,) int32.
+    # (num_segments,) int32.
     context_lens: torch.Tensor
+    # (num_segments,) int32 rows per segment; None when every segment is one decode row.
+    query_lens: torch.Tensor | None = None
 
     @classmethod
     def from_metadata(cls, metadata: AttentionMetadata) -> "NativeDecodeInputs":
@@ -76,25 +79,30 @@ class TorchPagedStep:
     native_decode: NativeDecodeInputs | None = None
 
 
-def per_row_native_inputs(metadata: AttentionMetadata, block_size: int) -> NativeDecodeInputs:
-    """Every row of the step (decodes, then each prefill chunk's rows) as a query of its own:
-    row i of a chunk attends to the context up to its position, through its sequence's blocks."""
-    tables, context_lens = [], []
+def segment_native_inputs(metadata: AttentionMetadata, block_size: int) -> NativeDecodeInputs:
+    """Every row of the step for the C++ kernel: each decode a segment of one row, each prefill
+    chunk a segment of its rows (row i attends to the context up to its own position), so the
+    kernel walks a chunk's context once for all its rows."""
+    tables, context_lens, query_lens = [], [], []
     if metadata.num_decode_tokens:
         tables.append(metadata.decode_block_tables)
-        context_lens.append(metadata.decode_context_lens)
+        context_lens.extend(metadata.decode_context_lens.tolist())
+        query_lens.extend([1] * metadata.num_decode_tokens)
     for query_len, context_len, block_table in zip(
             metadata.prefill_query_lens, metadata.prefill_context_lens, metadata.prefill_block_tables):
-        num_blocks = math.ceil(context_len / block_size)
-        tables.append(block_table[:num_blocks].expand(query_len, num_blocks))
-        context_lens.append(torch.arange(context_len - query_len + 1, context_len + 1))
+        if not 0 < query_len <= context_len:
+            raise ValueError(f"prefill_query_lens: a chunk of {query_len} rows in a context of {context_len}")
+        tables.append(block_table[:math.ceil(context_len / block_size)][None, :])
+        context_lens.append(context_len)
+        query_lens.append(query_len)
     width = max(table.shape[1] for table in tables)
-    block_tables = torch.zeros((sum(len(lens) for lens in context_lens), width), dtype=torch.int32)
-    first_row = 0
+    block_tables = torch.zeros((len(context_lens), width), dtype=torch.int32)
+    first_segment = 0
     for table in tables:
-        block_tables[first_row:first_row + table.shape[0], :table.shape[1]] = table
-        first_row += table.shape[0]
-    return NativeDecodeInputs(block_tables, torch.cat(context_lens).to(torch.int32))
+        block_tables[first_segment:first_segment + table.shape[0], :table.shape[1]] = table
+        first_segment += table.shape[0]
+    return NativeDecodeInputs(block_tables, torch.tensor(context_lens, dtype=torch.int32),
+                              torch.tensor(query_lens, dtype=torch.int32))
 
 
 def plan_decode_groups(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:

@@ -1,16 +1,19 @@
-"""The C++ paged decode kernel against a float64 reference, at the shapes its vector path takes.
+"""The C++ paged decode kernel against a float64 reference, on each of its paths.
 
 SmolLM2's shapes (9 query heads on 3 KV heads, head dim 64, blocks of 16) and others: head dims
-32 and 128, 1 to 8 query heads per KV head, blocks of 8 and 32, and context lengths that end
+16 to 128 (multiples of 16 take the AVX-512F path where it is compiled, others the portable
+one), 1 to 16 query heads per KV head, blocks of 1 to 64, and context lengths of 1 and ending
 inside, at and just past a 16-token tile. Blocks are shuffled over a cache full of other data.
 """
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from shared.attention.native_decode import load_native_decode
 
-NUM_BLOCKS = 160
+SPARE_BLOCKS = 40
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +25,12 @@ def kernel():
 
 def paged_inputs(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    shape = (NUM_BLOCKS, block_size, num_kv_heads, head_dim)
+    max_blocks = max(-(-length // block_size) for length in context_lens)
+    num_blocks = len(context_lens) * max_blocks + SPARE_BLOCKS
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
     key_cache = torch.randn(shape, generator=generator).to(dtype)
     value_cache = torch.randn(shape, generator=generator).to(dtype)
-    max_blocks = max(-(-length // block_size) for length in context_lens)
-    free_blocks = torch.randperm(NUM_BLOCKS, generator=generator)
+    free_blocks = torch.randperm(num_blocks, generator=generator)
     block_tables = free_blocks[:len(context_lens) * max_blocks].view(len(context_lens), max_blocks)
     query = torch.randn(len(context_lens), num_heads, head_dim, generator=generator).to(dtype)
     return query, key_cache, value_cache, block_tables.to(torch.int32), torch.tensor(context_lens, dtype=torch.int32)
@@ -54,7 +58,14 @@ SHAPES = {
     "8-per-kv-head": (8, 1, 64, 16),
     "blocks-of-8": (9, 3, 64, 8),
     "blocks-of-32": (9, 3, 64, 32),
-    "scalar-path-head-dim-8": (4, 2, 8, 4),
+    "head-dim-16": (4, 2, 16, 4),
+    "head-dim-48": (6, 2, 48, 16),
+    "16-per-kv-head": (16, 1, 64, 16),
+    "blocks-of-1": (9, 3, 64, 1),
+    "blocks-of-5": (9, 3, 64, 5),
+    "blocks-of-64": (9, 3, 64, 64),
+    "portable-head-dim-8": (4, 2, 8, 4),
+    "portable-head-dim-40": (6, 3, 40, 16),
 }
 CONTEXT_LENS = [1, 15, 16, 17, 33, 70, 5]
 
@@ -90,3 +101,26 @@ def test_kernel_refuses_shapes_beyond_its_limits(kernel):
     assert not kernel.supports(64, 1, 64, 16, torch.bfloat16)       # query heads per KV head
     assert not kernel.supports(9, 3, 64, 128, torch.bfloat16)       # block size
     assert not kernel.supports(9, 3, 64, 16, torch.float16)         # dtype
+
+
+def cpu_has(flag: str) -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and any(line.startswith("flags") and flag in line.split()
+                                    for line in cpuinfo.read_text().splitlines())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_head_dims_off_the_16_lane_grid_take_the_portable_path(kernel, dtype):
+    for head_dim in (8, 24, 40, 72):
+        assert kernel.path(head_dim, dtype) == "portable"
+    vector_path = kernel.path(64, dtype)
+    for head_dim in (16, 48, 256):
+        assert kernel.path(head_dim, dtype) in (vector_path, "avx512-bf16")
+
+
+@pytest.mark.skipif(not cpu_has("avx512f"), reason="this CPU has no AVX-512F")
+def test_avx512f_cpus_take_a_vector_path(kernel):
+    assert kernel.path(64, torch.float32) == "avx512f"
+    expected = "avx512-bf16" if cpu_has("avx512_bf16") else "avx512f"
+    assert kernel.path(64, torch.bfloat16) == expected
+    assert kernel.path(48, torch.bfloat16) == "avx512f"

@@ -38,6 +38,26 @@ def test_json_round_trip(tmp_path):
     assert loaded == profile
 
 
+def test_loading_refits_from_the_points(tmp_path):
+    profile = make_profile()
+    stale = PerfProfile(**{**profile.__dict__, "prefill_fit": [1.0, 0.0, 0.0], "decode_fit": [2.0, 0.0, 0.0]})
+    stale.save(tmp_path / "p.json")
+    loaded = PerfProfile.load(tmp_path / "p.json")
+    assert loaded.prefill_fit == pytest.approx(profile.prefill_fit)
+    assert loaded.decode_fit == pytest.approx(profile.decode_fit)
+
+
+def test_prefill_is_fitted_on_relative_error():
+    # Seconds of a 1-thread SmolLM2 prefill (this CPU, emulated bf16): an absolute least-squares
+    # fit is pulled by the long prompts' seconds and puts 16 tokens ~50% high; the relative fit
+    # keeps every point within 10%.
+    seconds = {16: 0.19, 32: 0.31, 64: 0.653, 128: 1.207, 256: 2.325, 512: 4.407, 1024: 10.958}
+    points = [PrefillPoint(n, 0, s) for n, s in seconds.items()]
+    profile = PerfProfile(**{**make_profile().__dict__, "prefill": points, "prefill_fit": []})
+    for n, measured in seconds.items():
+        assert profile.prefill_s(n) == pytest.approx(measured, rel=0.1)
+
+
 def test_quick_profile_of_the_tiny_model(tiny_llama_folder, tmp_path, capsys):
     output = tmp_path / "profile.json"
     assert main(["profile", "--quick", "--model", str(tiny_llama_folder), "--dtype", "float32",

@@ -1,0 +1,158 @@
+"""pdserve against `vllm serve` on the same workload, back to back (`make bench-vllm-serve`).
+
+`python -m benchmarks.serve_vs_vllm --vllm-python VENV/bin/python [flags]`: for each server
+of `--servers` in turn (default: vllm, then pdserve as `make run` starts it; other pdserve
+layouts in benchmarks/serve_servers.py) it starts the server, waits until its HTTP API
+answers, sends two warm-up requests, runs `pdserve bench serve`'s load at each request rate
+through the OpenAI client (streaming `/v1/completions`, prompts as token ids) and stops it.
+Every server gets the same prompts and the same arrival times: random-token prompts of
+128-256 tokens (a fresh set per rate), 128 output tokens, greedy, EOS ignored, Poisson
+arrivals from --seed. Prints one table (output tok/s, TTFT and ITL p50/p99, ITL max, ok/failed per
+server, pdserve/vLLM ratios and issue 16's targets) and writes results.json (every request),
+summary.json and table.md into --out-dir.
+
+vLLM is never a pdserve dependency: it runs with the interpreter of its own virtualenv
+(`--vllm-python` or PDSERVE_VLLM_PYTHON; how to install it: docs/performance.md) on the HF
+folder pdserve converts the model to.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from benchmarks.harness.clients import ClientOptions  # noqa: E402
+from benchmarks.harness.clients.openai_client import first_model_id  # noqa: E402
+from benchmarks.harness.datasets import LengthRange  # noqa: E402
+from benchmarks.harness.report import write_result_json  # noqa: E402
+from benchmarks.harness.runner import LoadShape, RunResult  # noqa: E402
+from benchmarks.harness.sweep import run_sweep  # noqa: E402
+from benchmarks.harness.workload import WorkloadSpec, sweep_workloads  # noqa: E402
+from benchmarks.serve_servers import SERVERS, ServerOptions, ServerStartError, open_server  # noqa: E402
+from benchmarks.serve_vs_vllm_table import format_table  # noqa: E402
+from shared.errors import ConfigurationError  # noqa: E402
+
+logger = logging.getLogger("benchmarks.serve_vs_vllm")
+NUM_WARMUPS = 2
+# p100 is the longest gap, shown beside p99 in the table.
+PERCENTILES = (50.0, 90.0, 99.0, 100.0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=["vllm", "pdserve"],
+                        help="started in this order (default: vllm pdserve)")
+    parser.add_argument("--vllm-python", type=Path, default=os.environ.get("PDSERVE_VLLM_PYTHON") or None,
+                        help="python of vLLM's own virtualenv (env PDSERVE_VLLM_PYTHON)")
+    parser.add_argument("--vllm-arg", dest="vllm_args", action="append", default=[], metavar="ARG",
+                        help="extra `vllm serve` argument (repeatable; --vllm-arg=--flag for dash-led ones)")
+    parser.add_argument("--vllm-memory-utilization", type=float, default=0.15,
+                        help="vLLM's --gpu-memory-utilization (on CPU: its share of RAM; default 0.15)")
+    parser.add_argument("--request-rate", type=float, nargs="+", default=[0.2, 0.4], metavar="RATE")
+    parser.add_argument("--num-prompts", type=int, default=32, help="requests per rate (default 32)")
+    parser.add_argument("--input-len", type=int, nargs=2, default=[128, 256], metavar=("LOW", "HIGH"))
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the prompts and the arrivals")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: bundled SmolLM2)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds for a server to start")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="results go here (default: a new /tmp/pdserve-vs-vllm-* folder)")
+    parser.add_argument("--disable-tqdm", action="store_true")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parsed and checked flags; raises ConfigurationError naming the flag."""
+    args = build_parser().parse_args(argv)
+    if "vllm" in args.servers and args.vllm_python is None:
+        raise ConfigurationError("vllm-python", "is required when --servers includes vllm "
+                                                "(or set PDSERVE_VLLM_PYTHON)")
+    if args.vllm_python is not None and "vllm" in args.servers and not args.vllm_python.is_file():
+        raise ConfigurationError("vllm-python", f"{args.vllm_python} is not a file")
+    if len(set(args.servers)) != len(args.servers):
+        raise ConfigurationError("servers", f"each server once, got {' '.join(args.servers)}")
+    if any(not rate > 0 for rate in args.request_rate):
+        raise ConfigurationError("request-rate", f"every rate must be > 0, got {args.request_rate}")
+    if args.num_prompts < 1 or args.output_len < 1:
+        raise ConfigurationError("num-prompts" if args.num_prompts < 1 else "output-len", "must be >= 1")
+    low, high = args.input_len
+    if not 1 <= low <= high:
+        raise ConfigurationError("input-len", f"needs 1 <= LOW <= HIGH, got {low} {high}")
+    return args
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(model=args.model, dtype=args.dtype, vllm_python=args.vllm_python,
+                         vllm_memory_utilization=args.vllm_memory_utilization, vllm_args=tuple(args.vllm_args),
+                         ready_timeout_s=args.ready_timeout)
+
+
+def run_server(name: str, args: argparse.Namespace, workloads, options: ServerOptions) -> list[RunResult]:
+    """Start one server, run every rate against its OpenAI API, stop it."""
+    loads = [LoadShape(rate, seed=args.seed) for rate in args.request_rate]
+    warmup_prompts, prompt_sets = workloads
+    started = time.perf_counter()
+    with open_server(name, options, args.out_dir / f"server-{name}") as base_url:
+        logger.warning("%s ready at %s after %.1f s", name, base_url, time.perf_counter() - started)
+        model_id = asyncio.run(first_model_id(base_url))
+        client = ClientOptions("openai", base_url, model=model_id, ignore_eos=True, temperature=0.0)
+        return asyncio.run(run_sweep(client, prompt_sets, loads, {}, name, warmup_prompts, PERCENTILES,
+                                     show_progress=not args.disable_tqdm, on_run=_log_run))
+
+
+def _log_run(run: RunResult) -> None:
+    summary = run.summary
+    logger.warning("%s: %.1f s, %d ok, %d failed, %.1f output tok/s, ITL p99 %.0f ms", run.label,
+                   summary.duration_s, summary.num_completed, summary.num_failed, summary.output_throughput,
+                   summary.itl.percentiles_ms["p99"])
+
+
+def run_config(args: argparse.Namespace) -> dict:
+    """What results.json records about the run besides the figures."""
+    return {"workload": {"num_prompts": args.num_prompts, "input_len": args.input_len,
+                         "output_len": args.output_len, "seed": args.seed, "request_rates": args.request_rate},
+            "servers": args.servers, "dtype": args.dtype, "vllm_python": str(args.vllm_python),
+            "vllm_args": args.vllm_args, "num_cpus": os.cpu_count(), "load_average": os.getloadavg()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    args.out_dir = args.out_dir or Path(f"/tmp/pdserve-vs-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    from benchmarks.harness.vocabulary import load_bench_tokenizer
+
+    spec = WorkloadSpec(num_prompts=args.num_prompts, input_len=LengthRange(*args.input_len),
+                        output_len=LengthRange(args.output_len, args.output_len), seed=args.seed)
+    workloads = sweep_workloads(spec, load_bench_tokenizer(args.model), len(args.request_rate), NUM_WARMUPS)
+    options = server_options(args)
+    series, broken = {}, []
+    for name in args.servers:
+        try:
+            series[name] = run_server(name, args, workloads, options)
+        except ServerStartError as error:  # the other servers still run and are reported
+            logger.error("%s: %s", name, error)
+            broken.append(name)
+    if not series:
+        raise SystemExit(f"no server started: {', '.join(broken)}")
+    all_runs = [run for runs in series.values() for run in runs]
+    write_result_json(args.out_dir / "results.json", run_config(args), all_runs)
+    write_result_json(args.out_dir / "summary.json", run_config(args), all_runs, with_requests=False)
+    table = format_table(series, args.request_rate)
+    (args.out_dir / "table.md").write_text(table + "\n")
+    print(table)
+    print(f"\nresults in {args.out_dir}")
+    if broken:
+        print(f"did not start: {', '.join(broken)}")
+    if broken or any(run.summary.num_failed for run in all_runs):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

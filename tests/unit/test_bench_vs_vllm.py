@@ -1,0 +1,281 @@
+"""`python -m benchmarks.serve_vs_vllm`: its flags, the servers it starts (a fake `vllm serve`
+standing in for vLLM), readiness waiting, the stop of a process group, and its table."""
+
+import asyncio
+import http.server
+import json
+import math
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness.clients import ClientOptions
+from benchmarks.harness.datasets import BenchPrompt
+from benchmarks.harness.metrics import summarize
+from benchmarks.harness.records import RequestRecord
+from benchmarks.harness.runner import LoadShape, RunResult
+from benchmarks.harness.sweep import run_sweep
+from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_server, pdserve_stack_config,
+                                      stop_process_group, vllm_argv, vllm_server, wait_until_http_ready)
+from benchmarks.serve_vs_vllm import parse_args
+from benchmarks.serve_vs_vllm_table import format_table, ratio, target_lines
+from services.launcher.cpu_plan import InstanceCpus, plan_instance_cpus
+from shared.errors import ConfigurationError
+
+
+# ---- flags -------------------------------------------------------------------------------
+
+def test_vllm_needs_its_interpreter(monkeypatch):
+    monkeypatch.delenv("PDSERVE_VLLM_PYTHON", raising=False)
+    with pytest.raises(ConfigurationError, match="vllm-python"):
+        parse_args([])
+    assert parse_args(["--servers", "pdserve"]).vllm_python is None
+
+
+def test_vllm_interpreter_comes_from_the_environment(monkeypatch, tmp_path):
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setenv("PDSERVE_VLLM_PYTHON", str(python))
+    args = parse_args(["--request-rate", "0.2", "4"])
+    assert args.vllm_python == python and args.servers == ["vllm", "pdserve"] and args.request_rate == [0.2, 4.0]
+    monkeypatch.setenv("PDSERVE_VLLM_PYTHON", str(tmp_path / "missing"))
+    with pytest.raises(ConfigurationError, match="vllm-python"):
+        parse_args([])
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--request-rate", "0"], "request-rate"), (["--request-rate", "inf", "-1"], "request-rate"),
+    (["--num-prompts", "0"], "num-prompts"), (["--output-len", "0"], "output-len"),
+    (["--input-len", "9", "3"], "input-len"), (["--servers", "pdserve", "pdserve"], "servers")])
+def test_bad_flags_name_the_flag(argv, field):
+    with pytest.raises(ConfigurationError, match=field):
+        parse_args(["--servers", "pdserve"] + argv if "--servers" not in argv else argv)
+
+
+def test_vllm_command_line_serves_the_folder_on_the_port(tmp_path):
+    options = ServerOptions(dtype="bfloat16", vllm_memory_utilization=0.2, vllm_args=("--max-num-seqs", "64"))
+    argv = vllm_argv(Path("/venv/bin/python"), tmp_path, 8123, options)
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags == {"--model": str(tmp_path), "--host": "127.0.0.1", "--port": "8123", "--dtype": "bfloat16",
+                     "--seed": "0", "--gpu-memory-utilization": "0.2", "--max-num-seqs": "64"}
+
+
+# ---- pdserve layouts ---------------------------------------------------------------------
+
+def placements(layout: str, tmp_path: Path) -> dict[str, InstanceCpus]:
+    config = pdserve_stack_config(layout, ServerOptions(), tmp_path, num_cpus=2)
+    assert config.gateway_port == 0 and config.gateway_http_port == 0
+    return plan_instance_cpus(config, config.instance_roles(), [0, 1])
+
+
+def test_pdserve_layouts_place_instances_as_named(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert placements("pdserve-pinned", tmp_path) == {"prefill-0": InstanceCpus((0,), 1),
+                                                      "decode-0": InstanceCpus((1,), 1)}
+    assert placements("pdserve-pinned-gateway", tmp_path) == placements("pdserve-pinned", tmp_path)
+    gateway_pinned = pdserve_stack_config("pdserve-pinned-gateway", ServerOptions(), tmp_path, num_cpus=2)
+    assert gateway_pinned.cpus_of("gateway") == gateway_pinned.cpus_of("redis") == (0,)
+    assert placements("pdserve-unpinned", tmp_path) == {"prefill-0": InstanceCpus((0, 1), 2),
+                                                        "decode-0": InstanceCpus((0, 1), 2)}
+    assert placements("pdserve-colocated", tmp_path) == {"colocated-0": InstanceCpus((0, 1), 2)}
+    with pytest.raises(ValueError, match="layout"):
+        pdserve_stack_config("pdserve-other", ServerOptions(), tmp_path, num_cpus=2)
+
+
+# ---- readiness ---------------------------------------------------------------------------
+
+class FlakyHealth(http.server.BaseHTTPRequestHandler):
+    """GET answers 503 `failures_left` times, then 200."""
+
+    failures_left = 0
+    hits = 0
+
+    def do_GET(self):
+        type(self).hits += 1
+        ready = type(self).failures_left <= 0
+        type(self).failures_left -= 1
+        self.send_response(200 if ready else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHealth)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+    server.server_close()
+
+
+def test_waiting_returns_once_the_server_answers_200(health_server):
+    _, url = health_server
+    FlakyHealth.failures_left, FlakyHealth.hits = 2, 0
+    wait_until_http_ready(url, lambda: True, timeout_s=60, what="fake", poll_interval_s=0.01)
+    assert FlakyHealth.hits == 3
+
+
+def test_waiting_stops_when_the_server_exits_or_the_deadline_passes(health_server):
+    _, url = health_server
+    FlakyHealth.failures_left, FlakyHealth.hits = 10**6, 0
+    with pytest.raises(ServerStartError, match="fake exited"):
+        wait_until_http_ready(url, lambda: False, timeout_s=60, what="fake")
+    assert FlakyHealth.hits == 0
+    with pytest.raises(ServerStartError, match="did not answer"):
+        wait_until_http_ready(url, lambda: True, timeout_s=0, what="fake")
+    assert FlakyHealth.hits == 1
+
+
+def test_stopping_a_process_group_reaps_its_leader():
+    process = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    stop_process_group(process, grace_s=30)
+    assert process.returncode == -signal.SIGTERM
+
+
+# ---- a fake `vllm serve` -----------------------------------------------------------------
+
+FAKE_VLLM = textwrap.dedent('''
+    """Stands in for `python -m vllm.entrypoints.openai.api_server --model FOLDER --port P ...`."""
+    import http.server, json, os, sys
+
+    argv = sys.argv[1:]
+    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"], argv
+    port = int(argv[argv.index("--port") + 1])
+    bodies = os.environ["FAKE_VLLM_BODIES"]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            model = argv[argv.index("--model") + 1]
+            body = json.dumps({"data": [{"id": model}]}).encode() if self.path == "/v1/models" else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with open(bodies, "a") as file:
+                file.write(json.dumps(request) + "\\n")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            events = [{"choices": [{"text": "x"}]}] * request["max_tokens"]
+            events.append({"choices": [], "usage": {"completion_tokens": request["max_tokens"]}})
+            for event in events:
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\\n\\n")
+            self.wfile.write(b"data: [DONE]\\n\\n")
+
+        def log_message(self, *args):
+            pass
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+''')
+
+
+@pytest.fixture
+def fake_vllm_python(tmp_path, monkeypatch):
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_VLLM_BODIES", str(tmp_path / "bodies.jsonl"))
+    return python, tmp_path / "bodies.jsonl"
+
+
+def test_vllm_server_starts_serves_the_workload_and_stops(fake_vllm_python, tiny_llama_folder, tmp_path):
+    python, bodies = fake_vllm_python
+    options = ServerOptions(model=str(tiny_llama_folder), vllm_python=python, ready_timeout_s=120)
+    prompts = [BenchPrompt([5, 6, 7], 4), BenchPrompt([8, 9], 4)]
+    with vllm_server(options, tmp_path / "run") as base_url:
+        client = ClientOptions("openai", base_url, model=str(tiny_llama_folder))
+        [run] = asyncio.run(run_sweep(client, [prompts], [LoadShape(math.inf)], {}, "vllm", prompts[:1],
+                                      show_progress=False))
+    assert run.summary.num_completed == 2 and run.summary.num_failed == 0
+    assert run.summary.total_output_tokens == 8
+    sent = [json.loads(line) for line in bodies.read_text().splitlines()]
+    assert len(sent) == 3  # the warm-up, then the two prompts
+    assert sorted(body["prompt"] for body in sent[1:]) == [[5, 6, 7], [8, 9]]
+    assert all(body["ignore_eos"] is True and body["temperature"] == 0.0 and body["stream"] for body in sent)
+    with pytest.raises(OSError):  # stopped: nothing listens on its port any more
+        import urllib.request
+        urllib.request.urlopen(f"{base_url}/health", timeout=5)
+
+
+def test_vllm_server_that_exits_is_reported_with_its_log(tmp_path, tiny_llama_folder):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho no vllm here\nexit 3\n")
+    python.chmod(0o755)
+    options = ServerOptions(model=str(tiny_llama_folder), vllm_python=python, ready_timeout_s=120)
+    with pytest.raises(ServerStartError, match="vllm.log"):
+        with vllm_server(options, tmp_path / "run"):
+            pass
+    assert "no vllm here" in (tmp_path / "run" / "vllm.log").read_text()
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+def fake_run(label: str, ttft_s: float, gap_s: float, failed: int = 0) -> RunResult:
+    """Two requests of 3 tokens, `gap_s` apart after `ttft_s`; `failed` more that failed."""
+    records = []
+    for index in range(2):
+        record = RequestRecord(index, prompt_len=8, expected_output_len=3)
+        for position in range(3):
+            record.add_chunk(ttft_s + position * gap_s, 1)
+        record.end_s = ttft_s + 2 * gap_s
+        records.append(record)
+    for index in range(failed):
+        record = RequestRecord(2 + index, prompt_len=8, expected_output_len=3)
+        record.error, record.end_s = "HTTP 500", 0.1
+        records.append(record)
+    return RunResult(label, LoadShape(1.0), records, summarize(records, duration_s=1.0, percentiles=(50, 99, 100)))
+
+
+def test_table_has_every_server_and_the_ratios_to_vllm():
+    # binary fractions, so the ratios land exactly on the targets
+    series = {"vllm": [fake_run("vllm", 1.0, 0.5)], "pdserve": [fake_run("pdserve", 0.5, 0.125, failed=1)]}
+    table = format_table(series, [0.2])
+    lines = table.splitlines()
+    assert lines[1] == ("| rate (req/s) | server | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ITL max |"
+                        " ok/failed |")
+    assert lines[3] == "| 0.2 | vllm | 6 | 1000 | 1000 | 500 | 500 | 500 | 2/0 |"
+    assert lines[4] == "| 0.2 | pdserve | 6 | 500 | 500 | 125 | 125 | 125 | 2/1 |"
+    assert lines[5] == "| 0.2 | **pdserve / vllm** | 1.00x | 0.50x | 0.50x | 0.25x | 0.25x | 0.25x |  |"
+    assert target_lines(series, [0.2]) == [
+        "- 0.2 req/s, pdserve: ITL p99 0.25x of vLLM's (target <= 0.25x: met), TTFT p99 0.50x "
+        "(target <= 0.5x: met)"]
+
+
+def test_table_without_vllm_has_no_ratios_and_targets_can_fail():
+    alone = {"pdserve": [fake_run("pdserve", 0.4, 0.1)]}
+    assert "/ vllm" not in format_table(alone, [1.0]) and target_lines(alone, [1.0]) == []
+    series = {"vllm": [fake_run("vllm", 1.0, 0.2)], "pdserve": [fake_run("pdserve", 0.8, 0.1)]}
+    assert target_lines(series, [1.0]) == [
+        "- 1 req/s, pdserve: ITL p99 0.50x of vLLM's (target <= 0.25x: not met), TTFT p99 0.80x "
+        "(target <= 0.5x: not met)"]
+    assert math.isnan(ratio(1.0, 0.0)) and math.isnan(ratio(math.nan, 1.0))
+
+
+def test_a_pdserve_stack_that_fails_to_start_is_a_server_start_error(tmp_path, monkeypatch):
+    from services.launcher.errors import StackError
+    from services.launcher.stack import LocalStack
+
+    def fail(self, should_abort=None):
+        raise StackError("decode-0 exited with status 1")
+    monkeypatch.setattr(LocalStack, "start", fail)
+    with pytest.raises(ServerStartError, match="pdserve pdserve-colocated: decode-0 exited.*logs"):
+        with pdserve_server("pdserve-colocated", ServerOptions(), tmp_path / "run"):
+            pass
