@@ -26,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-vllm-serve bench-offline bench-attention bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -38,6 +38,7 @@ help:
 	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
 	@echo "make bench-vllm-serve pdserve (make run's layout) vs vllm serve, same workload, back to back (BENCH_ARGS=..., PDSERVE_VLLM_PYTHON)"
 	@echo "make bench-offline  offline throughput vs transformers; BENCH_ARGS=--beside-hog, --compare-deterministic, --vllm-python PY"
+	@echo "make bench-step-overhead an engine step split: schedule, inputs, forward, sampling, update, detokenize (BENCH_ARGS=...)"
 	@echo "make bench-attention the C++ attention kernel: decode GB/s vs streaming, prompt rows (BENCH_ARGS=--baseline-source F)"
 	@echo "make bench-transfer KV transfer microbenchmark over UCX (BENCH_ARGS=...)"
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
@@ -78,6 +79,9 @@ bench-vllm-serve: setup
 
 bench-offline: setup
 	$(PYTHON) -m benchmarks.offline $(BENCH_ARGS)
+
+bench-step-overhead: setup
+	$(PYTHON) -m benchmarks.step_overhead $(BENCH_ARGS)
 
 bench-attention: setup
 	$(PYTHON) -m benchmarks.cpu_attention $(BENCH_ARGS)

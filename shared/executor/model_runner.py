@@ -111,9 +111,8 @@ class ModelRunner:
     def _sample_batch(self, items: list[ScheduledRequest], logits: torch.Tensor,
                       inputs: ModelInputs) -> dict[str, tuple[int, SampledLogprobs | None]]:
         rows = [self._sampling_row(item) for item in items]
-        row_indices = torch.tensor([inputs.sample_logit_rows[item.request_id] for item in items],
-                                   device=logits.device)
-        sampled = self.sampler(logits[row_indices], rows)
+        sampled = self.sampler(_logit_rows(logits, [inputs.sample_logit_rows[item.request_id] for item in items]),
+                               rows)
         results = {}
         for index, item in enumerate(items):
             logprobs = None
@@ -151,6 +150,14 @@ class ModelRunner:
                            output_token_ids=item.output_token_ids, generator=self._generator(item),
                            stop_and_eos_token_ids=item.stop_and_eos_token_ids,
                            guided_bitmask=item.guided_bitmask)
+
+
+def _logit_rows(logits: torch.Tensor, row_indices: list[int]) -> torch.Tensor:
+    """Those rows of `logits`, in that order; `logits` itself, not a copy, when that is every
+    row in order (the common step: each logits row samples a token)."""
+    if row_indices == list(range(logits.shape[0])):
+        return logits
+    return logits[torch.tensor(row_indices, device=logits.device)]
 
 
 def _prompt_logprobs(scheduled: list[ScheduledRequest], logits: torch.Tensor,

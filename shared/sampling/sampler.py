@@ -8,7 +8,8 @@ Order of processing (vLLM's):
   3. sampled rows: mask top-k, divide by temperature, mask top-p, then min-p
      (`shared.sampling.candidates`), then draw by inverse CDF (`shared.sampling.random_draw`).
 Logprobs are computed from the logits as given (`shared.sampling.logprobs`).
-When every row is greedy without penalties the whole step is a single argmax.
+When every row is greedy without penalties the whole step is a single pass over the logits
+(each row's maximum and its position at once).
 """
 
 from collections.abc import Sequence
@@ -62,8 +63,14 @@ class Sampler:
         _check_batch(logits, rows)
         raw_logits = logits.float()
         adjusted = apply_history(raw_logits, rows)
-        _check_some_token_allowed(adjusted)
-        token_ids = self._choose_tokens(adjusted, rows)
+        if all(row.params.is_greedy for row in rows):
+            # One pass over the logits: each row's maximum (checked) and where it is (the
+            # lowest id on ties, as argmax).
+            row_max, token_ids = adjusted.max(dim=-1)
+            _check_row_maxima(row_max)
+        else:
+            _check_some_token_allowed(adjusted)
+            token_ids = self._choose_tokens(adjusted, rows)
         output = SamplerOutput(sampled_token_ids=token_ids.tolist())
         if any(row.params.logprobs is not None for row in rows):
             nums_top = [row.params.logprobs or 0 for row in rows]
@@ -72,10 +79,9 @@ class Sampler:
         return output
 
     def _choose_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """(num_rows,) int64: argmax for greedy rows, a random draw for the others."""
+        """(num_rows,) int64: argmax for greedy rows, a random draw for the others (some row
+        is not greedy)."""
         sampled_rows = [index for index, row in enumerate(rows) if not row.params.is_greedy]
-        if not sampled_rows:
-            return logits.argmax(dim=-1)
         token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         greedy_rows = [index for index, row in enumerate(rows) if row.params.is_greedy]
         if greedy_rows:
@@ -119,7 +125,10 @@ class NoTokenAllowedError(ValueError):
 def _check_some_token_allowed(logits: torch.Tensor) -> None:
     """Raise when a row has no finite maximum: all -inf (nothing allowed) or NaN. The model
     runner then retries rows alone, so only the bad row's request fails."""
-    row_max = logits.max(dim=-1).values
+    _check_row_maxima(logits.max(dim=-1).values)
+
+
+def _check_row_maxima(row_max: torch.Tensor) -> None:
     if not bool(torch.isfinite(row_max).all()):
         bad = (~torch.isfinite(row_max)).nonzero().flatten().tolist()
         raise NoTokenAllowedError(f"no token can be sampled for rows {bad} (every token masked or NaN logits)")
