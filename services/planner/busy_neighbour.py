@@ -1,9 +1,11 @@
 """A busy neighbour for `pdserve profile`'s co-location measurement: a second engine, built
-like the profiled one, prefilling random prompts back to back until its stdin closes.
+like the profiled one, working until its stdin closes: prefilling random prompts back to back
+(`--work prefill`), or decoding a batch of `--batch-size` sequences step after step
+(`--work decode`), the two loads a P/D host pairs.
 
-    python -m services.planner.busy_neighbour --dtype bfloat16 --num-threads 1 [--model M]
+    python -m services.planner.busy_neighbour --dtype bfloat16 --num-threads 1 [--work decode]
 
-It prints "ready" once its first prompt is done, so the profiler measures only while it works.
+It prints "ready" once it is at work, so the profiler measures only while it works.
 """
 
 import argparse
@@ -18,13 +20,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 28)
     parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--work", choices=("prefill", "decode"), default="prefill")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences decoding at once (--work decode)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     from shared.engine.llm import engine_config_from_kwargs
     from shared.engine.llm_engine import LLMEngine
-    from shared.sampling.params import SamplingParams
 
     args = parse_args(argv)
     config = engine_config_from_kwargs(args.model, args.dtype, num_threads=args.num_threads,
@@ -33,16 +36,43 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     rng, vocab = random.Random(1), engine.model_config.vocab_size
+
+    def prompt() -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+
+    if args.work == "decode":
+        decode_until(stop, engine, prompt, args.batch_size)
+    else:
+        prefill_until(stop, engine, prompt)
+    return 0
+
+
+def prefill_until(stop: threading.Event, engine, prompt) -> None:
+    from shared.sampling.params import SamplingParams
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     announced = False
     while not stop.is_set():
-        engine.add_request([rng.randrange(3, vocab) for _ in range(args.prompt_tokens)], params)
+        engine.add_request(prompt(), params)
         while engine.has_unfinished_requests():
             engine.step()
         if not announced:
             print("ready", flush=True)
             announced = True
-    return 0
+
+
+def decode_until(stop: threading.Event, engine, prompt, batch_size: int) -> None:
+    """Keep `batch_size` sequences decoding (a finished one is replaced by a new prompt)."""
+    from shared.sampling.params import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
+    scheduler = engine.core.scheduler
+    announced = False
+    while not stop.is_set():
+        while scheduler.num_unfinished < batch_size:
+            engine.add_request(prompt(), params)
+        engine.step()
+        if not announced and not scheduler.waiting and len(scheduler.running) >= batch_size:
+            print("ready", flush=True)
+            announced = True
 
 
 if __name__ == "__main__":

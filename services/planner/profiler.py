@@ -7,6 +7,7 @@ Prompts are random token ids (EOS ignored), each with its own seed so that fresh
 hit the prefix cache; a hit is measured by re-sending a prompt that shares a known prefix.
 """
 
+import contextlib
 import logging
 import os
 import random
@@ -144,33 +145,45 @@ class Profiler:
 
     def measure_colocated_slowdown(self, neighbour_command: list[str], prefill: list[PrefillPoint],
                                    decode: list[DecodePoint]) -> float:
-        """Median ratio of the chosen points' times beside a busy neighbour to their times alone."""
+        """Median ratio of the chosen points' times beside a busy neighbour to their times alone.
+        A P/D host pairs the two loads: prefill points are measured beside a neighbour that
+        decodes (`--work decode`), decode points beside one that prefills (`neighbour_command`)."""
         alone_prefill = {p.prompt_tokens: p.seconds for p in prefill if p.cached_tokens == 0}
         alone_decode = {(p.batch_size, p.context_tokens): p.seconds for p in decode}
-        neighbour = subprocess.Popen(neighbour_command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            if neighbour.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"the busy neighbour {neighbour_command} exited before it was ready")
-            ratios = []
-            for length in self.plan.colocated_prompts:
-                seconds = statistics.median(self._time_to_finish(self.random_prompt(length))
-                                            for _ in range(self.plan.repeats))
-                ratios.append(seconds / alone_prefill[length])
-                logger.info("beside a busy neighbour: prefill %d tokens %.1f ms (x%.2f)", length, seconds * 1e3,
-                            ratios[-1])
-            for batch_size, context in self.plan.colocated_decode:
-                seconds = self._decode_step_seconds(batch_size, context)
-                ratios.append(seconds / alone_decode[(batch_size, context)])
-                logger.info("beside a busy neighbour: decode batch %d at %d tokens %.1f ms (x%.2f)", batch_size,
-                            context, seconds * 1e3, ratios[-1])
-        finally:
-            neighbour.stdin.close()
-            try:
-                neighbour.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                neighbour.kill()
-                neighbour.wait()
+        ratios = []
+        if self.plan.colocated_prompts:
+            with _busy_neighbour([*neighbour_command, "--work", "decode"]):
+                for length in self.plan.colocated_prompts:
+                    seconds = statistics.median(self._time_to_finish(self.random_prompt(length))
+                                                for _ in range(self.plan.repeats))
+                    ratios.append(seconds / alone_prefill[length])
+                    logger.info("beside a decoding neighbour: prefill %d tokens %.1f ms (x%.2f)", length,
+                                seconds * 1e3, ratios[-1])
+        if self.plan.colocated_decode:
+            with _busy_neighbour(neighbour_command):
+                for batch_size, context in self.plan.colocated_decode:
+                    seconds = self._decode_step_seconds(batch_size, context)
+                    ratios.append(seconds / alone_decode[(batch_size, context)])
+                    logger.info("beside a prefilling neighbour: decode batch %d at %d tokens %.1f ms (x%.2f)",
+                                batch_size, context, seconds * 1e3, ratios[-1])
         return max(1.0, statistics.median(ratios))
+
+
+@contextlib.contextmanager
+def _busy_neighbour(command: list[str]):
+    """A neighbour process at work for the duration of the block (stopped by closing its stdin)."""
+    neighbour = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if neighbour.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the busy neighbour {command} exited before it was ready")
+        yield
+    finally:
+        neighbour.stdin.close()
+        try:
+            neighbour.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            neighbour.kill()
+            neighbour.wait()
 
 
 def neighbour_command_for(model: str | None, dtype: str, num_threads: int | None,
