@@ -124,9 +124,15 @@ def test_sigterm_drains_a_prefill_and_nothing_fails(stack):
 
 
 def test_sigterm_drains_a_decode_hands_back_what_outlasts_the_drain_and_nothing_fails(stack):
-    """Streams of 40 tokens outlast decode-0's 3 s drain: the rest of each moves elsewhere."""
+    """decode-0 gets SIGTERM while it streams; streams of 160 tokens (several seconds even on a
+    fast CPU) outlast its 3 s drain: the rest of each moves elsewhere."""
+    def sigterm_decode_0_while_it_streams():
+        stack.wait_for(lambda: getattr(stack.statuses("decode").get("decode-0"), "num_running", 0) > 0, 60.0,
+                       "decode-0 to stream", 0.02)
+        signal_child(stack, "decode-0", signal.SIGTERM)
+
     before = restarts(stack, "decode-0")
-    run_with_fault(stack, lambda: signal_child(stack, "decode-0", signal.SIGTERM), seed=6, max_tokens=40)
+    run_with_fault(stack, sigterm_decode_0_while_it_streams, seed=6, max_tokens=160)
     stack.wait_for(lambda: restarts(stack, "decode-0") == before + 1, 120.0, "decode-0 back after its drain")
     log = next(child for child in stack.stack.instances if child.name == "decode-0").log_path.read_text()
     assert "handing it back" in log
