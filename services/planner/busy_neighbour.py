@@ -61,16 +61,21 @@ def prefill_until(stop: threading.Event, engine, prompt) -> None:
 
 
 def decode_until(stop: threading.Event, engine, prompt, batch_size: int) -> None:
-    """Keep `batch_size` sequences decoding (a finished one is replaced by a new prompt)."""
+    """Keep `batch_size` sequences decoding (a finished one is replaced by a new prompt); at
+    work once every sequence has produced a token."""
     from shared.sampling.params import SamplingParams
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
-    scheduler = engine.core.scheduler
+    in_flight, producing = set(), set()
     announced = False
     while not stop.is_set():
-        while scheduler.num_unfinished < batch_size:
-            engine.add_request(prompt(), params)
-        engine.step()
-        if not announced and not scheduler.waiting and len(scheduler.running) >= batch_size:
+        while len(in_flight) < batch_size:
+            in_flight.add(engine.add_request(prompt(), params))
+        for output in engine.step():
+            producing.add(output.request_id)
+            if output.finished:
+                in_flight.discard(output.request_id)
+                producing.discard(output.request_id)
+        if not announced and in_flight <= producing:
             print("ready", flush=True)
             announced = True
 
