@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
-from shared.native.cpu_matmul import cpu_matmul_dtype
 from shared.attention.torch_paged_step import (
     DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, segment_native_inputs,
     plan_decode_groups, plan_prefill_chunks)
+from shared.native.cpu_matmul import cpu_matmul_dtype
 
 # Above this many KV heads the flat kernel's masked-out work outgrows its savings.
 FLAT_DECODE_MAX_KV_HEADS = 4
@@ -76,8 +76,9 @@ class TorchPagedAttention(AttentionBackend):
             inputs = segment_native_inputs(metadata, block_size)
             return TorchPagedStep(metadata.slot_mapping, int(inputs.query_lens.sum()), [], [], inputs)
         chunks = plan_prefill_chunks(metadata, block_size)
+        prompt_dtype = cpu_matmul_dtype(dtype)  # fp32 for bf16 on a CPU without bf16 hardware
         for chunk in chunks:
-            chunk.score_bias = additive_mask(chunk.causal_mask, dtype)
+            chunk.score_bias = additive_mask(chunk.causal_mask, prompt_dtype)
         if metadata.num_decode_tokens and self.uses_native_decode(block_size, dtype):
             native_inputs = NativeDecodeInputs.from_metadata(metadata)
             return TorchPagedStep(metadata.slot_mapping, metadata.num_decode_tokens, [], chunks, native_inputs)
@@ -141,7 +142,7 @@ class TorchPagedAttention(AttentionBackend):
         heads (cheap next to the scores). Query rows go a piece at a time, each piece against
         only the keys its last row may see, which skips most of the causally masked work and
         bounds the scores' memory."""
-        compute = _matmul_dtype(query)
+        compute = chunk.score_bias.dtype  # the dtype prompt attention computes in (`prepare`)
         keys = key_cache.index_select(0, chunk.block_ids).flatten(0, 1)[:chunk.context_len]
         values = value_cache.index_select(0, chunk.block_ids).flatten(0, 1)[:chunk.context_len]
         keys_t = keys.permute(1, 2, 0).repeat_interleave(self.num_queries_per_kv, dim=0).to(compute)
@@ -153,7 +154,7 @@ class TorchPagedAttention(AttentionBackend):
         for start in range(0, chunk.query_len, piece):
             stop = min(start + piece, chunk.query_len)
             visible = num_cached + stop
-            scores = torch.baddbmm(chunk.score_bias[start:stop, :visible].to(compute), queries[:, start:stop],
+            scores = torch.baddbmm(chunk.score_bias[start:stop, :visible], queries[:, start:stop],
                                    keys_t[:, :, :visible], alpha=self.scale)
             torch.bmm(torch.softmax(scores, dim=-1), values[:, :visible], out=output[:, start:stop])
         return output.transpose(0, 1).to(query.dtype)
@@ -168,11 +169,6 @@ class TorchPagedAttention(AttentionBackend):
         is_own_kv_head = kv_head_of_query[:, None] == torch.arange(self.num_kv_heads)
         allowed = is_in_context[:, None, :, None] & is_own_kv_head[None, :, None, :]
         return additive_mask(allowed.flatten(2), dtype)
-
-
-def _matmul_dtype(query: torch.Tensor) -> torch.dtype:
-    """bf16 prompt attention computes in fp32 on a CPU without bf16 hardware (shared.native.cpu_matmul)."""
-    return cpu_matmul_dtype(query.dtype) if query.device.type == "cpu" else query.dtype
 
 
 def _native_decode_for(decode_kernel: str) -> NativePagedDecode | None:

@@ -48,7 +48,8 @@ class PrefillChunk:
     # (query_len, context_len) True where a row may attend: causal, offset by the
     # context_len - query_len tokens cached before this chunk.
     causal_mask: torch.Tensor
-    # Additive 0 / -inf form of causal_mask in the model's dtype, set by the backend.
+    # Additive 0 / -inf form of causal_mask in the dtype prompt attention computes in, set by
+    # the backend.
     score_bias: torch.Tensor | None = None
 
 
