@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import resource
+import statistics
 import time
 import urllib.request
 from pathlib import Path
@@ -151,7 +152,7 @@ def main() -> None:
         warm_arrivals, warm_prompts = poisson_workload(1.0, 8.0, token_ids, args.seed - 1, args)  # not recorded
         asyncio.run(send_all(stack.gateway_address, warm_arrivals, warm_prompts, time.perf_counter()))
         lone = lone_requests(stack, args, token_ids)
-        print(f"lone requests: TTFT median {sorted(r['chunk_times_s'][0] for r in lone)[len(lone) // 2]:.3f} s", flush=True)
+        print(f"lone requests: TTFT median {statistics.median(r['chunk_times_s'][0] for r in lone):.3f} s", flush=True)
         for rate in args.rates:
             results.append(run_rate(stack, rate, args, token_ids))
             (args.out / "runs.json").write_text(json.dumps({"host_cores": len(os.sched_getaffinity(0)),

@@ -143,7 +143,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     profile.save(args.out / "profile-with-overhead.json")  # what the planner and `pdserve simulate` should use
     rows = compare(runs, profile)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sim-validation.json").write_text(json.dumps(rows, indent=1) + "\n")
     plot(rows, args.out / "sim-validation.png")
     print(markdown(rows))

@@ -18,9 +18,9 @@ import logging
 import torch
 from torch import nn
 
-from shared.native.cpu_matmul import cpu_matmul_dtype
 from shared.model.llama import LlamaMLP
 from shared.model.row_buckets import pad_rows
+from shared.native.cpu_matmul import cpu_matmul_dtype
 
 logger = logging.getLogger(__name__)
 
