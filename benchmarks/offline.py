@@ -268,8 +268,10 @@ def print_kv_memory(kv: dict[str, float], num_prompts: int) -> None:
           + f"{kv['static_max_request_len_mib']:>9.1f} MiB")
 
 
-def main() -> None:
-    args = parse_args()
+def load_workload(args: argparse.Namespace) -> tuple[Path, list[list[int]]]:
+    """Set the thread count (--num-threads, else the CPUs this process may use) and return the
+    model folder and the benchmark's prompts (--model, --num-prompts, --seed), printing what they
+    are; `benchmarks.step_overhead` runs the same workload."""
     torch.set_num_threads(args.num_threads or cpu_budget())
     from transformers import AutoTokenizer
 
@@ -279,6 +281,12 @@ def main() -> None:
     prompt_ids = build_prompt_ids(AutoTokenizer.from_pretrained(model_dir), args.num_prompts, args.seed)
     print(f"{args.num_prompts} prompts, {sum(map(len, prompt_ids))} prompt tokens, "
           f"{args.output_len} output tokens each, dtype {args.dtype}, {torch.get_num_threads()} threads")
+    return model_dir, prompt_ids
+
+
+def main() -> None:
+    args = parse_args()
+    model_dir, prompt_ids = load_workload(args)
     if args.parallel is not None:
         from benchmarks.parallel_rows import parse_layouts, run_parallel_rows
         rows = run_parallel_rows(model_dir, prompt_ids, args.dtype, args.output_len, parse_layouts(args.parallel))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from shared.model.cpu_budget import cpu_budget, prefer_bounded_spinning  # noqa: E402
+from shared.model.cpu_budget import prefer_bounded_spinning  # noqa: E402
 
 prefer_bounded_spinning()  # before torch loads the OpenMP runtime
 
@@ -160,17 +160,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.num_threads or cpu_budget())
-    from transformers import AutoTokenizer
-
-    from benchmarks.offline import build_prompt_ids
+    from benchmarks.offline import load_workload
     from shared.engine import LLM, SamplingParams
-    from shared.model.default_model import resolve_model
 
-    model_dir = resolve_model(args.model)
-    prompt_ids = build_prompt_ids(AutoTokenizer.from_pretrained(model_dir), args.num_prompts, args.seed)
-    print(f"{args.num_prompts} prompts, {sum(map(len, prompt_ids))} prompt tokens, {args.output_len} output "
-          f"tokens each, dtype {args.dtype}, {torch.get_num_threads()} threads")
+    model_dir, prompt_ids = load_workload(args)
     llm = LLM(model=str(model_dir), dtype=args.dtype, num_threads=torch.get_num_threads())
     llm.generate([ids[:16] for ids in prompt_ids[:2]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     timer = StepTimer()
