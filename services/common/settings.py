@@ -97,6 +97,9 @@ class InstanceSettings(ServiceSettings):
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
     kv_staging_max_mb: float = _setting(128.0, "free KV-transfer staging buffers kept for reuse, MiB "
                                                "(sender and receiver each)", ge=0)
+    kv_send_wait_ms: float = _setting(30.0, "a prefill step that started KV sends waits up to this long for them to "
+                                            "end, so those prompts are answered with it, not after the next step's "
+                                            "compute (0 = never wait)", ge=0)
     onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches", gt=0)
     idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
                                                  "at most this often (0 = never)", ge=0)

@@ -258,6 +258,9 @@ class AsyncEngine:
                 if self.on_loop is not None:
                     self._notify(self.on_loop, is_idle)
                 self._run_commands(block=is_idle)
+                # transfers that ended during the last step go out before the next one computes
+                self._dispatch(self._engine.poll_kv_transfers())
+                self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
                 self._dispatch(self._engine.step())
                 self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
         except BaseException as error:  # noqa: BLE001 - fail every stream, then stop

@@ -277,6 +277,7 @@ class EngineCore:
         sent = self.poll_kv_transfers()
         if not self.scheduler.num_unfinished and not self._in_flight:
             return sent
+        awaiting_send = set(self._outputs_awaiting_send)
         if self.connector is not None:
             self.connector.start_load_kv()
         if self.executor.max_concurrent_batches > 1:
@@ -286,7 +287,18 @@ class EngineCore:
             outputs = self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
         if self.connector is not None:
             self.connector.wait_for_save()
+            outputs += self._sends_ended_in_step(self._outputs_awaiting_send.keys() - awaiting_send)
         return sent + outputs
+
+    def _sends_ended_in_step(self, started: set[str]) -> list[EngineCoreOutput]:
+        """The final outputs of requests whose KV send this step started (`started`) and that
+        end within the connector's `send_wait_s` (a few ms on a fast link). Otherwise they
+        would go out after the next step: new requests may already wait in the service's
+        queue, and their compute can take a whole prompt's time."""
+        if not started:
+            return []
+        self.connector.wait_for_sends(started, self.connector.config.send_wait_s)
+        return self.poll_kv_transfers()
 
     def _schedule(self) -> tuple[SchedulerOutput, dict[str, str]]:
         """The next batch, and the requests whose guided masks failed (by id, with the error)."""

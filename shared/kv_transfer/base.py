@@ -31,7 +31,7 @@ engine thread polls `get_finished`; `shutdown()` once. `stats()` may be called f
 """
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 import torch
@@ -116,6 +116,10 @@ class KVConnector(ABC):
 
     def wait_for_save(self) -> None:
         """After a step: every save it started is done with the step's buffers."""
+
+    def wait_for_sends(self, request_ids: Collection[str], timeout_s: float) -> None:
+        """Block until none of `request_ids` is still being sent, or `timeout_s` has passed
+        (a connector whose sends end within `request_finished` returns at once)."""
 
     @abstractmethod
     def get_finished(self) -> FinishedTransfers:

@@ -5,6 +5,8 @@ import enum
 from dataclasses import dataclass, field
 
 DEFAULT_MAX_STAGING_BYTES = 256 << 20
+# Loopback sends of a few MB end in ~5-25 ms (docs/autoscaling.md, section 6).
+DEFAULT_SEND_WAIT_S = 0.03
 
 
 class KVConnectorRole(enum.Enum):
@@ -29,6 +31,9 @@ class KVTransferConfig:
     host: str = "127.0.0.1"             # the address a consumer advertises to producers
     port: int = 0                       # 0: a free port
     max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES
+    # A producer's step that started sends waits up to this long for them to end, so their
+    # requests' final outputs go out with it rather than after the next step (0: never wait).
+    send_wait_s: float = DEFAULT_SEND_WAIT_S
 
 
 @dataclass(frozen=True)

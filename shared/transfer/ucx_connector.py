@@ -19,6 +19,7 @@ import asyncio
 import functools
 import logging
 import threading
+from collections.abc import Collection
 
 from shared.kv_transfer.base import KVCacheAccess, KVConnector
 from shared.kv_transfer.types import (
@@ -45,6 +46,7 @@ class UCXConnector(KVConnector):
         self._sending: set[str] = set()  # sends started and not ended (any thread reads it)
         self._send_tasks: dict[str, asyncio.Task] = {}  # on the transfer loop
         self._lock = threading.Lock()
+        self._send_ended = threading.Condition(self._lock)
         self._sent: list[KVTransferOutcome] = []
         self._received: list[KVTransferOutcome] = []
 
@@ -141,7 +143,8 @@ class UCXConnector(KVConnector):
         if send is None:
             return False
         source, layout, src_block_ids = self.kv_access.blocks_for_send(block_ids[send.num_skip_blocks:])
-        self._sending.add(request_id)
+        with self._lock:
+            self._sending.add(request_id)
         self._loop.call_soon_threadsafe(self._start_send, request_id, send, source, layout, src_block_ids)
         return True
 
@@ -155,7 +158,8 @@ class UCXConnector(KVConnector):
 
     def _on_send_done(self, request_id: str, task: asyncio.Task) -> None:
         self._send_tasks.pop(request_id, None)
-        self._sending.discard(request_id)
+        with self._lock:
+            self._sending.discard(request_id)
         if task.cancelled():
             outcome = KVTransferOutcome(request_id, error="the send was abandoned (request aborted)")
         elif task.exception() is not None:
@@ -184,9 +188,14 @@ class UCXConnector(KVConnector):
             received, self._received = self._received, []
         return FinishedTransfers(tuple(sent), tuple(received))
 
+    def wait_for_sends(self, request_ids: Collection[str], timeout_s: float) -> None:
+        with self._send_ended:
+            self._send_ended.wait_for(lambda: self._sending.isdisjoint(request_ids), timeout=timeout_s)
+
     def _report(self, outcomes: list[KVTransferOutcome], outcome: KVTransferOutcome) -> None:
         with self._lock:
             outcomes.append(outcome)
+            self._send_ended.notify_all()
         self._wakeup()
 
 

@@ -9,7 +9,7 @@ IN_MEMORY = "shared.kv_transfer.in_memory:InMemoryConnector"
 
 def connected_llm(folder, role: KVConnectorRole = KVConnectorRole.BOTH, **kwargs) -> LLM:
     return LLM(model=str(folder), dtype="float32", num_blocks=kwargs.pop("num_blocks", 32),
-               kv_transfer=KVTransferConfig(IN_MEMORY, role), **kwargs)
+               kv_transfer=kwargs.pop("kv_transfer", KVTransferConfig(IN_MEMORY, role)), **kwargs)
 
 
 def send_params(consumer: LLMEngine, reservation: Reservation, consumer_id: str) -> KVSendParams:

@@ -11,9 +11,10 @@ from shared.engine.client import CacheSettings
 from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info
 from shared.errors import InvalidRequestError
-from shared.kv_transfer.types import KVConnectorRole
+from shared.kv_transfer.types import FinishedTransfers, KVConnectorRole, KVTransferConfig
 from tests.unit.kv_split import connected_llm, first_token_params, run_prefill, run_split, send_params
 
+UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
 PROMPT = list(range(30, 67))  # 37 tokens: 2 full blocks of 16 and a partial one
 
 
@@ -111,12 +112,24 @@ def test_aborting_a_request_whose_kv_is_being_sent_frees_its_blocks_once_sent(ti
     llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
     engine = llm.engine
     reservation = engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
+    # The in-memory copy ends at once; its end is held back here, as a slow network send's is.
+    real_get_finished, held = engine.connector.get_finished, []
+
+    def get_finished_but_sends():
+        finished = real_get_finished()
+        held.extend(finished.sending)
+        return FinishedTransfers((), finished.receiving)
+    engine.connector.get_finished = get_finished_but_sends
     engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
                        kv_send=send_params(engine, reservation, "d"))
     while "p" not in engine.scheduler.sending:
         assert not [o for o in engine.step() if o.request_id == "p"]
     assert engine.abort_request("p") is None
     engine.step()
+    assert "p" in engine.scheduler.sending  # its blocks are still being read
+    engine.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
+    engine.step()  # the send ends
+    engine.connector.get_finished = real_get_finished
     assert "p" not in engine.scheduler.sending and not engine.scheduler.requests.get("p")
     engine.abort_request("d")
     assert_pool_is_whole(llm)
@@ -163,3 +176,26 @@ def test_cache_settings_say_what_a_peer_must_share(tiny_llama_folder):
     assert engine_info(llm.engine).cache == CacheSettings(
         model_id=tiny_llama_folder.name, block_size=8, prefix_hash_algo="blake2b", dtype="float32",
         kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;head_dim=16", tensor_parallel_size=1)
+
+
+@pytest.mark.parametrize("connector", ["in_memory", "ucx"])
+def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_llama_folder, connector):
+    # The prefill service answers the gateway on this output: it must not wait for the next
+    # step's compute. A send that ends within the connector's send wait (at once in memory, a
+    # few ms over UCX; 30 s here so the test cannot race) goes out with the step that started it.
+    kwargs = {} if connector == "in_memory" else {"kv_transfer": KVTransferConfig(
+        UCX_CONNECTOR, KVConnectorRole.BOTH, send_wait_s=30.0)}
+    llm = connected_llm(tiny_llama_folder, enable_prefix_caching=False, **kwargs)
+    try:
+        engine = llm.engine
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        reservation = engine.reserve_request(PROMPT, params, "d")
+        engine.add_request(PROMPT, first_token_params(params), "p", kv_send=send_params(engine, reservation, "d"))
+        [output] = [output for output in engine.step() if output.request_id == "p"]
+        assert output.finished and output.kv_transfer is not None, output.kv_transfer_error
+        engine.step()
+        assert engine.drain_kv_arrivals() == [("d", None)]
+        engine.abort_request("d")
+        assert_pool_is_whole(llm)
+    finally:
+        llm.engine.shutdown()

@@ -115,10 +115,23 @@ class CoreLoop:
         timeout = 0 if is_stepping else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
         changed = self._wait_and_handle_messages(timeout)
         changed = self._admit_compiled() or changed
+        self._send_transfers_ended()
         outputs = self.core.step()  # applies finished KV transfers first; no-op when idle
-        arrivals = [KVArrival(request_id, error) for request_id, error in self.core.drain_kv_arrivals()]
+        arrivals = self._kv_arrivals()
         if outputs or arrivals or changed or is_stepping:
             self._send(self._step_outputs(outputs, arrivals))
+
+    def _send_transfers_ended(self) -> None:
+        """KV that arrived or was sent while the last step ran, reported before the next step
+        computes: a decode service starts a request once its KV has arrived, and a prefill
+        service answers once the KV is sent; neither should wait for another step."""
+        outputs = self.core.poll_kv_transfers()
+        arrivals = self._kv_arrivals()
+        if outputs or arrivals:
+            self._send(self._step_outputs(outputs, arrivals))
+
+    def _kv_arrivals(self) -> list[KVArrival]:
+        return [KVArrival(request_id, error) for request_id, error in self.core.drain_kv_arrivals()]
 
     def _step_outputs(self, outputs: list, arrivals: list[KVArrival] | None = None) -> StepOutputs:
         """The outputs with the load, and the status when due or when the core went idle."""
