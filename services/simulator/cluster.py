@@ -1,8 +1,9 @@
 """ClusterSim: a discrete-event simulation of a P/D cluster. Requests arrive, the gateway
-routes each prompt to the prefill instance that finishes it first (its backlog plus the
-prompt's cost there, so a cached prefix counts), the KV moves to the decode instance with
-the most free KV (in the profiled transfer time), decode instances batch continuously (a
-request joins, and its first token streams, between two steps), and a
+reserves on the decode instance with the most free KV (answered at that instance's next step
+boundary), routes the prompt to the prefill instance that finishes it first (its backlog plus
+the prompt's cost there, so a cached prefix counts), the KV moves to the decode instance (in
+the profiled transfer time), decode instances batch continuously (the engine notes the KV at
+one step boundary and starts the request, streaming its first token, at the next), and a
 scaler resizes both pools every interval (new instances serve after `startup_s`; removed ones
 drain first).
 
@@ -64,6 +65,7 @@ class ClusterSim:
         self._names = itertools.count()
         self._routable_decode: list[DecodeSim] | None = None
         self._routable_until = 0.0
+        self._decode_of: dict[int, DecodeSim] = {}  # request id -> the decode instance it reserved on
         self.now = 0.0
         self.resize("prefill", num_prefill, startup_s=0.0)
         self.resize("decode", num_decode, startup_s=0.0)
@@ -110,6 +112,19 @@ class ClusterSim:
 
     def _arrive(self, request: SimRequest, _) -> None:
         self.recorder.on_arrival(request)
+        candidates = self._decode_candidates()
+        if len(candidates) > EXACT_DECODE_CHOICE:  # large pools: the best of a few random ones
+            candidates = self._rng.sample(candidates, DECODE_CHOICES)
+        decode = max(candidates, key=DecodeSim.preference)
+        decode.reserve(request)
+        self._decode_of[request.request_id] = decode
+        if decode.is_stepping:
+            decode.reserving.append(request)
+        else:
+            self._reserved(request)
+
+    def _reserved(self, request: SimRequest) -> None:
+        """Its decode instance answered the Reserve: the prompt goes to a prefill instance."""
         target = self.router.choose(request.prefix_id, lambda p: max(p.busy_until, p.life.ready_s, self.now)
                                     + self.profile.prefill_s(request.prompt_tokens, p.cached_tokens(request)))
         is_new_prefix = request.prefix_id is not None and request.prefix_id not in target.cached_prefixes
@@ -162,11 +177,8 @@ class ClusterSim:
         return self._routable_decode or [d for d in self.decode if not d.life.draining and d.life.stopped_s is None]
 
     def _kv_arrived(self, request: SimRequest, _) -> None:
-        candidates = self._decode_candidates()
-        if len(candidates) > EXACT_DECODE_CHOICE:  # large pools: the best of a few random ones
-            candidates = self._rng.sample(candidates, DECODE_CHOICES)
-        target = max(candidates, key=lambda d: (d.free_kv() - 1_000_000 * len(d.waiting), -d.load()))
-        target.waiting.append(request)
+        target = self._decode_of.pop(request.request_id)
+        target.landed.append(request)
         if not target.is_stepping:  # the step starts once every arrival of this instant is in
             target.is_stepping = True
             self.schedule(self.now, "decode_wake", target)
@@ -176,7 +188,15 @@ class ClusterSim:
             instance.is_stepping = True  # until it is ready
             self.schedule(instance.life.ready_s, "decode_wake", instance)
             return
-        for request in instance.admit_waiting():  # its first token streams now, between steps
+        reserving, instance.reserving = instance.reserving, []
+        for request in reserving:
+            self._reserved(request)
+        started = instance.admit_waiting()  # noted at the last boundary: started now
+        instance.waiting += instance.landed  # noted now: started at the next boundary ...
+        instance.landed = []
+        if not instance.running:  # ... or at once by an idle engine
+            started += instance.admit_waiting()
+        for request in started:  # its first token streams now, between steps
             self.recorder.on_first_token(request, self.now)
         if not instance.running:
             instance.is_stepping = False

@@ -6,7 +6,9 @@ once plus each prompt's per-token and attention time, and all of them finish whe
 It remembers which common prefixes it has cached. `busy_until` is when it would be free if
 every queued prompt ran alone (what the gateway's choice uses: an upper bound).
 DecodeSim: continuous batching. Sequences join at a step boundary and leave when done; a step
-lasts decode_step_s(batch, mean context). Bookkeeping is O(1) per step plus O(1) per
+lasts decode_step_s(batch, mean context). Its engine answers the gateway's Reserve, notes a
+prompt's KV landing, and starts the request (the Decode call that follows that notice) each
+at a step boundary, as the engine-core loop does; when idle, at once. Bookkeeping is O(1) per step plus O(1) per
 finishing sequence: each sequence's finish step is known when it joins, and the running
 context sum follows from the joins."""
 
@@ -84,7 +86,11 @@ class DecodeSim:
         self.step = 0
         self.running: dict[int, Sequence] = {}
         self.finishing: list[tuple[int, int]] = []  # (finish step, request id)
-        self.waiting: list[SimRequest] = []
+        self.reserving: list[SimRequest] = []  # Reserve calls, answered at the next boundary
+        self.landed: list[SimRequest] = []  # KV landed, noted at the next boundary
+        self.waiting: list[SimRequest] = []  # noted; started (first token) at the next boundary
+        self.num_pending = 0  # reserved, not yet started
+        self.pending_tokens = 0
         self.kv_reserved = 0
         self.sum_prompt = 0
         self.sum_join = 0
@@ -99,6 +105,14 @@ class DecodeSim:
     def free_kv(self) -> int:
         return self.profile.kv_capacity_tokens - self.kv_reserved
 
+    def reserve(self, request: SimRequest) -> None:
+        self.num_pending += 1
+        self.pending_tokens += request.prompt_tokens + request.output_tokens
+
+    def preference(self) -> tuple[int, int]:
+        """The gateway reserves on the decode instance with the most free KV, then the least load."""
+        return self.free_kv() - self.pending_tokens, -(self.load() + self.num_pending)
+
     def _fits(self, request: SimRequest) -> bool:
         needed = request.prompt_tokens + request.output_tokens
         return len(self.running) < self.max_batch and needed <= self.free_kv()
@@ -110,6 +124,8 @@ class DecodeSim:
         while self.waiting and (self._fits(self.waiting[0]) or not self.running):
             request = self.waiting.pop(0)
             admitted.append(request)
+            self.num_pending -= 1
+            self.pending_tokens -= request.prompt_tokens + request.output_tokens
             finish = self.step + max(0, request.output_tokens - 1)
             self.running[request.request_id] = Sequence(request, self.step, finish)
             heapq.heappush(self.finishing, (finish, request.request_id))
