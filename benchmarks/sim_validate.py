@@ -3,7 +3,7 @@
 stack after a few unrecorded warm-up requests; every request's TTFT and token times are
 recorded, with each process's CPU seconds and the load average, so
 `benchmarks.sim_validate_report` can replay the same requests in the simulator and compare
-percentiles. Run it on a quiet machine (`/work/wt/quiet ...`).
+percentiles. Run it on a quiet machine: nothing else running.
 
     python -m benchmarks.sim_validate --rates 0.3 0.6 0.9 --duration 110 --out bench-results/sim-validate
 """
