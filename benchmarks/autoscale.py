@@ -33,7 +33,7 @@ logger = logging.getLogger("benchmarks.autoscale")
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=("autoscale", "fixed", "report"), required=True)
-    parser.add_argument("--profile", type=Path, default=Path("docs/autoscaling/profile-smollm2-cpu.json"))
+    parser.add_argument("--profile", type=Path, default=Path("docs/autoscaling/profile-smollm2-cpu-fp32.json"))
     parser.add_argument("--out", type=Path, default=Path("bench-results/autoscale"))
     parser.add_argument("--low", type=float, default=0.5)
     parser.add_argument("--high", type=float, default=4.0)

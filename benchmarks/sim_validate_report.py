@@ -5,7 +5,7 @@ transfer time, the shared-host CPU model: both instances on this host's cores, s
 profile's co-location factor) and the old one (separate machines, 1 GB/s transfer).
 
     python -m benchmarks.sim_validate_report --runs bench-results/sim-validate/runs.json \
-        --profile docs/autoscaling/profile-smollm2-cpu.json --out docs/autoscaling
+        --profile docs/autoscaling/profile-smollm2-cpu-fp32.json --out docs/autoscaling
 """
 
 import argparse
@@ -28,7 +28,7 @@ TOLERANCE = 0.25
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=Path("bench-results/sim-validate/runs.json"))
-    parser.add_argument("--profile", type=Path, default=Path("docs/autoscaling/profile-smollm2-cpu.json"))
+    parser.add_argument("--profile", type=Path, default=Path("docs/autoscaling/profile-smollm2-cpu-fp32.json"))
     parser.add_argument("--out", type=Path, default=Path("docs/autoscaling"))
     return parser.parse_args()
 

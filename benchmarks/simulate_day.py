@@ -2,8 +2,8 @@
 simulator, the planner against a fixed P:D sized for the peak (the least-cost one at the
 peak rate). Writes a JSON and a plot of the rate and both pools over the day.
 
-    python -m benchmarks.simulate_day --profile docs/autoscaling/profile-smollm2-cpu.json --peak 1 \
-        --prompt-median 128 --ttft-slo 4
+    python -m benchmarks.simulate_day --profile docs/autoscaling/profile-smollm2-cpu-fp32.json --peak 16 \
+        --prompt-median 128 --ttft-slo 2 --itl-slo 0.2
 """
 
 import argparse
