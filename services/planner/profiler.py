@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from shared.engine.introspection import engine_info
 from shared.engine.llm import engine_config_from_kwargs
 from shared.engine.llm_engine import LLMEngine
 from shared.sampling.params import SamplingParams
@@ -72,10 +73,10 @@ class Profiler:
         slowdown = 1.0
         if neighbour_command and (self.plan.colocated_prompts or self.plan.colocated_decode):
             slowdown = self.measure_colocated_slowdown(neighbour_command, prefill, decode)
-        pool = self.engine.block_pool
-        block_size = self.engine.kv_manager.block_size
+        info = engine_info(self.engine)
+        block_size = info.cache.block_size
         return PerfProfile(model=model, dtype=dtype, num_threads=num_threads, block_size=block_size,
-                           kv_capacity_tokens=pool.num_blocks * block_size, prefill=prefill, decode=decode,
+                           kv_capacity_tokens=info.num_blocks * block_size, prefill=prefill, decode=decode,
                            transfer=transfer, host_cores=len(os.sched_getaffinity(0)), colocated_slowdown=slowdown)
 
     # ---- prefill -------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class Profiler:
         return points
 
     def measure_prefix_hits(self) -> list[PrefillPoint]:
-        length, block_size = self.plan.hit_prompt_length, self.engine.kv_manager.block_size
+        length, block_size = self.plan.hit_prompt_length, engine_info(self.engine).cache.block_size
         points = []
         for fraction in self.plan.hit_fractions:
             cached = int(length * fraction) // block_size * block_size
