@@ -55,9 +55,10 @@ QUICK_PLAN = ProfilePlan(prompt_lengths=(8, 16, 32, 64), hit_fractions=(0.5,), h
 class Profiler:
     def __init__(self, engine: LLMEngine, plan: ProfilePlan, seed: int = 0):
         self.engine = engine
+        self.info = engine_info(engine)
         self.plan = plan
         self.rng = random.Random(seed)
-        self.vocab_size = engine.model_config.vocab_size
+        self.vocab_size = self.info.vocab_size
 
     def random_prompt(self, length: int) -> list[int]:
         return [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
@@ -73,10 +74,9 @@ class Profiler:
         slowdown = 1.0
         if neighbour_command and (self.plan.colocated_prompts or self.plan.colocated_decode):
             slowdown = self.measure_colocated_slowdown(neighbour_command, prefill, decode)
-        info = engine_info(self.engine)
-        block_size = info.cache.block_size
+        block_size = self.info.cache.block_size
         return PerfProfile(model=model, dtype=dtype, num_threads=num_threads, block_size=block_size,
-                           kv_capacity_tokens=info.num_blocks * block_size, prefill=prefill, decode=decode,
+                           kv_capacity_tokens=self.info.num_blocks * block_size, prefill=prefill, decode=decode,
                            transfer=transfer, host_cores=len(os.sched_getaffinity(0)), colocated_slowdown=slowdown)
 
     # ---- prefill -------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class Profiler:
         return points
 
     def measure_prefix_hits(self) -> list[PrefillPoint]:
-        length, block_size = self.plan.hit_prompt_length, engine_info(self.engine).cache.block_size
+        length, block_size = self.plan.hit_prompt_length, self.info.cache.block_size
         points = []
         for fraction in self.plan.hit_fractions:
             cached = int(length * fraction) // block_size * block_size

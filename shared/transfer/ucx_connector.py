@@ -127,7 +127,7 @@ class UCXConnector(KVConnector):
                 outcome = KVTransferOutcome(request_id, KVTransferResult(result.num_bytes, result.seconds))
             except KVTransferError as error:
                 outcome = KVTransferOutcome(request_id, error=str(error))
-            self._report(self._received, outcome)
+            self._report_received(outcome)
             self.receiver.expect(request_id, dst_block_ids, transfer_token)
 
     def _disarm(self, request_id: str) -> None:
@@ -158,8 +158,6 @@ class UCXConnector(KVConnector):
 
     def _on_send_done(self, request_id: str, task: asyncio.Task) -> None:
         self._send_tasks.pop(request_id, None)
-        with self._lock:
-            self._sending.discard(request_id)
         if task.cancelled():
             outcome = KVTransferOutcome(request_id, error="the send was abandoned (request aborted)")
         elif task.exception() is not None:
@@ -167,7 +165,11 @@ class UCXConnector(KVConnector):
         else:
             result = task.result()
             outcome = KVTransferOutcome(request_id, KVTransferResult(result.num_bytes, result.seconds))
-        self._report(self._sent, outcome)
+        with self._lock:  # together: a waiter that finds the send ended finds its outcome too
+            self._sending.discard(request_id)
+            self._sent.append(outcome)
+            self._send_ended.notify_all()
+        self._wakeup()
 
     def _cancel_send(self, request_id: str) -> None:
         task = self._send_tasks.get(request_id)
@@ -192,10 +194,9 @@ class UCXConnector(KVConnector):
         with self._send_ended:
             self._send_ended.wait_for(lambda: self._sending.isdisjoint(request_ids), timeout=timeout_s)
 
-    def _report(self, outcomes: list[KVTransferOutcome], outcome: KVTransferOutcome) -> None:
+    def _report_received(self, outcome: KVTransferOutcome) -> None:
         with self._lock:
-            outcomes.append(outcome)
-            self._send_ended.notify_all()
+            self._received.append(outcome)
         self._wakeup()
 
 
