@@ -66,14 +66,41 @@ class LegacyDecode:
         return output
 
 
+class UnforcedDecode:
+    """A kernel source with segments but before its path could be forced (no path argument)."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._functions = {torch.bfloat16: library.pdserve_paged_attention_bf16,
+                           torch.float32: library.pdserve_paged_attention_f32}
+        for function in self._functions.values():
+            function.restype = None
+            function.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+
+    def __call__(self, query, key_cache, value_cache, block_tables, context_lens, scale, query_lens=None):
+        output = torch.empty_like(query)
+        self._functions[query.dtype](
+            query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+            context_lens.data_ptr(), None if query_lens is None else query_lens.data_ptr(), output.data_ptr(),
+            block_tables.shape[0], NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, block_tables.shape[1], scale,
+            torch.get_num_threads())
+        return output
+
+
+def baseline_kernel(library: ctypes.CDLL):
+    """The wrapper for another version of the kernel source, by the entry points it has."""
+    if hasattr(library, "pdserve_paged_attention_path_available"):
+        return NativePagedDecode(library)
+    if hasattr(library, "pdserve_paged_attention_bf16"):
+        return UnforcedDecode(library)
+    return LegacyDecode(library)
+
+
 def load_kernels(baseline_source: Path | None) -> dict:
     kernels = {"this kernel": load_native_decode()}
     if kernels["this kernel"] is None:
         raise SystemExit("the native kernel did not build (needs g++; PDSERVE_NATIVE_KERNELS unset)")
     if baseline_source is not None:
-        library = ctypes.CDLL(str(shared_library(baseline_source.resolve())))
-        is_current = hasattr(library, "pdserve_paged_attention_bf16")
-        kernels["baseline"] = NativePagedDecode(library) if is_current else LegacyDecode(library)
+        kernels["baseline"] = baseline_kernel(ctypes.CDLL(str(shared_library(baseline_source.resolve()))))
     return kernels
 
 
@@ -125,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     kernels = load_kernels(args.baseline_source)
     result = {"threads": args.threads, "dtype": args.dtype, "batch": args.batch,
-              "path": kernels["this kernel"].path(HEAD_DIM, dtype), "stream_gbps": stream_gbps(), "decode": {}}
+              "path": kernels["this kernel"].path(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype), "stream_gbps": stream_gbps(), "decode": {}}
     print(f"streaming bandwidth {result['stream_gbps']:.1f} GB/s (read + written); "
           f"this kernel's path: {result['path']}; {args.threads} threads, {args.dtype}")
     print("\n| decode, batch %d | context | GB/s of K/V | share of streaming |\n| --- | --- | --- | --- |" % args.batch)

@@ -10,15 +10,22 @@ context tiles once for all its rows, each row with the arithmetic it would get a
 
 ctypes releases the GIL during the call; the kernel runs on `torch.get_num_threads()` OpenMP
 threads (the same libgomp runtime torch loaded).
+
+The kernel has four paths (portable, avx512f, avx512-bf16, amx; csrc/paged_decode.cpp's header
+says what each does). By default rows take the fastest one this build has for their shapes;
+`PDSERVE_CPU_ATTENTION_PATH=portable|avx512f|avx512-bf16|amx` forces one (an error where it
+cannot run those shapes), so every path this machine can execute is testable on it.
 """
 
 import ctypes
 import functools
 import logging
+import os
 from pathlib import Path
 
 import torch
 
+from shared.errors import ConfigurationError
 from shared.native.build import native_kernels_enabled, shared_library
 
 logger = logging.getLogger(__name__)
@@ -27,7 +34,19 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
 _POINTER_ARGS = 7
 _INT_ARGS = 6
 _ENTRY_POINTS = {torch.bfloat16: "pdserve_paged_attention_bf16", torch.float32: "pdserve_paged_attention_f32"}
-PATH_NAMES = ("portable", "avx512f", "avx512-bf16")
+# The kernel's path numbers, in order.
+PATH_NAMES = ("portable", "avx512f", "avx512-bf16", "amx")
+PATH_ENV_VAR = "PDSERVE_CPU_ATTENTION_PATH"
+
+
+def requested_path() -> str | None:
+    """The path PDSERVE_CPU_ATTENTION_PATH forces, or None for the fastest (unset or "auto")."""
+    choice = os.environ.get(PATH_ENV_VAR, "auto").strip().lower()
+    if choice == "auto":
+        return None
+    if choice not in PATH_NAMES:
+        raise ConfigurationError(PATH_ENV_VAR, f"must be auto or one of {list(PATH_NAMES)}, got {choice!r}")
+    return choice
 
 
 class NativePagedDecode:
@@ -40,26 +59,44 @@ class NativePagedDecode:
             function = getattr(library, name)
             function.restype = None
             function.argtypes = [ctypes.c_void_p] * _POINTER_ARGS + [ctypes.c_int] * _INT_ARGS + [
-                ctypes.c_float, ctypes.c_int]
+                ctypes.c_float, ctypes.c_int, ctypes.c_int]
             self._functions[dtype] = function
         self.max_head_dim = library.pdserve_paged_decode_max_head_dim()
         self.max_queries_per_kv = library.pdserve_paged_decode_max_queries_per_kv()
         self.max_block_size = library.pdserve_paged_decode_max_block_size()
-        self._path = library.pdserve_paged_attention_path
-        self._path.argtypes = [ctypes.c_int, ctypes.c_int]
+        self._path_available = library.pdserve_paged_attention_path_available
+        self._path_available.argtypes = [ctypes.c_int] * 5
+        self._available: dict[tuple[int, int, int, int], list[str]] = {}
 
     def supports(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                  dtype: torch.dtype) -> bool:
         return (dtype in self._functions and head_dim <= self.max_head_dim and block_size <= self.max_block_size
                 and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= self.max_queries_per_kv)
 
-    def path(self, head_dim: int, dtype: torch.dtype) -> str:
-        """The kernel path rows of this shape take on this build: portable, avx512f or avx512-bf16."""
-        return PATH_NAMES[self._path(head_dim, int(dtype == torch.bfloat16))]
+    def available_paths(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                        dtype: torch.dtype) -> list[str]:
+        """The paths this build can run rows of these shapes on, slowest first."""
+        key = (num_heads // num_kv_heads, head_dim, block_size, int(dtype == torch.bfloat16))
+        if key not in self._available:
+            self._available[key] = [name for number, name in enumerate(PATH_NAMES) if self._path_available(number, *key)]
+        return self._available[key]
+
+    def path(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> str:
+        """The path rows of these shapes take: PDSERVE_CPU_ATTENTION_PATH's, else the fastest."""
+        available = self.available_paths(num_heads, num_kv_heads, head_dim, block_size, dtype)
+        forced = requested_path()
+        if forced is None:
+            return available[-1]
+        if forced not in available:
+            raise ConfigurationError(PATH_ENV_VAR, f"the {forced} path cannot run heads={num_heads}, "
+                                                   f"kv_heads={num_kv_heads}, head_dim={head_dim}, "
+                                                   f"block_size={block_size}, dtype={dtype} here (available: "
+                                                   f"{', '.join(available)})")
+        return forced
 
     def __call__(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                 query_lens: torch.Tensor | None = None) -> torch.Tensor:
+                 query_lens: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
         """query (num_rows, num_heads, head_dim); caches (num_blocks, block_size, num_kv_heads,
         head_dim), contiguous; per segment, contiguous int32: block_tables (num_segments,
         max_blocks), context_lens (num_segments,) the context of the segment's last row, and
@@ -76,11 +113,15 @@ class NativePagedDecode:
         output = torch.empty_like(query)
         _, num_heads, head_dim = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
+        path = path or self.path(num_heads, num_kv_heads, head_dim, block_size, query.dtype)
+        if path not in self.available_paths(num_heads, num_kv_heads, head_dim, block_size, query.dtype):
+            raise ValueError(f"path: {path} cannot run heads={num_heads}, kv_heads={num_kv_heads}, "
+                             f"head_dim={head_dim}, block_size={block_size}, dtype={query.dtype} here")
         self._functions[query.dtype](
             query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
             context_lens.data_ptr(), None if query_lens is None else query_lens.data_ptr(), output.data_ptr(),
             num_segments, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1], scale,
-            torch.get_num_threads())
+            PATH_NAMES.index(path), torch.get_num_threads())
         return output
 
 

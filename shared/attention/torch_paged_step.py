@@ -45,11 +45,10 @@ class PrefillChunk:
     context_len: int
     # (ceil(context_len / block_size),) the blocks holding the context.
     block_ids: torch.Tensor
-    # (query_len, context_len) True where a row may attend: causal, offset by the
-    # context_len - query_len tokens cached before this chunk.
-    causal_mask: torch.Tensor
-    # Additive 0 / -inf form of causal_mask in the dtype prompt attention computes in, set by
-    # the backend.
+    # Set by the backend: the dtype prompt attention computes in, and for a chunk after cached
+    # tokens the additive 0 / -inf (query_len, context_len) mask letting row i see positions up
+    # to its own (None for a chunk that starts its sequence: plainly causal).
+    compute_dtype: torch.dtype | None = None
     score_bias: torch.Tensor | None = None
 
 
@@ -143,8 +142,7 @@ def plan_prefill_chunks(metadata: AttentionMetadata, block_size: int) -> list[Pr
     for query_len, context_len, block_table in zip(
             metadata.prefill_query_lens, metadata.prefill_context_lens, metadata.prefill_block_tables):
         num_blocks = math.ceil(context_len / block_size)
-        causal_mask = offset_causal_mask(query_len, context_len)
-        chunks.append(PrefillChunk(first_row, query_len, context_len, block_table[:num_blocks], causal_mask))
+        chunks.append(PrefillChunk(first_row, query_len, context_len, block_table[:num_blocks]))
         first_row += query_len
     return chunks
 

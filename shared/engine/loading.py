@@ -42,7 +42,8 @@ def build_engine_parts(config: EngineConfig):
     started = time.perf_counter()
     backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder),
                                      config.deterministic)
-    model, model_config = load_model(folder, dtype, device=device, attn_backend=backend)
+    model, model_config = load_model(folder, dtype, device=device, attn_backend=backend,
+                                     deterministic=config.deterministic)
     if config.deterministic:
         make_batch_invariant(model, config.scheduler.max_num_batched_tokens)
     tokenizer = load_tokenizer_if_present(folder)

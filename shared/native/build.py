@@ -2,7 +2,8 @@
 
 `shared_library(source)` is called by kernel loaders (shared/attention/native_decode.py). The
 library is built with the system C++ compiler (`$CXX`, else g++) for this CPU (-march=native)
-and cached under `<pdserve cache dir>/kernels/` keyed by the source text, the flags, the compiler
+and cached under `<pdserve cache dir>/kernels/` keyed by the source text (and the headers beside
+it), the flags, the compiler
 and the CPU's feature flags, so a source edit, a different compiler or a different machine
 sharing the home folder gets its own build. Concurrent builders each write a private temporary
 file and rename it into place. Any failure is logged and returns None: callers fall back to
@@ -61,6 +62,9 @@ def _compile(compiler: str, source: Path, target: Path) -> None:
 
 def _build_key(source: Path, compiler: str) -> str:
     digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):  # what the source may include
+        digest.update(header.name.encode())
+        digest.update(header.read_bytes())
     digest.update(" ".join(COMPILE_FLAGS).encode())
     digest.update(_compiler_version(compiler).encode())
     digest.update(_cpu_flags().encode())

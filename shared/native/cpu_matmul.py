@@ -13,6 +13,11 @@ outputs agree to the last bf16 bit for all but ~1e-4 of elements, one bf16 step 
 
 `PDSERVE_CPU_MATMUL_DTYPE` = `auto` (default: the rule above), `bfloat16` or `float32` forces
 a choice, e.g. to compare the two on one machine.
+
+Deterministic mode always computes in fp32: oneDNN's bf16 kernels on CPUs with AMX or
+AVX512-BF16 pick their blocking by row count, so a row's sums depend on its batch (measured on
+an AMX Xeon: 2 of 6 prompts changed their greedy output in a batch of 16), while the fp32
+kernels are the ones whose row invariance the tests prove on every CPU.
 """
 
 import functools
@@ -30,7 +35,7 @@ CHOICES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "fl
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def cpu_matmul_dtype(model_dtype: torch.dtype) -> torch.dtype:
+def cpu_matmul_dtype(model_dtype: torch.dtype, deterministic: bool = False) -> torch.dtype:
     """The dtype the CPU's linear layers compute in for a model held in `model_dtype`."""
     if model_dtype != torch.bfloat16:
         return model_dtype
@@ -38,6 +43,11 @@ def cpu_matmul_dtype(model_dtype: torch.dtype) -> torch.dtype:
     if choice not in CHOICES:
         raise ConfigurationError(ENV_VAR, f"must be one of {sorted(CHOICES)}, got {choice!r}")
     forced = CHOICES[choice]
+    if deterministic:
+        if forced == torch.bfloat16:
+            raise ConfigurationError(ENV_VAR, "deterministic mode computes bf16 models' matmuls in float32, "
+                                              "not bfloat16")
+        return torch.float32
     if forced is not None:
         return forced
     return torch.bfloat16 if has_native_bf16_matmul() else torch.float32

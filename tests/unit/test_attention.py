@@ -8,7 +8,7 @@ non-contiguous and shuffled, and the cache around them is full of unrelated data
 import pytest
 import torch
 
-from shared.attention import torch_paged, torch_paged_step
+from shared.attention import torch_paged_step
 from shared.attention.torch_paged import TorchPagedAttention
 from shared.attention.torch_paged_step import split_by_length
 from tests.unit.paged_batch import StepSequence, build_batch, slot_of
@@ -155,14 +155,17 @@ def test_decodes_split_into_length_groups_match_the_reference(monkeypatch, flat_
     torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("max_scores", [1, 2 * 6 * 22])
-def test_prefill_scores_computed_piece_by_piece_match_the_reference(monkeypatch, max_scores):
-    """Pieces of one query row; or of 2 rows for the 5-row chunk with 22 tokens of context and
-    6 heads (2, 2, 1) and of 4 rows for the 9-row prompt (4, 4, 1)."""
-    monkeypatch.setattr(torch_paged, "MAX_SCORES_PER_PIECE", max_scores)
-    step = Step(6, 2, torch.float32, [], PREFILLS)
-    output = step.run(TorchPagedAttention(6, 2, HEAD_DIM), torch.float32)
-    torch.testing.assert_close(output.double(), expected_output(step), rtol=0, atol=1e-5)
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_prefill_chunks_match_the_reference_with_and_without_cached_tokens(dtype, tolerance):
+    """A chunk that starts its sequence runs plainly causal (no mask built); one after cached
+    tokens (earlier chunks or prefix hits) takes the offset causal mask."""
+    step = Step(6, 2, dtype, [], PREFILLS)
+    backend = TorchPagedAttention(6, 2, HEAD_DIM)
+    chunks = backend.prepare(step.batch.metadata, BLOCK_SIZE, dtype).prefills
+    assert [chunk.score_bias is None for chunk in chunks] == [chunk.context_len == chunk.query_len for chunk in chunks]
+    assert any(chunk.score_bias is None for chunk in chunks) and any(chunk.score_bias is not None for chunk in chunks)
+    output = step.run(backend, dtype)
+    torch.testing.assert_close(output.double(), expected_output(step, dtype), rtol=0, atol=tolerance)
 
 
 def test_length_groups_pay_for_their_overhead():

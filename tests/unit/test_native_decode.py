@@ -1,9 +1,10 @@
 """The C++ paged decode kernel against a float64 reference, on each of its paths.
 
 SmolLM2's shapes (9 query heads on 3 KV heads, head dim 64, blocks of 16) and others: head dims
-16 to 128 (multiples of 16 take the AVX-512F path where it is compiled, others the portable
-one), 1 to 16 query heads per KV head, blocks of 1 to 64, and context lengths of 1 and ending
-inside, at and just past a 16-token tile. Blocks are shuffled over a cache full of other data.
+16 to 128, 1 to 16 query heads per KV head, blocks of 1 to 64, and context lengths of 1 and
+ending inside, at and just past a 16-token tile. Blocks are shuffled over a cache full of other
+data. Every test runs on every path this machine can execute for the shapes (portable always;
+avx512f, avx512-bf16 and amx where the CPU has them), each forced in turn.
 """
 
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.attention.native_decode import load_native_decode
+from shared.attention.native_decode import PATH_ENV_VAR, PATH_NAMES, load_native_decode
+from shared.errors import ConfigurationError
 
 SPARE_BLOCKS = 40
 
@@ -70,29 +72,38 @@ SHAPES = {
 CONTEXT_LENS = [1, 15, 16, 17, 33, 70, 5]
 
 
+def require_path(kernel, path, num_heads, num_kv_heads, head_dim, block_size, dtype):
+    if path not in kernel.available_paths(num_heads, num_kv_heads, head_dim, block_size, dtype):
+        pytest.skip(f"the {path} path does not run these shapes on this machine")
+
+
+@pytest.mark.parametrize("path", PATH_NAMES)
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1.5e-2)],
                          ids=["float32", "bfloat16"])
-def test_kernel_matches_float64_reference(kernel, shape, dtype, tolerance):
+def test_kernel_matches_float64_reference(kernel, shape, dtype, tolerance, path):
     num_heads, num_kv_heads, head_dim, block_size = shape
-    inputs = paged_inputs(CONTEXT_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype)
     assert kernel.supports(num_heads, num_kv_heads, head_dim, block_size, dtype)
-    output = kernel(*inputs, scale=head_dim ** -0.5)
+    require_path(kernel, path, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    inputs = paged_inputs(CONTEXT_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    output = kernel(*inputs, scale=head_dim ** -0.5, path=path)
     assert output.shape == (len(CONTEXT_LENS), num_heads, head_dim) and output.dtype == dtype
     # bf16: the reference sees the same rounded inputs; the kernel rounds probabilities and the
     # output to bf16's 8 significant bits.
     torch.testing.assert_close(output.double(), reference_decode(*inputs), rtol=0, atol=tolerance)
 
 
-def test_kernel_never_reads_past_a_context(kernel):
+@pytest.mark.parametrize("path", PATH_NAMES)
+def test_kernel_never_reads_past_a_context(kernel, path):
     """NaN in every slot past the context (same blocks) must not reach the output."""
+    require_path(kernel, path, 9, 3, 64, 16, torch.bfloat16)
     query, key_cache, value_cache, block_tables, context_lens = paged_inputs([17, 5], 9, 3, 64, 16, torch.bfloat16)
     expected = reference_decode(query, key_cache, value_cache, block_tables, context_lens)
     for row, context_len in enumerate(context_lens.tolist()):
         last_block = block_tables[row, (context_len - 1) // 16].item()
         key_cache[last_block, context_len % 16:] = float("nan")
         value_cache[last_block, context_len % 16:] = float("nan")
-    output = kernel(query, key_cache, value_cache, block_tables, context_lens, scale=64 ** -0.5)
+    output = kernel(query, key_cache, value_cache, block_tables, context_lens, scale=64 ** -0.5, path=path)
     torch.testing.assert_close(output.double(), expected, rtol=0, atol=1.5e-2)
 
 
@@ -109,18 +120,39 @@ def cpu_has(flag: str) -> bool:
                                     for line in cpuinfo.read_text().splitlines())
 
 
+def paths_for(kernel, head_dim, dtype, num_heads=9, num_kv_heads=3, block_size=16):
+    return kernel.available_paths(num_heads, num_kv_heads, head_dim, block_size, dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_head_dims_off_the_16_lane_grid_take_the_portable_path(kernel, dtype):
+def test_head_dims_off_the_16_lane_grid_have_only_the_portable_path(kernel, dtype):
     for head_dim in (8, 24, 40, 72):
-        assert kernel.path(head_dim, dtype) == "portable"
-    vector_path = kernel.path(64, dtype)
-    for head_dim in (16, 48, 256):
-        assert kernel.path(head_dim, dtype) in (vector_path, "avx512-bf16")
+        assert paths_for(kernel, head_dim, dtype, num_heads=2, num_kv_heads=1) == ["portable"]
 
 
 @pytest.mark.skipif(not cpu_has("avx512f"), reason="this CPU has no AVX-512F")
-def test_avx512f_cpus_take_a_vector_path(kernel):
-    assert kernel.path(64, torch.float32) == "avx512f"
-    expected = "avx512-bf16" if cpu_has("avx512_bf16") else "avx512f"
-    assert kernel.path(64, torch.bfloat16) == expected
-    assert kernel.path(48, torch.bfloat16) == "avx512f"
+def test_avx512_cpus_have_their_vector_paths(kernel):
+    assert paths_for(kernel, 64, torch.float32) == ["portable", "avx512f"]
+    assert paths_for(kernel, 48, torch.bfloat16) == ["portable", "avx512f"]
+    expected = ["portable", "avx512f"] + ["avx512-bf16"] * cpu_has("avx512_bf16") + ["amx"] * cpu_has("amx_bf16")
+    assert paths_for(kernel, 64, torch.bfloat16) == expected
+    # AMX tiles are 16 key rows of one block; other blocks keep the vector paths.
+    assert "amx" not in paths_for(kernel, 64, torch.bfloat16, block_size=8)
+
+
+def test_rows_take_the_fastest_path_unless_one_is_forced(kernel, monkeypatch):
+    fastest = paths_for(kernel, 64, torch.bfloat16)[-1]
+    assert kernel.path(9, 3, 64, 16, torch.bfloat16) == fastest
+    monkeypatch.setenv(PATH_ENV_VAR, "portable")
+    assert kernel.path(9, 3, 64, 16, torch.bfloat16) == "portable"
+    monkeypatch.setenv(PATH_ENV_VAR, "auto")
+    assert kernel.path(9, 3, 64, 16, torch.bfloat16) == fastest
+
+
+def test_a_forced_path_that_cannot_run_is_a_configuration_error(kernel, monkeypatch):
+    monkeypatch.setenv(PATH_ENV_VAR, "fastest")
+    with pytest.raises(ConfigurationError, match=PATH_ENV_VAR):
+        kernel.path(9, 3, 64, 16, torch.bfloat16)
+    monkeypatch.setenv(PATH_ENV_VAR, "avx512f")
+    with pytest.raises(ConfigurationError, match="head_dim=40"):
+        kernel.path(6, 3, 40, 16, torch.bfloat16)

@@ -25,117 +25,13 @@
 //   with the same instructions whichever rows share the tile.
 // - Portable (anything else): a work item per (row, KV head), per-block scalar/omp-simd loops.
 // On every path the query heads sharing a KV head are done together.
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define PDSERVE_HAVE_AVX512F 1
-#endif
+#include "paged_common.h"
+#include "paged_amx.h"
+#include "paged_bf16.h"
 
 namespace {
 
-constexpr int kMaxHeadDim = 256;
-constexpr int kMaxQueriesPerKv = 16;
-constexpr int kMaxBlockSize = 64;
-
-inline float bf16_to_float(uint16_t value) {
-    uint32_t bits = static_cast<uint32_t>(value) << 16;
-    float result;
-    std::memcpy(&result, &bits, sizeof(result));
-    return result;
-}
-
-inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof(bits));
-    if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-    return static_cast<uint16_t>(bits >> 16);
-}
-
-inline void load_row(const uint16_t* src, float* dst, int head_dim) {
-#pragma omp simd
-    for (int d = 0; d < head_dim; ++d) dst[d] = bf16_to_float(src[d]);
-}
-
-inline void load_row(const float* src, float* dst, int head_dim) {
-    std::memcpy(dst, src, sizeof(float) * head_dim);
-}
-
-inline void store_row(const float* src, uint16_t* dst, int head_dim) {
-    for (int d = 0; d < head_dim; ++d) dst[d] = float_to_bf16(src[d]);
-}
-
-inline void store_row(const float* src, float* dst, int head_dim) {
-    std::memcpy(dst, src, sizeof(float) * head_dim);
-}
-
-inline float dot(const float* a, const float* b, int head_dim) {
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int d = 0; d < head_dim; ++d) sum += a[d] * b[d];
-    return sum;
-}
-
-
-#ifdef PDSERVE_HAVE_AVX512F
-
-// exp(x) for 16 lanes: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, a degree-6
-// Taylor polynomial for e^r (relative error < 2e-7), -inf -> 0.
-inline __m512 exp16(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
-    const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
-    r = _mm512_fnmadd_ps(n, ln2_lo, r);
-    __m512 poly = _mm512_set1_ps(1.f / 720.f);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 120.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 24.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 6.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(0.5f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(poly, n);
-}
-
-// Sums each of 16 vectors' lanes: lane t of the result is the sum of vectors[t]'s lanes.
-inline __m512 sum_lanes_16(__m512* v) {
-    for (int i = 0; i < 8; ++i)  // 4-lane groups of two vectors interleaved, half summed
-        v[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) {
-        __m512d a = _mm512_castps_pd(v[2 * i]), b = _mm512_castps_pd(v[2 * i + 1]);
-        v[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; ++i)
-        v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
-}
-
-// Requests a tile's key and value rows (all KV heads: `num_bytes` contiguous bytes each) ahead
-// of their use; the blocks are scattered, so the hardware prefetchers cannot guess the next one.
-inline void prefetch_rows(const void* keys, const void* values, int num_bytes) {
-    const char* key_bytes = reinterpret_cast<const char*>(keys);
-    const char* value_bytes = reinterpret_cast<const char*>(values);
-    for (int byte = 0; byte < num_bytes; byte += 64) {
-        _mm_prefetch(key_bytes + byte, _MM_HINT_T0);
-        _mm_prefetch(value_bytes + byte, _MM_HINT_T0);
-    }
-}
-#endif
-
-struct Shape {
-    int num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq;
-    float scale;
-};
+using namespace pdserve_attention;
 
 // Running softmax state of the query heads sharing one KV head.
 struct HeadGroupState {
@@ -214,141 +110,7 @@ void decode_one(const T* query, const T* key_cache, const T* value_cache, const 
 
 
 
-#if defined(PDSERVE_HAVE_AVX512F) && defined(__AVX512BF16__)
-#define PDSERVE_HAVE_AVX512_BF16 1
 
-// The AVX512-BF16 path (head_dim a multiple of 32): dot products and the probability-weighted
-// sum of values both run as bf16 pair dot products accumulating in fp32 (vdpbf16ps). Value
-// rows of two tokens are interleaved so one instruction adds p_t * v_t + p_t+1 * v_t+1; the
-// accumulators' lanes therefore hold dims in the unpack order (see store_accumulators).
-struct Bf16GroupState {
-    __m512bh queries[kMaxQueriesPerKv][kMaxHeadDim / 32];
-    __m512 accumulators[kMaxQueriesPerKv][kMaxHeadDim / 16];
-    float running_max[kMaxQueriesPerKv];
-    float running_sum[kMaxQueriesPerKv];
-};
-
-inline __m512bh load_bf16x32(const uint16_t* src) {
-    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(src));
-}
-
-// Scaled scores of up to 16 tokens for every query head; lanes past num_tokens are -inf.
-inline void tile_scores(const uint16_t* keys, int row_stride, int num_tokens, int group_size, int num_chunks,
-                        float scale, const Bf16GroupState& state, __m512* scores) {
-    __m512 parts[kMaxQueriesPerKv][16];
-    for (int t = 0; t < 16; ++t) {
-        for (int q = 0; q < group_size; ++q) parts[q][t] = _mm512_setzero_ps();
-        if (t >= num_tokens) continue;
-        for (int c = 0; c < num_chunks; ++c) {
-            __m512bh key = load_bf16x32(keys + static_cast<int64_t>(t) * row_stride + c * 32);
-            for (int q = 0; q < group_size; ++q) parts[q][t] = _mm512_dpbf16_ps(parts[q][t], state.queries[q][c], key);
-        }
-    }
-    const __mmask16 valid = static_cast<__mmask16>((1u << num_tokens) - 1u);
-    for (int q = 0; q < group_size; ++q) {
-        __m512 scaled = _mm512_mul_ps(sum_lanes_16(parts[q]), _mm512_set1_ps(scale));
-        scores[q] = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), scaled);
-    }
-}
-
-// Online softmax update; returns each head's tile probabilities as bf16, two tokens per uint32.
-inline void tile_probabilities(__m512* scores, int group_size, int num_chunks, Bf16GroupState& state,
-                               uint32_t probability_pairs[][8]) {
-    for (int q = 0; q < group_size; ++q) {
-        float new_max = std::fmax(state.running_max[q], _mm512_reduce_max_ps(scores[q]));
-        __m512 probabilities = exp16(_mm512_sub_ps(scores[q], _mm512_set1_ps(new_max)));
-        probabilities = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(scores[q], _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                            probabilities);
-        float correction = std::exp(state.running_max[q] - new_max);
-        state.running_max[q] = new_max;
-        state.running_sum[q] = state.running_sum[q] * correction + _mm512_reduce_add_ps(probabilities);
-        __m512 correction_v = _mm512_set1_ps(correction);
-        for (int c = 0; c < 2 * num_chunks; ++c)
-            state.accumulators[q][c] = _mm512_mul_ps(state.accumulators[q][c], correction_v);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(probability_pairs[q]),
-                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(probabilities)));
-    }
-}
-
-inline void attend_tile_bf16(const uint16_t* keys, const uint16_t* values, int row_stride, int num_tokens,
-                             int group_size, int head_dim, float scale, Bf16GroupState& state) {
-    const int num_chunks = head_dim / 32;
-    __m512 scores[kMaxQueriesPerKv];
-    uint32_t probability_pairs[kMaxQueriesPerKv][8];
-    tile_scores(keys, row_stride, num_tokens, group_size, num_chunks, scale, state, scores);
-    tile_probabilities(scores, group_size, num_chunks, state, probability_pairs);
-    for (int t = 0; t < num_tokens; t += 2) {
-        const uint16_t* row = values + static_cast<int64_t>(t) * row_stride;
-        const bool has_next = t + 1 < num_tokens;
-        for (int c = 0; c < num_chunks; ++c) {
-            __m512i first = _mm512_loadu_si512(row + c * 32);
-            __m512i second = has_next ? _mm512_loadu_si512(row + row_stride + c * 32) : _mm512_setzero_si512();
-            __m512bh low = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(first, second));
-            __m512bh high = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(first, second));
-            for (int q = 0; q < group_size; ++q) {
-                __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(probability_pairs[q][t / 2]));
-                state.accumulators[q][2 * c] = _mm512_dpbf16_ps(state.accumulators[q][2 * c], low, pair);
-                state.accumulators[q][2 * c + 1] = _mm512_dpbf16_ps(state.accumulators[q][2 * c + 1], high, pair);
-            }
-        }
-    }
-}
-
-// Undoes the unpack order: accumulator 2c lane i holds dim 32c + 8(i/4) + i%4, 2c+1 the dim 4 above.
-inline void store_accumulators(const Bf16GroupState& state, int q, int head_dim, uint16_t* output) {
-    float lanes[16];
-    float inverse_sum = 1.f / state.running_sum[q];
-    for (int c = 0; c < head_dim / 16; ++c) {
-        _mm512_storeu_ps(lanes, state.accumulators[q][c]);
-        const int base = (c / 2) * 32 + (c % 2) * 4;
-        for (int i = 0; i < 16; ++i) output[base + 8 * (i / 4) + i % 4] = float_to_bf16(lanes[i] * inverse_sum);
-    }
-}
-
-// One sequence, every KV head: each tile's keys (then values) of all heads are one contiguous
-// run of rows, read front to back, which the hardware prefetchers follow; visiting one head's
-// slice of every row instead (a work item per KV head) ran at a third of the memory bandwidth.
-void decode_seq_bf16_avx512(const uint16_t* query, const uint16_t* key_cache, const uint16_t* value_cache,
-                            const int32_t* block_table, int context_len, const Shape& shape, uint16_t* output) {
-    const int group_size = shape.num_heads / shape.num_kv_heads;
-    const int head_dim = shape.head_dim;
-    const int row_stride = shape.num_kv_heads * head_dim;
-    static thread_local std::vector<Bf16GroupState> states;
-    states.resize(shape.num_kv_heads);
-    for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head) {
-        Bf16GroupState& state = states[kv_head];
-        for (int q = 0; q < group_size; ++q) {
-            const uint16_t* query_row = query + static_cast<int64_t>(kv_head * group_size + q) * head_dim;
-            for (int c = 0; c < head_dim / 32; ++c) state.queries[q][c] = load_bf16x32(query_row + c * 32);
-            for (int c = 0; c < head_dim / 16; ++c) state.accumulators[q][c] = _mm512_setzero_ps();
-            state.running_max[q] = -INFINITY;
-            state.running_sum[q] = 0.f;
-        }
-    }
-    for (int start = 0; start < context_len;) {
-        const int block = start / shape.block_size, offset = start % shape.block_size;
-        const int num_tokens = std::min({16, context_len - start, shape.block_size - offset});
-        const int64_t row_offset = (static_cast<int64_t>(block_table[block]) * shape.block_size + offset) * row_stride;
-        const int next = start + num_tokens;
-        if (next < context_len) {
-            const int next_block = next / shape.block_size, next_offset = next % shape.block_size;
-            const int next_tokens = std::min({16, context_len - next, shape.block_size - next_offset});
-            const int64_t next_row = (static_cast<int64_t>(block_table[next_block]) * shape.block_size + next_offset)
-                                     * row_stride;
-            prefetch_rows(key_cache + next_row, value_cache + next_row,
-                          next_tokens * row_stride * static_cast<int>(sizeof(uint16_t)));
-        }
-        for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head)
-            attend_tile_bf16(key_cache + row_offset + kv_head * head_dim, value_cache + row_offset + kv_head * head_dim,
-                             row_stride, num_tokens, group_size, head_dim, shape.scale, states[kv_head]);
-        start += num_tokens;
-    }
-    for (int kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head)
-        for (int q = 0; q < group_size; ++q)
-            store_accumulators(states[kv_head], q, head_dim,
-                               output + static_cast<int64_t>(kv_head * group_size + q) * head_dim);
-}
-#endif
 
 #ifdef PDSERVE_HAVE_AVX512F
 // The AVX-512F path: bf16 is widened to fp32 exactly (see lane_of_dim), dot products and the
@@ -580,17 +342,35 @@ RowsFunction<T> avx512f_rows_function(int head_dim) {
 }
 #endif
 
-enum class Path { kPortable = 0, kAvx512F = 1, kAvx512Bf16 = 2 };
+enum class Path { kPortable = 0, kAvx512F = 1, kAvx512Bf16 = 2, kAmx = 3 };
 
+// Whether this build can run rows of these shapes on `path` (the portable path runs anything).
 template <typename T>
-Path paged_attention_path(int head_dim) {
-#ifdef PDSERVE_HAVE_AVX512_BF16
-    if (std::is_same_v<T, uint16_t> && head_dim % 32 == 0) return Path::kAvx512Bf16;
-#endif
+bool path_available(Path path, int group_size, int head_dim, int block_size) {
+    switch (path) {
+        case Path::kPortable:
+            return true;
+        case Path::kAvx512F:
 #ifdef PDSERVE_HAVE_AVX512F
-    if (avx512f_rows_function<T>(head_dim) != nullptr) return Path::kAvx512F;
+            return avx512f_rows_function<T>(head_dim) != nullptr;
+#else
+            return false;
 #endif
-    return Path::kPortable;
+        case Path::kAvx512Bf16:
+#ifdef PDSERVE_HAVE_AVX512_BF16
+            return std::is_same_v<T, uint16_t> && bf16_row_function(group_size, head_dim) != nullptr;
+#else
+            return false;
+#endif
+        case Path::kAmx:
+#ifdef PDSERVE_HAVE_AMX
+            return std::is_same_v<T, uint16_t> && amx_row_function(group_size, head_dim, block_size) != nullptr;
+#else
+            (void)block_size;
+            return false;
+#endif
+    }
+    return false;
 }
 
 // One query row: where it is in `query`/`output`, what it sees.
@@ -642,18 +422,31 @@ struct Segments {
 
 template <typename T>
 void attend_all(const T* query, const T* key_cache, const T* value_cache, const Segments& segments, T* output,
-                const Shape& shape, int num_threads) {
+                const Shape& shape, Path path, int num_threads) {
     const int64_t row_elements = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
-    const Path path = paged_attention_path<T>(shape.head_dim);
-#ifdef PDSERVE_HAVE_AVX512_BF16
+#ifdef PDSERVE_HAVE_AMX
     if constexpr (std::is_same_v<T, uint16_t>) {
-        if (path == Path::kAvx512Bf16) {
+        if (path == Path::kAmx) {
+            const AmxRowFunction attend =
+                amx_row_function(shape.num_heads / shape.num_kv_heads, shape.head_dim, shape.block_size);
             const std::vector<RowRef> rows = segments.rows(shape);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
             for (size_t i = 0; i < rows.size(); ++i)
-                decode_seq_bf16_avx512(query + rows[i].row * row_elements, key_cache, value_cache,
-                                       rows[i].block_table, rows[i].context_len, shape,
-                                       output + rows[i].row * row_elements);
+                attend(query + rows[i].row * row_elements, key_cache, value_cache, rows[i].block_table,
+                       rows[i].context_len, shape, output + rows[i].row * row_elements);
+            return;
+        }
+    }
+#endif
+#ifdef PDSERVE_HAVE_AVX512_BF16
+    if constexpr (std::is_same_v<T, uint16_t>) {
+        if (path == Path::kAvx512Bf16) {
+            const Bf16RowFunction attend = bf16_row_function(shape.num_heads / shape.num_kv_heads, shape.head_dim);
+            const std::vector<RowRef> rows = segments.rows(shape);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+            for (size_t i = 0; i < rows.size(); ++i)
+                attend(query + rows[i].row * row_elements, key_cache, value_cache, rows[i].block_table,
+                       rows[i].context_len, shape, output + rows[i].row * row_elements);
             return;
         }
     }
@@ -692,27 +485,32 @@ int pdserve_paged_decode_max_head_dim() { return kMaxHeadDim; }
 int pdserve_paged_decode_max_queries_per_kv() { return kMaxQueriesPerKv; }
 int pdserve_paged_decode_max_block_size() { return kMaxBlockSize; }
 
-// Which path rows of this head_dim take: 0 portable, 1 AVX-512F, 2 AVX512-BF16.
-int pdserve_paged_attention_path(int head_dim, int is_bf16) {
-    return static_cast<int>(is_bf16 ? paged_attention_path<uint16_t>(head_dim) : paged_attention_path<float>(head_dim));
+// Path numbers: 0 portable, 1 AVX-512F, 2 AVX512-BF16, 3 AMX; each faster than the one before.
+// 1 when this build can run rows of these shapes on `path`, else 0.
+int pdserve_paged_attention_path_available(int path, int group_size, int head_dim, int block_size, int is_bf16) {
+    if (path < 0 || path > 3) return 0;
+    const Path chosen = static_cast<Path>(path);
+    return is_bf16 ? path_available<uint16_t>(chosen, group_size, head_dim, block_size)
+                   : path_available<float>(chosen, group_size, head_dim, block_size);
 }
 
+// `path` must be available for the shapes (the caller checks with the two functions above).
 void pdserve_paged_attention_bf16(const uint16_t* query, const uint16_t* key_cache, const uint16_t* value_cache,
                                   const int32_t* block_tables, const int32_t* context_lens, const int32_t* query_lens,
                                   uint16_t* output, int num_segments, int num_heads, int num_kv_heads, int head_dim,
-                                  int block_size, int max_blocks_per_seq, float scale, int num_threads) {
+                                  int block_size, int max_blocks_per_seq, float scale, int path, int num_threads) {
     Shape shape{num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq, scale};
     Segments segments{block_tables, context_lens, query_lens, num_segments};
-    attend_all(query, key_cache, value_cache, segments, output, shape, num_threads);
+    attend_all(query, key_cache, value_cache, segments, output, shape, static_cast<Path>(path), num_threads);
 }
 
 void pdserve_paged_attention_f32(const float* query, const float* key_cache, const float* value_cache,
                                  const int32_t* block_tables, const int32_t* context_lens, const int32_t* query_lens,
                                  float* output, int num_segments, int num_heads, int num_kv_heads, int head_dim,
-                                 int block_size, int max_blocks_per_seq, float scale, int num_threads) {
+                                 int block_size, int max_blocks_per_seq, float scale, int path, int num_threads) {
     Shape shape{num_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq, scale};
     Segments segments{block_tables, context_lens, query_lens, num_segments};
-    attend_all(query, key_cache, value_cache, segments, output, shape, num_threads);
+    attend_all(query, key_cache, value_cache, segments, output, shape, static_cast<Path>(path), num_threads);
 }
 
 }  // extern "C"
