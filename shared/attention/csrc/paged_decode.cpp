@@ -1,6 +1,6 @@
 // Paged attention for the CPU: query rows read keys and values in place through their
-// sequence's block table (no gathered copy), with an fp32 online softmax over 16-token tiles
-// aligned to the blocks.
+// sequence's block table (no gathered copy), 16-token tiles aligned to the blocks, softmax in
+// fp32.
 //
 // Called through ctypes by shared/attention/native_decode.py, once per layer per step.
 // Layouts (all contiguous, row-major):
@@ -16,15 +16,21 @@
 // on its own query, context and cache contents: never on the other rows, the segment it came
 // in or the thread count (deterministic mode relies on this, docs/deterministic.md).
 //
-// Three paths, chosen by the CPU this was compiled for and the shapes (paged_attention_path):
-// - AVX512-BF16 (bf16, head_dim a multiple of 32): one work item per row, bf16 pair dot
-//   products (vdpbf16ps).
+// Four paths, each available where the CPU this was compiled for has its instructions and the
+// shapes fit (path_available); the caller picks one (native_decode.py: the fastest by default,
+// any available one when forced, the AVX-512F or portable one in deterministic mode):
+// - AMX (paged_amx.h; bf16, Xeons since Sapphire Rapids): one work item per row; scores by AMX
+//   tile matmuls on the keys as they lie in the cache, an exact softmax over the whole context,
+//   values by fp32 FMAs.
+// - AVX512-BF16 (paged_bf16.h; bf16): one work item per row, the same three passes with bf16
+//   pair dot products (vdpbf16ps).
 // - AVX-512F (head_dim a multiple of 16, either dtype): one work item per up to kRowsPerItem
-//   rows of a segment; each tile's keys and values, every KV head, are read front to back once
-//   for all those rows (converted to fp32 once), and each row folds the tile into its own state
-//   with the same instructions whichever rows share the tile.
+//   rows of a segment, online softmax; each tile's keys and values, every KV head, are read
+//   front to back once for all those rows (converted to fp32 once), and each row folds the
+//   tile into its own state with the same instructions whichever rows share the tile.
 // - Portable (anything else): a work item per (row, KV head), per-block scalar/omp-simd loops.
-// On every path the query heads sharing a KV head are done together.
+// On every path the query heads sharing a KV head are done together. paged_common.h holds what
+// the paths share.
 #include "paged_common.h"
 #include "paged_amx.h"
 #include "paged_bf16.h"
