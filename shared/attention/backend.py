@@ -20,6 +20,9 @@ class AttentionBackend(ABC):
     # True when the model should also run its RMSNorms (fused with the residual add) and rotary
     # embedding with the Triton kernels (shared/attention/triton_kernels), as on CUDA.
     fused_layer_ops = False
+    # True when the backend computes on the CPU (the model then runs its norms and rotary
+    # embedding with the C++ layer ops, shared/model/cpu_layer_ops.py).
+    runs_on_cpu = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         self.num_heads = num_heads

@@ -53,6 +53,8 @@ class TorchPagedAttention(AttentionBackend):
     docstring); `flat_decode` picks the torch decode path (None: by KV head count);
     `deterministic` runs every row through the C++ kernel (batch-invariant, see above)."""
 
+    runs_on_cpu = True
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, flat_decode: bool | None = None,
                  decode_kernel: str = "auto", deterministic: bool = False):
         super().__init__(num_heads, num_kv_heads, head_dim)

@@ -4,9 +4,12 @@ The model runner calls `LlamaForCausalLM.forward` once per engine step with ever
 token (decodes first, then prefill chunks; no padding) and the paged KV cache. Queries, keys
 and values come out of one fused `qkv_proj` matmul and the MLP's gate and up projections out of
 one `gate_up_proj` matmul; `shared/model/loader.py` fuses HF checkpoints into that shape.
-With an attention backend that asks for `fused_layer_ops` (Triton, on CUDA), the RMSNorms
-(the post-attention one fused with the residual add) and the rotary embedding run as Triton
-kernels too (shared/model/triton_layer_ops.py).
+
+Each layer hands the next its MLP output and the residual stream before it, and the next
+layer's input RMSNorm adds the two (as vLLM's fused add-RMSNorm), so no layer spends a pass on
+the residual add; a pipeline stage that ends mid-model adds them before sending. The RMSNorms
+and the rotary embedding run as Triton kernels with an attention backend that asks for
+`fused_layer_ops` (CUDA), as one C++ pass each on the CPU, else in torch (layer_ops.py).
 """
 
 import torch
@@ -17,8 +20,8 @@ from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.torch_paged import TorchPagedAttention
 from shared.model.config import ModelConfig
-from shared.model import triton_layer_ops
-from shared.model.rotary import RotaryEmbedding, RotaryTables, apply_rotary
+from shared.model.layer_ops import LayerOps, TorchLayerOps, select_layer_ops
+from shared.model.rotary import RotaryEmbedding, RotaryTables
 
 
 class RMSNorm(nn.Module):
@@ -26,16 +29,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self.use_triton = False
+        self.ops: LayerOps = TorchLayerOps()  # set by LlamaForCausalLM
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """Normalize x; with `residual`, first `residual += x` (in place) and normalize that."""
-        if self.use_triton:
-            return triton_layer_ops.rms_norm(x, self.weight, self.eps, residual)
-        if residual is not None:
-            x = residual.add_(x)
-        # Normalizes in float32 whatever x's dtype, then scales and rounds once.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class LlamaAttention(nn.Module):
@@ -48,6 +46,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=config.attention_bias)
         self.backend = backend
+        self.ops: LayerOps = TorchLayerOps()  # set by LlamaForCausalLM
 
     def forward(self, hidden: torch.Tensor, rotary: RotaryTables, key_cache: torch.Tensor,
                 value_cache: torch.Tensor, step: object) -> torch.Tensor:
@@ -55,10 +54,7 @@ class LlamaAttention(nn.Module):
         num_rotated_heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(hidden)
         query_and_key = qkv[:, :num_rotated_heads * self.head_dim].view(num_tokens, num_rotated_heads, self.head_dim)
-        if self.backend.fused_layer_ops:
-            rotated = triton_layer_ops.rotate_in_place(query_and_key, rotary)
-        else:
-            rotated = apply_rotary(query_and_key, rotary)
+        rotated = self.ops.rotate(query_and_key, rotary)
         query, key = rotated.split([self.num_heads, self.num_kv_heads], dim=1)
         value = qkv[:, num_rotated_heads * self.head_dim:].view(num_tokens, self.num_kv_heads, self.head_dim)
         attended = self.backend.forward(query, key, value, key_cache, value_cache, step)
@@ -84,11 +80,19 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, hidden: torch.Tensor, rotary: RotaryTables, key_cache: torch.Tensor,
-                value_cache: torch.Tensor, step: object) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(hidden), rotary, key_cache, value_cache, step)
-        normed = self.post_attention_layernorm(attended, residual=hidden)  # hidden += attended
-        return self.mlp(normed).add_(hidden)
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rotary: RotaryTables,
+                key_cache: torch.Tensor, value_cache: torch.Tensor,
+                step: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """`hidden`: the previous layer's MLP output, or the layer's whole input when `residual`
+        is None; `residual`: the stream before that output. Returns this layer's MLP output and
+        the stream before it (both updated in place where they came in)."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            normed = self.input_layernorm(hidden, residual=residual)  # residual += hidden
+        attended = self.self_attn(normed, rotary, key_cache, value_cache, step)
+        normed = self.post_attention_layernorm(attended, residual=residual)  # residual += attended
+        return self.mlp(normed), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -105,9 +109,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.tie_weights()
+        ops = select_layer_ops(self.attn_backend, config.head_dim)
         for module in self.modules():
-            if isinstance(module, RMSNorm):
-                module.use_triton = self.attn_backend.fused_layer_ops
+            if isinstance(module, (RMSNorm, LlamaAttention)):
+                module.ops = ops
 
     def tie_weights(self) -> None:
         """With tied embeddings the LM head reads the embedding matrix (call after loading)."""
@@ -120,10 +125,22 @@ class LlamaForCausalLM(nn.Module):
         num_kv_heads, head_dim); logits_indices: (R,) rows whose logits are wanted.
         Returns (R, vocab_size) float32 logits."""
         hidden = self.embed_tokens(input_ids)
+        return self.logits(*self.forward_layers(hidden, positions, kv_cache, attn_metadata), logits_indices)
+
+    def forward_layers(self, hidden: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                       attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer over `hidden` (T, hidden_size); returns the last MLP output and the
+        residual stream before it (None without layers): their sum is the layers' output."""
         rotary = self.rotary.lookup(positions, hidden.dtype)
         step = self.attn_backend.prepare(attn_metadata, kv_cache.shape[3], hidden.dtype)
-        key_caches, value_caches = kv_cache[0].unbind(0), kv_cache[1].unbind(0)
-        for layer, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
-            hidden = layer(hidden, rotary, key_cache, value_cache, step)
-        selected = self.norm(hidden.index_select(0, logits_indices))
-        return self.lm_head(selected).float()
+        residual = None
+        for layer, key_cache, value_cache in zip(self.layers, kv_cache[0].unbind(0), kv_cache[1].unbind(0)):
+            hidden, residual = layer(hidden, residual, rotary, key_cache, value_cache, step)
+        return hidden, residual
+
+    def logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+               logits_indices: torch.Tensor) -> torch.Tensor:
+        """(R, vocab_size) float32 logits of the rows `logits_indices` of the layers' output."""
+        rows = hidden.index_select(0, logits_indices)
+        rows_residual = None if residual is None else residual.index_select(0, logits_indices)
+        return self.lm_head(self.norm(rows, residual=rows_residual)).float()

@@ -46,6 +46,7 @@ class RotaryEmbedding:
 
 
 def apply_rotary(x: torch.Tensor, tables: RotaryTables) -> torch.Tensor:
-    """(num_tokens, num_heads, head_dim) -> rotated copy (contiguous)."""
+    """(num_tokens, num_heads, head_dim) -> rotated copy (contiguous); rounds as transformers
+    does: x * cos and rotate_half(x) * sin each in x's dtype, then their sum."""
     swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
-    return torch.addcmul(x * tables.cos, swapped, tables.signed_sin)
+    return x * tables.cos + swapped * tables.signed_sin

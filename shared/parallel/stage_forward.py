@@ -19,10 +19,7 @@ def forward_stage(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: t
     Returns the stage's output activations (T, hidden_size), or (R, vocab) float32 logits."""
     if hidden is None:
         hidden = model.embed_tokens(input_ids)
-    rotary = model.rotary.lookup(positions, hidden.dtype)
-    step = model.attn_backend.prepare(attn_metadata, kv_cache.shape[3], hidden.dtype)
-    for layer, key_cache, value_cache in zip(model.layers, kv_cache[0].unbind(0), kv_cache[1].unbind(0)):
-        hidden = layer(hidden, rotary, key_cache, value_cache, step)
-    if logits_indices is None:
-        return hidden
-    return model.lm_head(model.norm(hidden.index_select(0, logits_indices))).float()
+    hidden, residual = model.forward_layers(hidden, positions, kv_cache, attn_metadata)
+    if logits_indices is not None:
+        return model.logits(hidden, residual, logits_indices)
+    return hidden if residual is None else residual.add_(hidden)  # what the next stage's layers take
