@@ -56,16 +56,19 @@ class MultiProcExecutor(Executor):
         self.num_steps = 0
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(minutes=5))
-        self._kv_shards = SharedKVShards(layout, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
         self._receive_buffer: torch.Tensor | None = None
-        self._steps = ShmRing.create(num_readers=parallel.world_size)
-        self._replies = ShmRing.create(num_readers=1)
-        self._workers = self._spawn(model_folder, num_threads or 1, seed)
+        self._workers: list[subprocess.Popen] = []
+        self._steps: ShmRing | None = None
+        self._replies: ShmRing | None = None
+        self._kv_shards = SharedKVShards(layout, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
         atexit.register(self.shutdown)
         try:
+            self._steps = ShmRing.create(num_readers=parallel.world_size)
+            self._replies = ShmRing.create(num_readers=1)
+            self._workers = self._spawn(model_folder, num_threads or 1, seed)
             self._await_reply(START_TIMEOUT_S, "start")
-        except WorkerFailedError:
-            self.shutdown()
+        except BaseException:
+            self.shutdown()  # a failed start leaves no worker, ring or KV shard file behind
             raise
 
     def _spawn(self, model_folder: str, num_threads: int, seed: int) -> list[subprocess.Popen]:
@@ -161,6 +164,7 @@ class MultiProcExecutor(Executor):
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.shutdown)
         if self._failure is None and any(worker.poll() is None for worker in self._workers):
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
             try:
@@ -169,8 +173,9 @@ class MultiProcExecutor(Executor):
             except WorkerFailedError:
                 pass
         self._stop_workers(graceful=self._failure is None)
-        self._steps.close(unlink=True)
-        self._replies.close(unlink=True)
+        for ring in (self._steps, self._replies):
+            if ring is not None:
+                ring.close(unlink=True)
         self._kv_shards.close()
 
     def _stop_workers(self, graceful: bool) -> None:
