@@ -37,18 +37,23 @@ def map_shard(shard: KVShard) -> torch.Tensor:
     return torch.from_file(shard.path, shared=True, size=numel, dtype=shard.layout.dtype).view(shard.layout.shape)
 
 
+def shard_of_rank(folder: str, layout: KVCacheLayout, tensor_parallel_size: int, pipeline_parallel_size: int,
+                  rank: int) -> KVShard:
+    """Where rank `rank`'s part of the full `layout` lives (the engine and the worker both ask)."""
+    stage, tensor_rank = divmod(rank, tensor_parallel_size)
+    layers = stage_layers(layout.num_layers, pipeline_parallel_size, stage)
+    heads_per_rank = layout.num_kv_heads // tensor_parallel_size
+    heads = range(tensor_rank * heads_per_rank, (tensor_rank + 1) * heads_per_rank)
+    return KVShard(os.path.join(folder, f"rank{rank}"), layers, heads,
+                   replace(layout, num_layers=len(layers), num_kv_heads=heads_per_rank))
+
+
 class SharedKVShards:
     def __init__(self, layout: KVCacheLayout, tensor_parallel_size: int, pipeline_parallel_size: int):
         self.layout = layout
         self.folder = tempfile.mkdtemp(prefix="pdserve-kv-", dir=SHM_FOLDER if os.path.isdir(SHM_FOLDER) else None)
-        heads_per_rank = layout.num_kv_heads // tensor_parallel_size
-        self.shards = []
-        for rank in range(tensor_parallel_size * pipeline_parallel_size):
-            stage, tensor_rank = divmod(rank, tensor_parallel_size)
-            layers = stage_layers(layout.num_layers, pipeline_parallel_size, stage)
-            heads = range(tensor_rank * heads_per_rank, (tensor_rank + 1) * heads_per_rank)
-            self.shards.append(KVShard(os.path.join(self.folder, f"rank{rank}"), layers, heads,
-                                       replace(layout, num_layers=len(layers), num_kv_heads=heads_per_rank)))
+        self.shards = [shard_of_rank(self.folder, layout, tensor_parallel_size, pipeline_parallel_size, rank)
+                       for rank in range(tensor_parallel_size * pipeline_parallel_size)]
         self.tensors = [map_shard(shard) for shard in self.shards]
 
     def gather(self, block_ids: list[int]) -> torch.Tensor:

@@ -5,12 +5,15 @@ shared-memory ring every worker reads; the output rank's reply comes back throug
 ring. While waiting the engine checks that every worker is alive and that the step ends within
 `worker_step_timeout_s`: a dead or hung worker raises `WorkerFailedError` (the engine's
 requests fail with that message), the remaining workers are killed, and the executor refuses
-further steps. Workers are spawned (fresh interpreters, never forked from a threaded engine).
+further steps. Workers are fresh interpreters running `python -m shared.executor.worker_main`
+(never forked from a threaded engine, and never re-running the user's `__main__`, so `LLM(...)`
+works in a script without a main guard); each reads its typed startup message on stdin.
 """
 
 import atexit
 import logging
-import multiprocessing
+import os
+import subprocess
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -23,13 +26,15 @@ from shared.executor.base import Executor, ModelRunnerOutput
 from shared.executor.kv_shards import SharedKVShards
 from shared.executor.shm_ring import ShmRing
 from shared.executor.step_message import StepEncoder, StepMessage, encode_step
-from shared.executor.worker import WorkerArgs, run_worker
+from shared.executor.python_child import child_environment, module_command
 from shared.executor.worker_reply import decode_reply
+from shared.executor.worker_startup import CacheLayout, WorkerStartup, encode_startup
 from shared.kv_cache.layout import KVCacheLayout
 from shared.parallel.config import ParallelConfig
 
 logger = logging.getLogger(__name__)
 
+WORKER_MODULE = "shared.executor.worker_main"
 START_TIMEOUT_S = 600.0
 SHUTDOWN_GRACE_S = 10.0
 
@@ -51,29 +56,34 @@ class MultiProcExecutor(Executor):
         self.num_steps = 0
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(minutes=5))
-        self._kv_shards = SharedKVShards(layout, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
         self._receive_buffer: torch.Tensor | None = None
-        self._steps = ShmRing.create(num_readers=parallel.world_size)
-        self._replies = ShmRing.create(num_readers=1)
-        self._workers = self._spawn(model_folder, num_threads or 1, seed)
+        self._workers: list[subprocess.Popen] = []
+        self._steps: ShmRing | None = None
+        self._replies: ShmRing | None = None
+        self._kv_shards = SharedKVShards(layout, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
         atexit.register(self.shutdown)
         try:
+            self._steps = ShmRing.create(num_readers=parallel.world_size)
+            self._replies = ShmRing.create(num_readers=1)
+            self._workers = self._spawn(model_folder, num_threads or 1, seed)
             self._await_reply(START_TIMEOUT_S, "start")
-        except WorkerFailedError:
-            self.shutdown()
+        except BaseException:
+            self.shutdown()  # a failed start leaves no worker, ring or KV shard file behind
             raise
 
-    def _spawn(self, model_folder: str, num_threads: int, seed: int) -> list[multiprocessing.Process]:
-        context = multiprocessing.get_context("spawn")
+    def _spawn(self, model_folder: str, num_threads: int, seed: int) -> list[subprocess.Popen]:
         workers = []
-        for rank in range(self.parallel.world_size):
-            args = WorkerArgs(rank, self.parallel.tensor_parallel_size, self.parallel.pipeline_parallel_size,
-                              self._store.port, model_folder, self._layout.dtype, self._layout.num_blocks,
-                              self._layout.block_size, num_threads, seed, self._steps.spec, self._replies.spec,
-                              self._kv_shards.shards[rank])
-            process = context.Process(target=run_worker, args=(args,), name=f"pdserve-rank{rank}", daemon=True)
-            process.start()
-            workers.append(process)
+        try:
+            for rank in range(self.parallel.world_size):
+                workers.append(_start_worker(WorkerStartup(
+                    rank, self.parallel.tensor_parallel_size, self.parallel.pipeline_parallel_size, os.getpid(),
+                    self._store.port, model_folder, CacheLayout.of(self._layout), self._kv_shards.folder,
+                    num_threads, seed, self._steps.spec, self._replies.spec)))
+        except BaseException:
+            for worker in workers:
+                worker.kill()
+                worker.wait()
+            raise
         return workers
 
     @property
@@ -138,8 +148,8 @@ class MultiProcExecutor(Executor):
 
     def _check_workers(self, deadline: float, what: str) -> None:
         for rank, worker in enumerate(self._workers):
-            if not worker.is_alive():
-                self._failure = (f"parallel worker rank {rank} exited with code {worker.exitcode} "
+            if worker.poll() is not None:
+                self._failure = (f"parallel worker rank {rank} exited with code {worker.returncode} "
                                  f"during {what}; the engine cannot continue")
                 raise WorkerFailedError(self._failure)
         if time.monotonic() > deadline:
@@ -154,7 +164,8 @@ class MultiProcExecutor(Executor):
         if self._closed:
             return
         self._closed = True
-        if self._failure is None and any(worker.is_alive() for worker in self._workers):
+        atexit.unregister(self.shutdown)
+        if self._failure is None and any(worker.poll() is None for worker in self._workers):
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
             try:
                 self._steps.write(encode_step(StepMessage(shutdown=True)),
@@ -162,13 +173,26 @@ class MultiProcExecutor(Executor):
             except WorkerFailedError:
                 pass
         self._stop_workers(graceful=self._failure is None)
-        self._steps.close(unlink=True)
-        self._replies.close(unlink=True)
+        for ring in (self._steps, self._replies):
+            if ring is not None:
+                ring.close(unlink=True)
         self._kv_shards.close()
 
     def _stop_workers(self, graceful: bool) -> None:
         for worker in self._workers:
-            worker.join(timeout=SHUTDOWN_GRACE_S if graceful else 0.0)
-            if worker.is_alive():
+            try:
+                worker.wait(timeout=SHUTDOWN_GRACE_S if graceful else 0.0)
+            except subprocess.TimeoutExpired:
                 worker.kill()
-                worker.join(timeout=SHUTDOWN_GRACE_S)
+                worker.wait()
+
+
+def _start_worker(startup: WorkerStartup) -> subprocess.Popen:
+    """A worker process with its startup message on stdin (an early exit shows in its status)."""
+    worker = subprocess.Popen(module_command(WORKER_MODULE), stdin=subprocess.PIPE, env=child_environment())
+    try:
+        worker.stdin.write(encode_startup(startup))
+        worker.stdin.close()
+    except BrokenPipeError:
+        pass  # it exited already; the start check reports its exit code
+    return worker

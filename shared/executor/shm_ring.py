@@ -9,6 +9,8 @@ back-off (the machine's cores are the model's) and calls `check` so that a dead 
 deadline ends the wait with an error instead of a hang.
 """
 
+import mmap
+import os
 import time
 from collections.abc import Callable
 from multiprocessing import shared_memory
@@ -18,6 +20,8 @@ import numpy as np
 WORD = 8
 SLOT_HEADER_WORDS = 2
 MAX_POLL_SLEEP_S = 0.0005
+# Where Linux keeps POSIX shared-memory objects (what shm_open opens).
+POSIX_SHM_FOLDER = "/dev/shm"
 
 
 class RingClosedError(RuntimeError):
@@ -33,8 +37,30 @@ def wait_until(ready: Callable[[], bool], check: Callable[[], None]) -> None:
         pause = min(MAX_POLL_SLEEP_S, pause * 2 or 1e-6)
 
 
+class AttachedSegment:
+    """A shared-memory segment another process created, mapped without registering it with
+    this process's resource tracker. `SharedMemory(name=...)` registers every attach before
+    Python 3.13, and a worker's tracker would unlink the engine's ring when the worker exits;
+    the creator alone tracks and unlinks it."""
+
+    def __init__(self, name: str):
+        descriptor = os.open(os.path.join(POSIX_SHM_FOLDER, name.lstrip("/")), os.O_RDWR)
+        try:
+            self._mapping = mmap.mmap(descriptor, 0)
+        finally:
+            os.close(descriptor)
+        self.buf = memoryview(self._mapping)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mapping.close()
+
+    def unlink(self) -> None:
+        raise RuntimeError("only the process that created a ring unlinks it")
+
+
 class ShmRing:
-    def __init__(self, memory: shared_memory.SharedMemory, num_readers: int, num_slots: int, slot_bytes: int):
+    def __init__(self, memory: shared_memory.SharedMemory | AttachedSegment, num_readers: int, num_slots: int, slot_bytes: int):
         self.memory = memory
         self.num_readers = num_readers
         self.num_slots = num_slots
@@ -53,10 +79,7 @@ class ShmRing:
 
     @classmethod
     def attach(cls, name: str, num_readers: int, num_slots: int, slot_bytes: int) -> "ShmRing":
-        # Spawned workers share the engine's resource tracker: attaching registers the name
-        # again (a no-op), the creator's unlink unregisters it.
-        memory = shared_memory.SharedMemory(name=name)
-        return cls(memory, num_readers, num_slots, slot_bytes)
+        return cls(AttachedSegment(name), num_readers, num_slots, slot_bytes)
 
     @property
     def spec(self) -> tuple[str, int, int, int]:

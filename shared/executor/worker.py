@@ -1,4 +1,5 @@
-"""One tensor/pipeline-parallel rank: a spawned process that loads its shard and runs steps.
+"""One tensor/pipeline-parallel rank: a child process (worker_main.py) that loads its shard
+and runs steps.
 
 It joins torch.distributed through the engine's TCP store (gloo on CPU), loads its weights
 shard, allocates its KV cache shard (its layers, its KV heads, the engine's block count: block
@@ -10,79 +11,70 @@ process with a non-zero code, which the engine notices; a worker whose engine di
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
-from shared.executor.kv_shards import KVShard, map_shard
+from shared.executor.kv_shards import map_shard, shard_of_rank
 from shared.executor.shm_ring import RingClosedError, ShmRing
 from shared.executor.stage_runner import StageRunner
 from shared.executor.step_message import WorkerRequests, decode_step
 from shared.executor.worker_reply import WorkerReply, encode_reply
+from shared.executor.worker_startup import WorkerStartup
 from shared.kv_cache.layout import KVCacheLayout
 from shared.parallel.groups import ParallelGroups, create_groups
 from shared.parallel.shard_loader import load_model_shard
 
 logger = logging.getLogger(__name__)
 
-RingSpec = tuple[str, int, int, int]
 
-
-@dataclass(frozen=True)
-class WorkerArgs:
-    rank: int
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    store_port: int
-    model_folder: str
-    dtype: torch.dtype
-    num_blocks: int
-    block_size: int
-    num_threads: int
-    seed: int
-    step_ring: RingSpec
-    reply_ring: RingSpec
-    kv_shard: KVShard
-
-
-def run_worker(args: WorkerArgs) -> None:
-    """Process entry point."""
+def run_worker(args: WorkerStartup) -> NoReturn:
+    """Serve steps until shutdown, then end the process: status 0 after a shutdown or with the
+    engine gone, 1 after a failure (logged). It skips the interpreter's teardown (seconds of
+    freeing torch's state on a busy machine): the OS reclaims the mappings and sockets."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s rank{args.rank} %(levelname)s %(name)s: %(message)s")
+    status = 0
     try:
         _serve(args)
     except RingClosedError:
-        os._exit(0)
+        pass
     except BaseException:  # noqa: BLE001 - the engine sees the exit code
         logger.exception("worker rank %d failed", args.rank)
-        sys.stderr.flush()
-        os._exit(1)
+        status = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
-def _join(args: WorkerArgs) -> ParallelGroups:
+def _join(args: WorkerStartup) -> ParallelGroups:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", args.store_port, is_master=False, timeout=timedelta(minutes=5))
-    world_size = args.tensor_parallel_size * args.pipeline_parallel_size
-    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=world_size)
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world_size)
     return create_groups(args.rank, args.tensor_parallel_size, args.pipeline_parallel_size)
 
 
-def _serve(args: WorkerArgs) -> None:
+def _serve(args: WorkerStartup) -> None:
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
+    check = _engine_alive_check(args.engine_pid)
+    check()
+    full_layout = args.kv_layout.to_layout()
+    shard = shard_of_rank(args.kv_folder, full_layout, args.tensor_parallel_size, args.pipeline_parallel_size,
+                          args.rank)
     groups = _join(args)
-    model, config = load_model_shard(args.model_folder, args.dtype, groups)
-    layout = KVCacheLayout(config.num_layers, args.num_blocks, args.block_size, config.num_kv_heads,
-                           config.head_dim, args.dtype)
-    if layout != args.kv_shard.layout:
+    model, config = load_model_shard(args.model_folder, full_layout.dtype, groups)
+    layout = KVCacheLayout(config.num_layers, full_layout.num_blocks, full_layout.block_size, config.num_kv_heads,
+                           config.head_dim, full_layout.dtype)
+    if layout != shard.layout:
         raise RuntimeError(f"rank {args.rank}: the model shard needs KV layout {layout}, "
-                           f"the engine made {args.kv_shard.layout}")
-    runner = StageRunner(model, layout, groups, map_shard(args.kv_shard))
+                           f"the engine made {shard.layout}")
+    runner = StageRunner(model, layout, groups, map_shard(shard))
     steps = ShmRing.attach(*args.step_ring)
     replies = ShmRing.attach(*args.reply_ring) if groups.is_output_rank else None
-    check = _engine_alive_check(os.getppid())
     dist.barrier()
     if replies is not None:
         replies.write(encode_reply(WorkerReply(ready=True)), check)

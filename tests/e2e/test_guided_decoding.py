@@ -21,6 +21,7 @@ from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.tokenization.chat import apply_chat_template
 from shared.wire.sampling import sampling_to_proto
 from tests.helpers.gateway_client import generate, generate_error, generate_request
+from tests.helpers.grammar_walk import assert_grammar_allows
 from tests.helpers.greedy_compare import assert_greedy_agrees
 from tests.helpers.stack import running_stack
 
@@ -176,19 +177,27 @@ def stack_request(llm: LLM, index: int, temperature: float) -> gateway_pb2.Gener
 
 
 def test_prefill_and_decode_instances_share_the_grammar(llm, stack):
-    """Greedy through gateway -> prefill -> decode equals the offline engine token for token
-    (so the first token was sampled under the grammar too), up to a bf16 near-tie; sampled
-    outputs validate."""
+    """Through gateway -> prefill -> decode, every token is one the grammar allowed at its step
+    (the prefill instance's first token, and the decode instance's matcher continuing from it),
+    and greedy output equals the offline engine's token for token up to a bf16 near-tie among
+    the allowed tokens (a choice has several tokenizations: "n" "eg" "ative" and "n" "eg" "at"
+    "iv" "e" both spell "negative", and their logits can tie in bf16); sampled outputs validate
+    and walk the grammar too."""
+    vocab_size = llm.engine.guided.vocab_size
     for index in (7, 10):
         prompt = chat_prompt(llm, CASES[index][1])
+        compiled = llm.engine.guided.grammars.compile(CASES[index][0])
         expected = llm.generate(prompt, case_params(0.0)[index])[0].outputs[0]
         got = generate(stack.gateway, stack_request(llm, index, 0.0))
+        assert_grammar_allows(compiled, vocab_size, list(got.token_ids))
+        assert_grammar_allows(compiled, vocab_size, expected.token_ids)
         assert_greedy_agrees(llm, prompt, list(got.token_ids), expected.token_ids)
         assert got.finish_reason == generation_pb2.FINISH_REASON_STOP
         check(CASES[index][0], got.text)
     for index in (5, 11):
         got = generate(stack.gateway, stack_request(llm, index, 1.0))
         check(CASES[index][0], got.text)
+        assert_grammar_allows(llm.engine.guided.grammars.compile(CASES[index][0]), vocab_size, list(got.token_ids))
     assert sum(status.num_prompt_tokens_computed for status in stack.statuses("prefill").values()) > 0
     stack.wait_all_blocks_free()
 

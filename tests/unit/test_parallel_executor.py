@@ -7,6 +7,7 @@ micro-batches have something to split), and every block returns to the pool.
 """
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -15,6 +16,7 @@ from transformers import LlamaForCausalLM as HFLlamaForCausalLM
 
 from shared.engine import LLM, SamplingParams
 from shared.errors import ConfigurationError
+from shared.executor import multiproc
 from shared.executor.multiproc import WorkerFailedError
 from tests.unit.conftest import TINY_LLAMA
 
@@ -86,3 +88,29 @@ def test_hung_worker_is_detected_by_the_step_timeout(parallel_llama_folder):
         os.kill(llm.engine.executor.worker_pids[0], signal.SIGSTOP)
         with pytest.raises(WorkerFailedError, match="hangs"):
             llm.generate(PROMPTS[:1], GREEDY)
+
+
+def test_worker_failing_to_start_is_reported_and_leaves_nothing_behind(parallel_llama_folder, tmp_path, monkeypatch):
+    broken = tmp_path / "broken"
+    shutil.copytree(parallel_llama_folder, broken)
+    (broken / "model.safetensors").write_bytes(b"not a checkpoint")
+    made = []
+
+    class RecordedShards(multiproc.SharedKVShards):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self.folder)
+    create_ring = multiproc.ShmRing.create
+
+    def recorded_ring(**kwargs):
+        ring = create_ring(**kwargs)
+        made.append(ring)
+        return ring
+    monkeypatch.setattr(multiproc, "SharedKVShards", RecordedShards)
+    monkeypatch.setattr(multiproc.ShmRing, "create", recorded_ring)
+    with pytest.raises(WorkerFailedError, match="exited with code 1 during start"):
+        LLM(model=str(broken), tensor_parallel_size=2, **ENGINE)
+    folder, steps, replies = made
+    assert not os.path.exists(folder)
+    for ring in (steps, replies):
+        assert not os.path.exists(f"/dev/shm/{ring.memory.name.lstrip('/')}")

@@ -108,3 +108,29 @@ def test_kv_shards_split_layers_by_stage_and_heads_by_rank():
         assert torch.equal(shards.tensors[3][:, 0, 1, :, 0], source[:, 2, 1, :, 1])
     finally:
         shards.close()
+
+
+def test_worker_startup_round_trips_and_names_the_shard_the_engine_made():
+    import torch
+    from shared.executor.kv_shards import SharedKVShards, shard_of_rank
+    from shared.executor.worker_startup import (CacheLayout, StartupError, WorkerStartup, decode_startup,
+                                                encode_startup)
+    from shared.kv_cache.layout import KVCacheLayout
+    layout = KVCacheLayout(num_layers=3, num_blocks=4, block_size=2, num_kv_heads=2, head_dim=3, dtype=torch.bfloat16)
+    shards = SharedKVShards(layout, tensor_parallel_size=2, pipeline_parallel_size=2)
+    ring = ShmRing.create(num_readers=4, num_slots=1, slot_bytes=8)
+    try:
+        startup = WorkerStartup(3, 2, 2, 1234, 5678, "/models/x", CacheLayout.of(layout), shards.folder, 1, 0,
+                                ring.spec, ring.spec)
+        received = decode_startup(encode_startup(startup))
+        assert received == startup and received.world_size == 4
+        assert received.kv_layout.to_layout() == layout
+        assert shard_of_rank(received.kv_folder, layout, 2, 2, 3) == shards.shards[3]
+        ShmRing.attach(*received.step_ring).close()
+    finally:
+        ring.close(unlink=True)
+        shards.close()
+    with pytest.raises(StartupError, match="not a worker startup message"):
+        decode_startup(b"\x93")
+    with pytest.raises(StartupError, match="kv_layout.dtype: 'nonsense' is not a torch dtype"):
+        CacheLayout(3, 4, 2, 2, 3, "nonsense").to_layout()

@@ -3,13 +3,10 @@ stdin, and the `Ready` handshake (raced against the child's exit, so a core that
 loading is reported at once with its exit status)."""
 
 import asyncio
-import os
 import shutil
 import signal
-import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import zmq
 import zmq.asyncio
@@ -19,10 +16,9 @@ from shared.memory.idle_trim import TrimPolicy
 from shared.engine.client import EngineDeadError
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
                                                  check_version, decode_core_message, encode)
+from shared.executor.python_child import child_environment, module_command
 
 CORE_MODULE = "shared.engine.core_process.main"
-# The folder that holds the `shared` package: the child imports the same code as its parent.
-CODE_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 @dataclass
@@ -53,12 +49,6 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
-def child_environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [CODE_ROOT, env.get("PYTHONPATH")]))
-    return env
-
-
 async def spawn_core(config: EngineConfig, trim_policy: TrimPolicy, startup_timeout_s: float) -> CoreHandle:
     """Start a core and wait for its Ready; EngineDeadError if it exits or times out first."""
     folder = tempfile.mkdtemp(prefix="pdserve-core-")
@@ -69,7 +59,7 @@ async def spawn_core(config: EngineConfig, trim_policy: TrimPolicy, startup_time
     outputs.bind(output_address)
     process = None
     try:
-        process = await asyncio.create_subprocess_exec(sys.executable, "-m", CORE_MODULE, stdin=asyncio.subprocess.PIPE,
+        process = await asyncio.create_subprocess_exec(*module_command(CORE_MODULE), stdin=asyncio.subprocess.PIPE,
                                                        env=child_environment())
         startup = CoreStartup(PROTOCOL_VERSION, config, input_address, output_address, trim_policy)
         process.stdin.write(encode(startup))
