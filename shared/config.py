@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from shared.core.scheduler_config import SchedulerConfig
 from shared.guided.limits import GuidedLimits
+from shared.kv_tier.config import KVTierConfig
 from shared.kv_transfer.types import KVTransferConfig
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
@@ -54,3 +55,5 @@ class EngineConfig:
     guided: GuidedLimits = field(default_factory=GuidedLimits)
     # The KV connector that moves prompts' KV to and from other engines (None: none).
     kv_transfer: KVTransferConfig | None = None
+    # KV tiers below the block pool: host shared memory and a local file (None: none).
+    kv_tier: KVTierConfig | None = None

@@ -2,9 +2,14 @@
 
 The scheduler asks; the pool keeps the counts. Each request's block table grows as its
 computed-token count catches up with its token count.
+
+A lower tier (`lower_tier`, the KV tiers of shared.kv_tier) extends the prefix cache: where
+the pool's own hits end, it may load the blocks that follow into the pool, and it sees every
+request's blocks when they are freed.
 """
 
 import logging
+from typing import Protocol
 
 from shared.core.request import Request
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
@@ -15,6 +20,14 @@ logger = logging.getLogger(__name__)
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
+
+
+class LowerTier(Protocol):
+    def load(self, request: Request, hits: list[KVBlock], max_blocks: int) -> list[KVBlock]:
+        """Blocks len(hits).. of `request` loaded into the pool (cached, free), or []."""
+
+    def on_freed(self, blocks: list[KVBlock]) -> None:
+        """A request is about to free these blocks (their KV still intact)."""
 
 
 class KVCacheManager:
@@ -28,6 +41,7 @@ class KVCacheManager:
         self.hash_recipe = HashRecipe(model_key, block_size, hash_algo)  # validates the algorithm
         self._blocks: dict[str, list[KVBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}
+        self.lower_tier: LowerTier | None = None
 
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self._blocks.get(request_id, [])]
@@ -49,12 +63,17 @@ class KVCacheManager:
         self.update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits = []
-        for index, block_hash in enumerate(request.block_hashes[:max_blocks]):
-            start = index * self.block_size
-            block = self.pool.lookup(block_hash, tuple(request.all_token_ids[start:start + self.block_size]))
-            if block is None:
+        while len(hits) < max_blocks:
+            start = len(hits) * self.block_size
+            block = self.pool.lookup(request.block_hashes[len(hits)],
+                                     tuple(request.all_token_ids[start:start + self.block_size]))
+            if block is not None:
+                hits.append(block)
+                continue
+            loaded = self.lower_tier.load(request, hits, max_blocks) if self.lower_tier is not None else []
+            if not loaded:
                 break
-            hits.append(block)
+            hits += loaded
         return hits
 
     def allocate(self, request: Request, num_new_tokens: int,
@@ -95,6 +114,8 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         blocks = self._blocks.pop(request.request_id, [])
         self._num_cached_blocks.pop(request.request_id, None)
+        if self.lower_tier is not None and blocks:
+            self.lower_tier.on_freed(blocks)
         self.pool.free(list(reversed(blocks)))
 
     def shared_prompt_blocks(self, parent: Request, child: Request) -> list[KVBlock]:

@@ -26,6 +26,7 @@ from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
 from shared.kv_cache.block_pool import BlockPool
+from shared.kv_tier.attach import TierHooks
 from shared.kv_transfer.base import KVConnector
 from shared.kv_transfer.factory import create_connector
 from shared.kv_transfer.types import FinishedTransfers, KVSendParams, KVTransferOutcome
@@ -69,6 +70,8 @@ class EngineCore:
             self.connector.start()
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
                                    config.speculative.num_tokens_per_step, self.connector)
+        # KV tiers below the pool (shared.kv_tier; hooks that do nothing when there are none).
+        self.tiers = TierHooks.attach(config.kv_tier, executor, self.kv_manager, config.model, config.deterministic)
         self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids, config.guided)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
@@ -91,6 +94,7 @@ class EngineCore:
         """Release the KV connector and the executor (stops worker processes, if any)."""
         if self.connector is not None:
             self.connector.shutdown()
+        self.tiers.close()
         self.executor.shutdown()
 
     def new_request_id(self) -> str:
@@ -304,6 +308,7 @@ class EngineCore:
         """The next batch, and the requests whose guided masks failed (by id, with the error)."""
         scheduler_output = self.scheduler.schedule()
         self.stats.record_schedule(scheduler_output, self.scheduler, self.block_pool)
+        self.tiers.scheduled(scheduler_output)
         failed = self.guided.prepare_step(scheduler_output.scheduled, self.scheduler.requests)
         return scheduler_output, failed
 
@@ -330,6 +335,7 @@ class EngineCore:
 
     def _apply(self, scheduler_output: SchedulerOutput, failed: dict[str, str],
                runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        self.tiers.applied(scheduler_output)
         failed_requests = self._fail_requests({**failed, **runner_output.failed})
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids,
                                                     runner_output.verified)

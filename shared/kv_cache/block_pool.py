@@ -4,6 +4,10 @@ A block with ref_count 0 sits in the free queue; if it still holds a cached pref
 revived by a prefix hit until allocation reuses (evicts) it. Allocation takes from the front
 of the queue (least recently freed), frees go to the back.
 
+`on_evict`, when set, sees every cached block that allocation is about to reuse, once per
+allocation and before the caller writes into it (its KV still intact): the KV tiers below the
+pool copy it there (shared.kv_tier).
+
 Every store into and eviction from the prefix cache is recorded as an event for whoever
 mirrors the cache (the prefix publisher, through the engine API). Nobody may drain them (an
 offline engine): past `max_pending_events` they are dropped and `events_overflowed` says the
@@ -11,6 +15,7 @@ next reader needs a snapshot of every cached hash instead.
 """
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.kv_cache.block_hash import BlockHash
@@ -25,6 +30,14 @@ class KVBlock:
     # The block's token ids, compared on every hit so a hash collision can never hand
     # one prompt another prompt's KV.
     token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EvictedBlock:
+    """A cached block allocation is reusing: its KV is still in the cache until the caller writes."""
+    block_id: int
+    block_hash: BlockHash
+    token_ids: tuple[int, ...]
 
 
 @dataclass
@@ -48,6 +61,7 @@ class BlockPool:
         self._free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
         self._events = PrefixCacheEvents()
+        self.on_evict: Callable[[list[EvictedBlock]], None] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -68,12 +82,16 @@ class BlockPool:
     def allocate(self, num_blocks: int) -> list[KVBlock]:
         if num_blocks > self.num_free_blocks:
             raise RuntimeError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
-        allocated = []
+        allocated, evicted = [], []
         for _ in range(num_blocks):
             _, block = self._free_queue.popitem(last=False)
+            if block.block_hash is not None and self.on_evict is not None:
+                evicted.append(EvictedBlock(block.block_id, block.block_hash, block.token_ids))
             self._evict(block)
             block.ref_count = 1
             allocated.append(block)
+        if evicted:
+            self.on_evict(evicted)
         return allocated
 
     def touch(self, blocks: list[KVBlock]) -> None:
