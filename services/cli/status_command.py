@@ -48,14 +48,16 @@ def run(args: argparse.Namespace) -> int:
 
     namespace = ClusterNamespace(args.deployment, namespace_model_name(args.model))
     try:
-        instances, leases, board = asyncio.run(_read(args.redis_url, namespace))
+        instances, leases, board, tiers = asyncio.run(_read(args.redis_url, namespace))
     except OSError as error:  # redis ConnectionError/TimeoutError derive from OSError here
         print(f"pdserve status: error: cannot read {args.redis_url}: {error}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({**_as_json(namespace, instances, leases), "supervised": board}, indent=2))
+        print(json.dumps({**_as_json(namespace, instances, leases), "supervised": board,
+                          "kv_tiers": _tiers_as_json(tiers)}, indent=2))
     else:
         print_table(namespace, instances, leases)
+        print_tiers(tiers)
         print_board(board)
     return 0
 
@@ -66,6 +68,7 @@ async def _read(redis_url: str, namespace):
     from shared.cluster.instances import InstanceRegistry
     from shared.cluster.keys import supervisor_key
     from shared.cluster.lease_mirror import list_mirrored_leases
+    from shared.cluster.tier_board import TierBoard
     from services.launcher.supervision_board import parse_board
 
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=3.0, socket_connect_timeout=3.0)
@@ -73,11 +76,12 @@ async def _read(redis_url: str, namespace):
         instances = await InstanceRegistry(client, namespace).list_live()
         leases = await list_mirrored_leases(client, namespace)
         board = parse_board(await client.hgetall(supervisor_key(namespace.deployment)))
+        tiers = await TierBoard(client, namespace, ttl_s=1.0).read(info.instance_id for info, _ in instances)
     except redis.exceptions.RedisError as error:
         raise OSError(str(error)) from error
     finally:
         await client.aclose()
-    return instances, leases, board
+    return instances, leases, board, tiers
 
 
 def _as_json(namespace, instances, leases) -> dict:
@@ -102,6 +106,29 @@ def print_table(namespace, instances, leases) -> None:
         _print_rows(("INSTANCE", "REQUEST", "BLOCKS", "EXPIRES IN"),
                     [(lease.instance_id, lease.request_id, str(len(lease.block_ids)),
                       f"{lease.remaining_s:.1f}s") for lease in leases])
+
+
+def _tiers_as_json(tiers) -> dict:
+    from dataclasses import asdict
+
+    return {instance_id: [{**asdict(tier), "num_bytes": tier.num_bytes} for tier in found]
+            for instance_id, found in tiers.items()}
+
+
+def print_tiers(tiers) -> None:
+    """Per instance and KV tier (host, file, peer): blocks held (the whole host's for a host
+    tier), this instance's hits, misses, loads, load time, tokens not recomputed, decisions."""
+    rows = [(instance_id, tier.tier, f"{tier.num_blocks}/{tier.capacity_blocks}" if tier.capacity_blocks else "-",
+             f"{tier.num_bytes / 2**30:.2f}", str(tier.num_hits), str(tier.num_misses), str(tier.num_loads),
+             str(tier.num_stores), str(tier.num_evictions), str(tier.num_corrupt),
+             f"{tier.load_seconds * 1e3 / tier.num_loads:.2f}" if tier.num_loads else "-",
+             str(tier.recompute_avoided_tokens), f"{tier.num_load_decisions}/{tier.num_recompute_decisions}")
+            for instance_id, found in tiers.items() for tier in found]
+    if not rows:
+        return
+    print("\nKV tiers")
+    _print_rows(("INSTANCE", "TIER", "BLOCKS", "GIB", "HITS", "MISSES", "LOADS", "STORES", "EVICTED", "CORRUPT",
+                 "MS/BLOCK", "TOKENS AVOIDED", "LOAD/RECOMPUTE"), rows)
 
 
 def _cache_summary(cache) -> str:

@@ -14,6 +14,9 @@ from shared.engine.loading import load_tokenizer_if_present
 from shared.model.default_model import resolve_model
 from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine
+from shared.kv_tier.config import KVTierConfig
+from shared.kv_tier.cost_seeds import CostSeeds, load_cost_seeds
+from shared.kv_tier.sizing import default_host_tier_bytes
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
@@ -31,10 +34,14 @@ CONNECTOR_ROLES = {"prefill": KVConnectorRole.PRODUCER, "decode": KVConnectorRol
 
 
 def kv_transfer_config(settings: InstanceSettings) -> KVTransferConfig | None:
-    """The UCX connector, in the role's direction (None for a role that moves no KV)."""
+    """The UCX connector, in the role's direction (None for a role that moves no KV); both
+    directions with peer reuse (a prefill instance receives prefixes it pulls, any instance
+    sends prefixes it holds)."""
     role = CONNECTOR_ROLES.get(settings.role)
     if role is None:
         return None
+    if settings.kv_peer_reuse:
+        role = KVConnectorRole.BOTH
     return KVTransferConfig(UCX_CONNECTOR, role, host=settings.ucx_host, port=settings.ucx_port,
                             max_staging_bytes=int(settings.kv_staging_max_mb * MIB),
                             send_wait_s=settings.kv_send_wait_ms / 1e3)
@@ -56,7 +63,27 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         num_threads=settings.num_threads or None, seed=settings.seed,
                         deterministic=settings.deterministic,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
-                        parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings))
+                        parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings),
+                        kv_tier=kv_tier_config(settings))
+
+
+def kv_tier_config(settings: InstanceSettings) -> KVTierConfig | None:
+    """The host and file tiers below the pool (None when both are off), their load costs and
+    the prefill cost seeded from --kv-cost-profile when given."""
+    host_bytes = (int(settings.kv_host_tier_gb * GIB) if settings.kv_host_tier_gb >= 0
+                  else default_host_tier_bytes(settings.kv_host_tier_dir))
+    file_bytes = int(settings.kv_file_tier_gb * GIB)
+    if host_bytes <= 0 and file_bytes <= 0:
+        return None
+    seeds = load_cost_seeds(settings.kv_cost_profile) if settings.kv_cost_profile else CostSeeds({}, None)
+
+    def per_block(tier: str) -> float | None:
+        return seeds.tiers[tier].seconds_per_block if tier in seeds.tiers else None
+
+    return KVTierConfig(host_bytes=max(0, host_bytes), host_dir=settings.kv_host_tier_dir, file_bytes=file_bytes,
+                        file_dir=settings.kv_file_tier_dir, write_through=settings.kv_tier_write_through,
+                        host_load_seconds_per_block=per_block("host"), file_load_seconds_per_block=per_block("file"),
+                        compute_seconds_per_token=seeds.compute_seconds_per_token)
 
 
 async def start_engine(settings: InstanceSettings) -> EngineClient:

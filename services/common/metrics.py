@@ -47,6 +47,18 @@ class RoleCollector(Collector):
         if decode is not None:
             yield make.counter("pdserve:lease_expiries", "Reservations freed because their lease ran out.",
                                decode.book.num_lease_expiries)
+        prefill = self._handler("prefill")
+        if prefill is not None and prefill.peers.is_enabled:
+            yield make.gauge("pdserve:kv_peer_pulls_in_flight", "Prefixes this instance is pulling from peers now.",
+                             prefill.peers.num_in_flight)
+        peer = self._handler("peer")
+        if peer is not None:
+            yield make.counter("pdserve:kv_peer_sends", "Prefixes this instance sent to peers that pulled them.",
+                               peer.num_sends)
+            yield make.counter("pdserve:kv_peer_send_blocks", "KV blocks this instance sent to pulling peers.",
+                               peer.num_blocks_sent)
+            yield make.counter("pdserve:kv_peer_send_refusals", "Pulls refused: this instance no longer held "
+                               "every block asked for.", peer.num_refused)
         presence = self.runtime.presence
         if presence is not None:
             yield make.counter("pdserve:lease_mirror_failures", "Lease writes to Redis dropped or failed.",
@@ -73,7 +85,7 @@ class InstanceMetrics:
     def __init__(self, runtime, model_name: str):
         self.labels = {"model_name": model_name, "role": runtime.role, "instance_id": runtime.instance_id}
         self.registry = new_registry()
-        self.registry.register(EngineCollector(runtime.engine.latest_status, self.labels))
+        self.registry.register(EngineCollector(runtime.engine.latest_status, self.labels, runtime.peer_tier_stats))
         self.registry.register(RoleCollector(runtime, self.labels))
         self.registry.register(InstanceMemory(runtime).collector(self.labels))
         self.tracker = RequestLatencyTracker(self.registry, self.labels)

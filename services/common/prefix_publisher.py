@@ -6,6 +6,10 @@ removed, SADD stored). When Redis fails, when the Heartbeater reconnects (Redis 
 empty), or when the engine dropped events nobody drained, it republishes everything instead:
 `replace_all` with a snapshot of every cached hash, taken together with draining the events,
 so the index never misses a change. One lock orders the two paths.
+
+The host's KV tiers have an entry too (`prefix:tier:{tier_id}`, shared by the instances of the
+host): each instance adds the blocks it stored there and removes those its stores evicted;
+a republish replaces the entry with everything the tiers hold.
 """
 
 import asyncio
@@ -20,9 +24,11 @@ logger = logging.getLogger(__name__)
 
 class PrefixPublisher:
     def __init__(self, index: PrefixIndex, instance_id: str, engine: EngineClient, interval_s: float,
-                 op_timeout_s: float = 2.0):
+                 op_timeout_s: float = 2.0, tier_id: str = ""):
+        """`tier_id`: the host's KV tiers in the index ("": none)."""
         self.index = index
         self.instance_id = instance_id
+        self.tier_id = tier_id
         self.engine = engine
         self.interval_s = interval_s
         self.op_timeout_s = op_timeout_s
@@ -58,6 +64,7 @@ class PrefixPublisher:
         self._needs_republish = True
         async with asyncio.timeout(self.op_timeout_s):
             await self.index.replace_all(self.instance_id, list(events.stored))
+            await self._publish_tier(events)
         self._needs_republish = False
         logger.info("prefix index of %s republished: %d blocks", self.instance_id, len(events.stored))
 
@@ -72,7 +79,16 @@ class PrefixPublisher:
             async with asyncio.timeout(self.op_timeout_s):
                 await self.index.remove(self.instance_id, list(events.removed))
                 await self.index.add(self.instance_id, list(events.stored))
+                await self._publish_tier(events)
             self._needs_republish = False
+
+    async def _publish_tier(self, events: KVCacheEvents) -> None:
+        if not self.tier_id:
+            return
+        if events.is_tier_snapshot:
+            await self.index.replace_tier(self.tier_id, list(events.tier_stored))
+        else:
+            await self.index.update_tier(self.tier_id, list(events.tier_stored), list(events.tier_removed))
 
     async def _run(self) -> None:
         while True:

@@ -17,6 +17,7 @@ from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistr
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.prefix_index import PrefixIndex
+from shared.cluster.tier_board import TierBoard
 from shared.engine.client import EngineClient
 from services.common.prefix_publisher import PrefixPublisher
 from services.common.settings import InstanceSettings
@@ -45,15 +46,19 @@ class ClusterPresence:
         self.registry = InstanceRegistry(self.redis, self.namespace, ttl_s=settings.heartbeat_ttl_s)
         self.prefix_index = PrefixIndex(self.redis, self.namespace)
         self.lease_mirror = LeaseMirror(self.redis, self.namespace)
+        self.tier_board = TierBoard(self.redis, self.namespace, settings.heartbeat_ttl_s)
         self.heartbeater: Heartbeater | None = None
         self.publisher: PrefixPublisher | None = None
+        self._tier_task: asyncio.Task | None = None
+        # Tiers the engine does not keep (the prefill handler's peer pulls), for the tier board.
+        self.read_more_tiers: Callable[[], tuple] = tuple
         # Called after a Redis restart (or lapse) once re-registered: republish what Redis lost.
         self.resync_hooks: list[Callable[[], Awaitable[None] | None]] = []
 
     def start(self, info: InstanceInfo, engine: EngineClient) -> None:
         """Register (first beat), then keep beating and publishing the prefix index."""
         self.publisher = PrefixPublisher(self.prefix_index, info.instance_id, engine,
-                                         self.settings.prefix_publish_interval_s)
+                                         self.settings.prefix_publish_interval_s, tier_id=info.kv_tier_id)
         self.heartbeater = Heartbeater(self.registry, info, lambda: instance_load(engine),
                                        interval_s=self.settings.heartbeat_interval_s,
                                        on_reconnect=self._resync,
@@ -62,6 +67,7 @@ class ClusterPresence:
                                        beat_timeout_s=REDIS_TIMEOUT_S)
         self.heartbeater.start()
         self.publisher.start()
+        self._tier_task = asyncio.get_running_loop().create_task(self._publish_tiers_forever(info.instance_id, engine))
         logger.info("registering %s (%s) at %s in %s with cache settings %s", info.instance_id, info.role,
                     info.grpc_address, self.namespace.prefix, info.cache)
 
@@ -70,9 +76,26 @@ class ClusterPresence:
         await self.publisher.republish()
         await run_resync_hooks(self.resync_hooks)
 
+    async def _publish_tiers_forever(self, instance_id: str, engine: EngineClient) -> None:
+        """The tier counters for `pdserve status`, every heartbeat interval (Redis trouble:
+        logged at debug, the next round retries)."""
+        while True:
+            try:
+                tiers = [*engine.latest_status().kv_tiers, *self.read_more_tiers()]
+                async with asyncio.timeout(REDIS_TIMEOUT_S):
+                    await self.tier_board.write(instance_id, tiers)
+            except Exception as error:  # noqa: BLE001 - status only: never fails serving
+                logger.debug("tier board of %s not written: %r", instance_id, error)
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
     async def withdraw(self) -> None:
         """Leave routing: stop beating and deregister, stop publishing and drop the prefix-index
         entry (best effort). Lease mirroring carries on until `close`."""
+        if self._tier_task is not None:
+            self._tier_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tier_task
+            self._tier_task = None
         if self.publisher is not None:
             await self.publisher.stop()
         if self.heartbeater is not None:

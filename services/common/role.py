@@ -2,7 +2,8 @@
 
 A role is up to three handlers on one engine: `prefill` (Prefill), `decode` (Reserve, Renew, Decode,
 Release) and `generate` (Generate). The prefill role has the first, the decode role the
-second, a colocated instance all three. The runtime starts them once the engine is loaded,
+second, a colocated instance all three; with peer reuse every role also has `peer`
+(SendCachedBlocks). The runtime starts them once the engine is loaded,
 stops them at shutdown (after the gRPC server has drained), and lets each add its counters
 to GetStatus.
 """
@@ -38,7 +39,8 @@ class RoleHandlers:
     prefill: RoleHandler | None = None
     decode: RoleHandler | None = None
     generate: RoleHandler | None = None
+    peer: RoleHandler | None = None
 
     def all(self) -> list[RoleHandler]:
-        return [handler for handler in (self.prefill, self.decode, self.generate) if handler is not None]
+        return [handler for handler in (self.prefill, self.decode, self.generate, self.peer) if handler is not None]
 

@@ -34,6 +34,7 @@ from services.common.engine_restart import RestartBudget
 from services.common.engine_setup import start_engine
 from services.common.grpc_server import GrpcServer, instance_grpc_server
 from services.common.metrics import InstanceMetrics
+from services.common.peer_handler import PeerHandler
 from services.common.presence import ClusterPresence
 from services.common.ready_file import write_ready_file
 from services.common.role import RoleHandlers
@@ -96,7 +97,10 @@ class InstanceRuntime:
         model_name = self.settings.served_model_name or self.engine.info.cache.model_id
         self._start_metrics(model_name)
         self.presence = ClusterPresence(self.settings, model_name)
+        self.presence.read_more_tiers = self.peer_tier_stats
         handlers = self.build_handlers(self)
+        if self.settings.kv_peer_reuse:
+            handlers.peer = PeerHandler(self)
         for handler in handlers.all():
             await handler.start()
             self._started_handlers.append(handler)
@@ -168,9 +172,15 @@ class InstanceRuntime:
         self.engine.observer = self.metrics.tracker
         self.metrics_address = self.metrics.start(self.settings.host, self.settings.metrics_port)
 
+    def peer_tier_stats(self) -> tuple:
+        """The peer tier as this instance's prefill handler pulls from it (empty without one)."""
+        prefill = self.handlers.prefill if self.handlers is not None else None
+        return (prefill.peers.stats(),) if prefill is not None and prefill.peers.is_enabled else ()
+
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
-                            self.presence.namespace.model, cache=self.engine.info.cache)
+                            self.presence.namespace.model, cache=self.engine.info.cache,
+                            kv_tier_id=self.engine.info.kv_tier_id)
 
     async def status(self) -> pb.InstanceStatus:
         status = status_to_proto(await self.engine.status())

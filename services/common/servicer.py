@@ -65,6 +65,11 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
             async for message in self._handler("generate", "Generate", True).generate(request):
                 yield message
 
+    async def SendCachedBlocks(self, request: pb.SendCachedBlocksRequest, context) -> pb.SendCachedBlocksResponse:
+        bind_request_id(request.request_id)
+        async with rpc_errors(context, "SendCachedBlocks", request.request_id):
+            return await self._handler("peer", "SendCachedBlocks", True).send_cached_blocks(request)
+
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.InstanceStatus:
         async with rpc_errors(context, "GetStatus", ""):
             if self.runtime.handlers is None:

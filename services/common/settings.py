@@ -100,6 +100,24 @@ class InstanceSettings(ServiceSettings):
     kv_send_wait_ms: float = _setting(30.0, "a prefill step that started KV sends waits up to this long for them to "
                                             "end, so those prompts are answered with it, not after the next step's "
                                             "compute (0 = never wait)", ge=0)
+    kv_host_tier_gb: float = _setting(-1.0, "KV host tier: shared memory for KV blocks evicted from (or finished "
+                                            "in) the pools of this host's instances, which all share it, GiB (-1 = "
+                                            "sized to the machine: an eighth of its memory, at most half of "
+                                            "--kv-host-tier-dir's free space; 0 = off)", ge=-1)
+    kv_host_tier_dir: str = _setting("/dev/shm", "where the host tier's arena file lives (a memory file system)")
+    kv_file_tier_gb: float = _setting(0.0, "KV file tier below the host tier: a memory-mapped file on local disk "
+                                           "that outlives the instances, GiB (0 = off)", ge=0)
+    kv_file_tier_dir: str = _setting("", "where the file tier lives ('' = <pdserve cache dir>/kv-tier)")
+    kv_tier_write_through: bool = _setting(True, "store a request's computed KV blocks in the tiers when it ends, "
+                                                 "not only when the pool evicts them (the next turn of a chat "
+                                                 "finds the decode instance's blocks there)")
+    kv_peer_reuse: bool = _setting(True, "pull a prefix another instance holds over UCX instead of computing it "
+                                         "(prefill), and serve such pulls (every role)")
+    kv_peer_timeout_s: float = _setting(5.0, "longest a peer pull may take before the prompt is computed instead",
+                                        gt=0)
+    kv_cost_profile: str = _setting("", "a `pdserve profile` JSON whose measured tier, peer and prefill costs "
+                                        "seed the load-or-recompute choice ('' = built-in figures until this "
+                                        "instance has measured its own)")
     onednn_cache_capacity: int = _setting(128, "entries in each of oneDNN's per-shape primitive caches", gt=0)
     idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the engine idles, "
                                                  "at most this often (0 = never)", ge=0)

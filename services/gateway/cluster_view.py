@@ -83,35 +83,47 @@ class ClusterView:
         self._had_error, self._redis_run_id = False, run_id
 
     async def candidates(self, prompt: PromptHashes) -> list[Candidate]:
-        """Every live instance with the number of leading prompt blocks it holds."""
+        """Every live instance with the number of leading prompt blocks it holds, in its pool
+        and (beyond those) in its host's KV tiers."""
         listing = await self.live()
-        overlap = await self._overlap(prompt, listing)
+        overlap, tier_overlap = await self._overlap(prompt, listing)
         now = self.clock()
-        return [Candidate(instance_id=info.instance_id, role=info.role, grpc_address=info.grpc_address,
-                          prefix_blocks=overlap.get(info.instance_id, 0),
-                          free_blocks=load.num_free_blocks, total_blocks=load.num_total_blocks,
-                          num_running=load.num_running_requests, queue_depth=load.queue_depth,
-                          is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now, cache=info.cache)
-                for info, load in listing]
+        candidates = []
+        for info, load in listing:
+            prefix_blocks = overlap.get(info.instance_id, 0)
+            tier_blocks = max(0, tier_overlap.get(info.kv_tier_id, 0) - prefix_blocks) if info.kv_tier_id else 0
+            candidates.append(Candidate(
+                instance_id=info.instance_id, role=info.role, grpc_address=info.grpc_address,
+                prefix_blocks=prefix_blocks, tier_blocks=tier_blocks,
+                free_blocks=load.num_free_blocks, total_blocks=load.num_total_blocks,
+                num_running=load.num_running_requests, queue_depth=load.queue_depth,
+                is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now, cache=info.cache))
+        return candidates
 
-    async def _overlap(self, prompt: PromptHashes, listing: Listing) -> dict[str, int]:
-        """Leading blocks held, per instance: one lookup per hash recipe among the instances."""
-        instance_ids_by_recipe: dict[HashRecipe, list[str]] = {}
+    async def _overlap(self, prompt: PromptHashes, listing: Listing) -> tuple[dict[str, int], dict[str, int]]:
+        """Leading blocks held, per instance and per host tier: one lookup per hash recipe."""
+        by_recipe: dict[HashRecipe, tuple[list[str], set[str]]] = {}
         for info, _ in listing:
             if info.cache is not None:
-                instance_ids_by_recipe.setdefault(hash_recipe(info.cache), []).append(info.instance_id)
+                instance_ids, tier_ids = by_recipe.setdefault(hash_recipe(info.cache), ([], set()))
+                instance_ids.append(info.instance_id)
+                if info.kv_tier_id:
+                    tier_ids.add(info.kv_tier_id)
         overlap: dict[str, int] = {}
-        for recipe, instance_ids in instance_ids_by_recipe.items():
+        tier_overlap: dict[str, int] = {}
+        for recipe, (instance_ids, tier_ids) in by_recipe.items():
             block_hashes = prompt.for_recipe(recipe)
             if not block_hashes:
                 continue
             try:
                 overlap.update(await self.prefix_index.longest_prefix(block_hashes, instance_ids))
+                if tier_ids:
+                    tier_overlap.update(await self.prefix_index.longest_tier_prefix(block_hashes, tier_ids))
             except Exception as error:  # noqa: BLE001 - route by load alone
                 self.num_redis_errors += 1
                 logger.warning("prefix lookup failed (%r); routing by load", error)
-                return {}
-        return overlap
+                return {}, {}
+        return overlap, tier_overlap
 
     def mark_failed(self, instance_id: str) -> None:
         """An instance failed a call: try it last for a while, and re-list soon."""

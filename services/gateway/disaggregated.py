@@ -27,6 +27,7 @@ from shared.wire.handback import is_handed_back
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
 from services.gateway.migration import continuation, final_message, fix_usage, is_complete
+from services.gateway.peer_source import add_peer_source
 from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, no_pair_reason, pairable_decodes, prefills_for, rank
@@ -132,6 +133,7 @@ async def prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
         ctx.stats.record_route("prefill", choice.reason if attempt == 0 else "retry")
         ctx.stats.num_prefill_retries += attempt > 0
         target = choice.ranked[0]
+        add_peer_source(message, target, candidates)  # peer reuse: who holds more of the prompt
         try:
             return await ctx.channels.stub(target.grpc_address).Prefill(
                 message, timeout=deadline.remaining())

@@ -2,7 +2,10 @@
 
 Decode instances are ranked by (prefix blocks held desc, free blocks desc, running asc),
 prefill instances by (prefix blocks held desc, queue depth asc, running asc), colocated
-ones by (prefix blocks held desc, queue + running asc, free blocks desc). The instance id
+ones by (prefix blocks held desc, queue + running asc, free blocks desc). Blocks held count
+those in the instance's pool fully and those beyond them in its host's KV tiers at
+TIER_BLOCK_WEIGHT (a load from the host tier costs a small fraction of computing the block:
+docs/kv_tiers.md), so a pool hit still wins a tie against the same run in a tier. The instance id
 breaks remaining ties, so decisions are deterministic. Instances that already failed for
 this request are excluded; instances that failed recently for any request ("suspect") go
 last. `plan_route` decides between the disaggregated pair and a colocated instance. A prefill
@@ -18,6 +21,7 @@ from shared.engine.client import CacheSettings
 from services.gateway.pairing import can_pair, describe_mismatch
 
 DISAGGREGATED = "disaggregated"
+TIER_BLOCK_WEIGHT = 0.9
 COLOCATED = "colocated"
 
 
@@ -26,13 +30,25 @@ class Candidate:
     instance_id: str
     role: str
     grpc_address: str
-    prefix_blocks: int = 0  # leading prompt blocks the instance holds
+    prefix_blocks: int = 0  # leading prompt blocks the instance holds (its pool)
+    tier_blocks: int = 0  # leading prompt blocks beyond those that its host's KV tiers hold
     free_blocks: int = 0
     total_blocks: int = 0
     num_running: int = 0
     queue_depth: int = 0
     is_suspect: bool = False
     cache: CacheSettings | None = None  # as registered; None: an instance that registered none
+
+
+    @property
+    def held_blocks(self) -> float:
+        """Pool blocks, plus tier blocks at what they are worth (TIER_BLOCK_WEIGHT)."""
+        return self.prefix_blocks + TIER_BLOCK_WEIGHT * self.tier_blocks
+
+    @property
+    def local_blocks(self) -> int:
+        """Leading prompt blocks it can use without computing them: its pool's and its tiers'."""
+        return self.prefix_blocks + self.tier_blocks
 
 
 @dataclass(frozen=True)
@@ -44,15 +60,15 @@ class Choice:
 
 
 def _decode_key(c: Candidate):
-    return (c.is_suspect, -c.prefix_blocks, -c.free_blocks, c.num_running, c.instance_id)
+    return (c.is_suspect, -c.held_blocks, -c.free_blocks, c.num_running, c.instance_id)
 
 
 def _prefill_key(c: Candidate):
-    return (c.is_suspect, -c.prefix_blocks, c.queue_depth, c.num_running, c.instance_id)
+    return (c.is_suspect, -c.held_blocks, c.queue_depth, c.num_running, c.instance_id)
 
 
 def _colocated_key(c: Candidate):
-    return (c.is_suspect, -c.prefix_blocks, c.queue_depth + c.num_running, -c.free_blocks,
+    return (c.is_suspect, -c.held_blocks, c.queue_depth + c.num_running, -c.free_blocks,
             c.instance_id)
 
 
@@ -72,7 +88,7 @@ def _reason(ranked: list[Candidate]) -> str:
     if len(ranked) == 1:
         return "only"
     first, second = ranked[0], ranked[1]
-    if first.prefix_blocks > second.prefix_blocks and not first.is_suspect:
+    if first.held_blocks > second.held_blocks and not first.is_suspect:
         return "prefix"
     return "load"
 

@@ -14,6 +14,7 @@ max_tokens 0.
 import contextlib
 import dataclasses
 import logging
+import time
 
 import grpc
 
@@ -28,6 +29,7 @@ from shared.wire.outputs import logprobs_to_proto
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
 from services.common.role import RoleHandler
+from services.prefill.peer_pull import PeerPuller
 
 logger = logging.getLogger(__name__)
 
@@ -98,20 +100,30 @@ def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KV
 class PrefillHandler(RoleHandler):
     def __init__(self, runtime):
         self.engine = runtime.engine
+        self.peers = PeerPuller(runtime)  # peer reuse: pulls a prefix another instance holds
+
+    async def stop(self) -> None:
+        await self.peers.close()
 
     async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
         check_transfer_request(request, self.engine.info.cache.block_size)
+        num_pulled = await self.peers.pull(request)
         num_resumed = request.num_resumed_output_tokens
         generate = GenerateRequest(
             f"{request.request_id}{ENGINE_ID_SUFFIX}", tuple(request.prompt_token_ids),
             prefill_params(sampling_from_proto(request.sampling), num_resumed),
             request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
+        started = time.perf_counter()
         output = await self._run_prompt(request, generate)
+        self.peers.record_prompt(len(request.prompt_token_ids) - output.num_cached_tokens, time.perf_counter() - started)
         sent = output.kv_transfer or NOTHING_SENT
-        logger.info("prefill %s: %d prompt tokens (%d cached), %d KV bytes to %s in %.1f ms", request.request_id,
-                    len(request.prompt_token_ids), output.num_cached_tokens, sent.num_bytes,
-                    request.decode_ucx_address, sent.seconds * 1e3)
-        return prefill_response(request, output, sent)
+        logger.info("prefill %s: %d prompt tokens (%d cached, %d pulled), %d KV bytes to %s in %.1f ms",
+                    request.request_id, len(request.prompt_token_ids), output.num_cached_tokens, num_pulled,
+                    sent.num_bytes, request.decode_ucx_address, sent.seconds * 1e3)
+        response = prefill_response(request, output, sent)
+        if num_pulled:
+            response.num_peer_prompt_tokens = num_pulled
+        return response
 
     async def _run_prompt(self, request: pb.PrefillRequest, generate: GenerateRequest) -> RequestOutput:
         output = None

@@ -33,6 +33,8 @@ class InstanceInfo:
     model: str
     # What its KV cache was built with; None in records of instances that registered none.
     cache: CacheSettings | None = None
+    # Its host's KV tiers in the prefix index ("": none; absent from older records).
+    kv_tier_id: str = ""
 
     def __post_init__(self) -> None:
         validate_name("instance_id", self.instance_id)
@@ -44,6 +46,8 @@ class InstanceInfo:
         validate_name("model", self.model)
         if self.cache is not None:
             validate_cache_settings(self.cache)
+        if self.kv_tier_id:
+            validate_name("kv_tier_id", self.kv_tier_id)
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,16 @@ class InstanceLoad:
             )
 
 
-_IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name != "cache")
+_OPTIONAL_FIELDS = ("cache", "kv_tier_id")
+_IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
 
 def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
     """Flat hash fields for one instance (every value a string)."""
     encoded = {name: str(getattr(info, name)) for name in _IDENTITY_FIELDS}
     encoded.update((name, str(value)) for name, value in asdict(load).items())
+    if info.kv_tier_id:
+        encoded["kv_tier_id"] = info.kv_tier_id
     if info.cache is not None:
         encoded.update(encode_cache_settings(info.cache))
     return encoded
@@ -82,6 +89,6 @@ def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
 def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, InstanceLoad]:
     """Inverse of encode_instance. Raises KeyError/ValueError on a malformed hash."""
     info = InstanceInfo(**{name: hash_fields[name] for name in _IDENTITY_FIELDS},
-                        cache=decode_cache_settings(hash_fields))
+                        cache=decode_cache_settings(hash_fields), kv_tier_id=hash_fields.get("kv_tier_id", ""))
     load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in fields(InstanceLoad)})
     return info, load

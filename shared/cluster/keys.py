@@ -9,6 +9,9 @@ Layout (all under the namespace prefix):
     instance:{instance_id}         hash of InstanceInfo + InstanceLoad fields, with a TTL
     prefix:indexed                 set of instance ids that have a prefix set
     prefix:held:{instance_id}      set of raw 32-byte block hashes the instance holds
+    prefix:tier:{tier_id}          set of raw block hashes a host's KV tiers hold (shared by
+                                   the instances of that host, each adding what it stored)
+    kv_tiers:{instance_id}         hash tier -> JSON of the instance's tier counters, with a TTL
     ownership:{instance_id}:{request_id}
                                    JSON lease record (request -> blocks), with a TTL
 
@@ -76,6 +79,12 @@ class ClusterNamespace:
 
     def prefix_held(self, instance_id: str) -> str:
         return f"{self.prefix}:prefix:held:{instance_id}"
+
+    def prefix_tier(self, tier_id: str) -> str:
+        return f"{self.prefix}:prefix:tier:{tier_id}"
+
+    def kv_tiers(self, instance_id: str) -> str:
+        return f"{self.prefix}:kv_tiers:{instance_id}"
 
     def ownership(self, instance_id: str, request_id: str) -> str:
         return f"{self.prefix}:ownership:{instance_id}:{request_id}"

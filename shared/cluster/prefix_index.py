@@ -1,7 +1,8 @@
 """Prefix index: which instances hold which KV blocks, for longest-cached-prefix routing.
 
 Each instance owns one Redis set of the raw 32-byte block hashes it holds
-(`prefix:held:{instance_id}`). The instance keeps it true with events: `add` when it
+(`prefix:held:{instance_id}`); each host's KV tiers have one too (`prefix:tier:{tier_id}`,
+written by every instance of the host for the blocks it stored there or evicted from there). The instance keeps it true with events: `add` when it
 stores a block, `remove` when it evicts one, `replace_all` to republish everything after a
 Redis reconnect, `drop_instance` at shutdown. Gateways call `longest_prefix` with a
 prompt's chained block hashes and the live instance ids: one pipelined SMISMEMBER per live
@@ -99,18 +100,47 @@ class PrefixIndex:
         self, block_hashes: Iterable[bytes], live_instance_ids: Iterable[str]
     ) -> dict[str, int]:
         """For every live instance: how many leading blocks of the prompt it holds (0 too)."""
-        hashes = validate_block_hashes(block_hashes)
         instance_ids = sorted({validate_name("instance_id", i) for i in live_instance_ids})
-        if not hashes or not instance_ids:
-            return {instance_id: 0 for instance_id in instance_ids}
+        return await self._leading_runs(block_hashes, {i: self.namespace.prefix_held(i) for i in instance_ids})
+
+    async def longest_tier_prefix(self, block_hashes: Iterable[bytes], tier_ids: Iterable[str]) -> dict[str, int]:
+        """For every host tier: how many leading blocks of the prompt it holds (0 too)."""
+        tier_ids = sorted({validate_name("tier_id", t) for t in tier_ids})
+        return await self._leading_runs(block_hashes, {t: self.namespace.prefix_tier(t) for t in tier_ids})
+
+    async def _leading_runs(self, block_hashes: Iterable[bytes], keys: dict[str, str]) -> dict[str, int]:
+        """One pipelined SMISMEMBER per set: the leading blocks each holds."""
+        hashes = validate_block_hashes(block_hashes)
+        if not hashes or not keys:
+            return dict.fromkeys(keys, 0)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for instance_id in instance_ids:
-                pipe.smismember(self.namespace.prefix_held(instance_id), hashes)
+            for key in keys.values():
+                pipe.smismember(key, hashes)
             replies = await pipe.execute()
-        return {
-            instance_id: _num_leading_ones(flags)
-            for instance_id, flags in zip(instance_ids, replies)
-        }
+        return {name: _num_leading_ones(flags) for name, flags in zip(keys, replies)}
+
+    async def update_tier(self, tier_id: str, stored: Iterable[bytes], removed: Iterable[bytes]) -> None:
+        """Record blocks a host tier gained and lost (through one of its instances)."""
+        validate_name("tier_id", tier_id)
+        stored, removed = validate_block_hashes(stored), validate_block_hashes(removed)
+        if not stored and not removed:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for chunk in _chunks(removed):
+                pipe.srem(self.namespace.prefix_tier(tier_id), *chunk)
+            for chunk in _chunks(stored):
+                pipe.sadd(self.namespace.prefix_tier(tier_id), *chunk)
+            await pipe.execute()
+
+    async def replace_tier(self, tier_id: str, block_hashes: Iterable[bytes]) -> None:
+        """Make a host tier's entry exactly these blocks (republish)."""
+        validate_name("tier_id", tier_id)
+        hashes = validate_block_hashes(block_hashes)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.namespace.prefix_tier(tier_id))
+            for chunk in _chunks(hashes):
+                pipe.sadd(self.namespace.prefix_tier(tier_id), *chunk)
+            await pipe.execute()
 
     async def indexed_instance_ids(self) -> set[str]:
         """Instances that have (or had) an entry, live or not."""

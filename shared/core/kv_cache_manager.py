@@ -53,15 +53,18 @@ class KVCacheManager:
         request.block_hashes = prompt_block_hashes(request.all_token_ids, self.hash_recipe, request.cache_salt,
                                                    request.block_hashes)
 
-    def find_cached_prefix(self, request: Request) -> list[KVBlock]:
-        """The longest run of leading full blocks already in the prefix cache.
+    def find_cached_prefix(self, request: Request, max_blocks: int | None = None) -> list[KVBlock]:
+        """The longest run of leading full blocks already in the prefix cache (or loaded into
+        it from the lower tier), at most `max_blocks`.
 
-        Never covers the last token: its logits are needed, so at least one token is computed.
+        By default it never covers the last token: its logits are needed, so at least one token
+        is computed.
         """
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return []
         self.update_block_hashes(request)
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        if max_blocks is None:
+            max_blocks = (request.num_tokens - 1) // self.block_size
         hits = []
         while len(hits) < max_blocks:
             start = len(hits) * self.block_size

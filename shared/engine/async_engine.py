@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from shared.engine.client import (
-    EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
     KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
 )
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
@@ -158,9 +158,12 @@ class AsyncEngine:
         finally:
             self._reservations.pop(request_id, None)  # its KV wait is over, whatever happened
 
-    async def release_kv(self, request_id: str) -> bool:
+    async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
         self._reservations.pop(request_id, None)
-        return await self._call(self._engine.release_reserved, request_id)
+        return await self._call(self._engine.release_reserved, request_id, keep_arrived)
+
+    async def send_cached(self, send: CachedSend) -> int:
+        return await self._call(self._engine.send_cached, send)
 
     # ---- load, status, events -------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class AsyncEngine:
         return await self._call(engine_status, self._engine)
 
     async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
-        return await self._call(kv_cache_events, self._engine.block_pool, snapshot)
+        return await self._call(kv_cache_events, self._engine.block_pool, snapshot, self._engine.tiers.manager)
 
     # ---- streams --------------------------------------------------------------------------
 

@@ -17,6 +17,9 @@ Roles of a disaggregated pair, through the KV connector (shared.kv_transfer):
   final output is emitted; the blocks are held until the send ends and freed after it (or on
   abort/failure). The final output's `kv_transfer` says what moved; a failed send raises
   KVTransferFailedError from the stream.
+- peer reuse: a puller reserves a prefix (`reserve_kv`), a holder sends the blocks it holds
+  into that reservation (`send_cached`), and the puller keeps them as prefix-cache entries
+  (`release_kv(keep_arrived=True)`) before its prompt runs.
 - decode (consumer): `reserve_kv` allocates blocks for a prompt whose KV arrives from
   elsewhere (reusing the decode side's own prefix-cache hits, which need not be sent) and arms
   the connector to accept exactly those blocks with the reservation's token; `wait_kv`
@@ -32,13 +35,14 @@ from typing import Protocol
 from shared.engine.errors import CapacityError, EngineDeadError, KVTransferFailedError, RequestFailedError
 from shared.engine.outputs import RequestOutput
 from shared.executor.base import SampledLogprobs
+from shared.kv_tier.stats import KVTierStats
 from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
 from shared.sampling.params import SamplingParams
 
 __all__ = [
-    "CacheSettings", "CapacityError", "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
+    "CachedSend", "CacheSettings", "CapacityError", "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
     "EngineStatus", "GenerateRequest", "KVCacheEvents", "KVReservation", "KVSendParams", "KVTransferFailedError",
-    "OutputObserver",
+    "OutputObserver", "KVTierStats",
     "KVTransferResult", "RequestFailedError", "SpecDecodeCounts",
 ]
 
@@ -62,6 +66,19 @@ class KVReservation:
     num_cached_tokens: int              # prompt tokens the consumer already holds
     num_skip_blocks: int                # = blocks already held: the producer skips these
     transfer_address: str               # where the producer connects
+    transfer_token: bytes
+
+
+@dataclass(frozen=True)
+class CachedSend:
+    """Holder side of a peer pull: send blocks of a prefix this engine holds (its pool or its
+    KV tiers) into a puller's reservation."""
+    request_id: str                     # the puller's reservation
+    prompt_token_ids: tuple[int, ...]   # the prefix: whole blocks
+    cache_salt: str | None
+    num_skip_blocks: int                # leading blocks the puller holds already (not sent)
+    remote_address: str                 # the puller's KV receiver
+    remote_block_ids: tuple[int, ...]   # the reservation's block table, one per prefix block
     transfer_token: bytes
 
 
@@ -106,6 +123,8 @@ class EngineStatus:
     spec_decode: SpecDecodeCounts | None = None
     kv_transfer: KVConnectorStats = field(default_factory=KVConnectorStats)
     memory: EngineMemory = field(default_factory=EngineMemory)
+    # The KV tiers below the pool (host, file), as this instance uses them.
+    kv_tiers: tuple[KVTierStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,15 +148,21 @@ class EngineInfo:
     weight_bytes: int
     kv_pool_bytes: int
     kv_transfer_address: str = ""       # the KV connector's consumer address ("" if none)
+    kv_tier_id: str = ""                # this host's KV tier in the prefix index ("" if none)
 
 
 @dataclass(frozen=True)
 class KVCacheEvents:
     """Prefix-cache changes since the previous drain (the prefix publisher's input); with
-    `is_snapshot`, `stored` is every cached hash and the consumer replaces what it had."""
+    `is_snapshot`, `stored` is every cached hash and the consumer replaces what it had. The
+    `tier_*` fields say the same of the host's KV tiers, as far as this instance changed them
+    (with `is_tier_snapshot`, `tier_stored` is everything they hold)."""
     stored: tuple[bytes, ...] = ()
     removed: tuple[bytes, ...] = ()
     is_snapshot: bool = False
+    tier_stored: tuple[bytes, ...] = ()
+    tier_removed: tuple[bytes, ...] = ()
+    is_tier_snapshot: bool = False
 
 
 class OutputObserver(Protocol):
@@ -184,8 +209,13 @@ class EngineClient(Protocol):
                           first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:
         """Decode a reservation whose KV arrived, from the producer's first token."""
 
-    async def release_kv(self, request_id: str) -> bool:
-        """Free a reservation that will not be decoded; False if there is none."""
+    async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
+        """Free a reservation that will not be decoded; False if there is none. With
+        `keep_arrived`, KV that arrived into it joins the prefix cache first (a peer pull)."""
+
+    async def send_cached(self, send: CachedSend) -> int:
+        """Holder side of a peer pull: start sending the prefix's blocks this engine holds;
+        the number of blocks on their way (InvalidRequestError when it lacks some)."""
 
     def load(self) -> EngineLoad:
         """Latest snapshot, without a round trip (heartbeats, routing, drain)."""

@@ -18,9 +18,11 @@ from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
+from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
 from shared.engine.errors import CapacityError
 from shared.engine.guided_decoding import GuidedDecoding
+from shared.engine.peer_sends import PeerSends
 from shared.engine.resume import resume_request, split_resumed
 from shared.engine.stats import EngineStats
 from shared.errors import InvalidRequestError
@@ -72,6 +74,8 @@ class EngineCore:
                                    config.speculative.num_tokens_per_step, self.connector)
         # KV tiers below the pool (shared.kv_tier; hooks that do nothing when there are none).
         self.tiers = TierHooks.attach(config.kv_tier, executor, self.kv_manager, config.model, config.deterministic)
+        # Prefixes this engine sends to peers that pull them (shared.engine.peer_sends).
+        self.peer_sends = PeerSends(self.kv_manager, self.connector)
         self.guided = GuidedDecoding(tokenizer, model_config.vocab_size, model_config.eos_token_ids, config.guided)
         self.stats = EngineStats(num_blocks_total=layout.num_blocks, block_size=layout.block_size,
                                  bytes_per_token=layout.bytes_per_block // layout.block_size)
@@ -225,11 +229,20 @@ class EngineCore:
         logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
         return self._make_outputs([request], ModelRunnerOutput(logprobs=logprobs))
 
-    def release_reserved(self, request_id: str) -> bool:
-        """Decode role: free a reservation that will not be decoded; False if there is none."""
-        if request_id not in self.scheduler.waiting_for_remote_kv:
+    def release_reserved(self, request_id: str, keep_arrived: bool = False) -> bool:
+        """Decode role: free a reservation that will not be decoded; False if there is none.
+        With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
+        request = self.scheduler.waiting_for_remote_kv.get(request_id)
+        if request is None:
             return False
+        if keep_arrived and request.has_remote_kv:
+            request.num_computed_tokens = request.num_tokens
+            self.kv_manager.cache_computed_blocks(request)
         return self.abort_request(request_id)
+
+    def send_cached(self, send: CachedSend) -> int:
+        """Holder of a peer pull: see shared.engine.peer_sends."""
+        return self.peer_sends.start(send)
 
     def poll_kv_transfers(self) -> list[EngineCoreOutput]:
         """Apply the transfers the connector finished: sent blocks are freed and their requests'
@@ -259,6 +272,8 @@ class EngineCore:
         self._kv_arrivals.append((outcome.request_id, outcome.error))
 
     def _on_kv_sent(self, outcome: KVTransferOutcome) -> EngineCoreOutput | None:
+        if self.peer_sends.finish(outcome):
+            return None
         self.scheduler.finish_sending(outcome.request_id)
         output = self._outputs_awaiting_send.pop(outcome.request_id, None)
         self._forget_finished_groups(self._groups_of([outcome.request_id]))

@@ -8,6 +8,7 @@ from shared.engine.client import (
 )
 from shared.engine.llm_engine import LLMEngine
 from shared.kv_cache.block_pool import BlockPool
+from shared.kv_tier.manager import KVTierManager
 from shared.kv_transfer.types import KVConnectorStats
 from shared.memory.engine_memory import grammar_cache_usage, kv_pool_bytes, weight_bytes
 
@@ -20,8 +21,10 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
         kv_layout=layout.description,
         tensor_parallel_size=engine.config.parallel.tensor_parallel_size)
     address = engine.connector.address if engine.connector is not None else ""
+    tiers = engine.tiers.manager
     return EngineInfo(cache, layout.num_blocks, engine.model_config.vocab_size, engine.max_model_len,
-                      weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address)
+                      weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address,
+                      tiers.tier_id if tiers is not None else "")
 
 
 def engine_load(engine: LLMEngine) -> EngineLoad:
@@ -42,7 +45,8 @@ def engine_status(engine: LLMEngine) -> EngineStatus:
         spec_decode=SpecDecodeCounts(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
                                      tuple(spec.accepted_per_position)),
         kv_transfer=engine.connector.stats() if engine.connector is not None else KVConnectorStats(),
-        memory=engine_memory(engine))
+        memory=engine_memory(engine),
+        kv_tiers=engine.tiers.manager.stats() if engine.tiers.manager is not None else ())
 
 
 def engine_memory(engine: LLMEngine) -> EngineMemory:
@@ -54,17 +58,33 @@ def engine_memory(engine: LLMEngine) -> EngineMemory:
     return EngineMemory(caches)
 
 
-def kv_cache_events(pool: BlockPool, snapshot: bool = False) -> KVCacheEvents:
+def kv_cache_events(pool: BlockPool, snapshot: bool = False, tiers: KVTierManager | None = None) -> KVCacheEvents:
     """The prefix-cache changes since the last call, netted (a hash stored and evicted ends as
-    the pool has it now); every cached hash instead when asked or when events were dropped."""
+    the pool has it now); every cached hash instead when asked or when events were dropped.
+    The same for the host's KV tiers (`tiers`), as far as this instance changed them."""
+    tier_fields = _tier_events(tiers, snapshot) if tiers is not None else {}
     if snapshot or pool.events_overflowed:
         pool.drain_events()
-        return KVCacheEvents(stored=tuple(pool.cached_hashes()), is_snapshot=True)
+        return KVCacheEvents(stored=tuple(pool.cached_hashes()), is_snapshot=True, **tier_fields)
     events = pool.drain_events()
-    stored, removed = set(events.stored), set(events.evicted)
+    stored, removed = _netted(events.stored, events.evicted, pool.cached_hashes)
+    return KVCacheEvents(stored=stored, removed=removed, **tier_fields)
+
+
+def _tier_events(tiers: KVTierManager, snapshot: bool) -> dict:
+    events = tiers.drain_events()
+    if snapshot or events.overflowed:
+        return {"tier_stored": tuple(tiers.held_hashes()), "is_tier_snapshot": True}
+    stored, removed = _netted(events.stored, events.removed, tiers.held_hashes)
+    return {"tier_stored": stored, "tier_removed": removed}
+
+
+def _netted(stored_events, removed_events, held) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """(stored, removed), each hash in at most one: where it is in both, as `held()` has it now."""
+    stored, removed = set(stored_events), set(removed_events)
     both = stored & removed
     if both:
-        cached = set(pool.cached_hashes())
-        stored -= both - cached
-        removed -= both & cached
-    return KVCacheEvents(stored=tuple(sorted(stored)), removed=tuple(sorted(removed)))
+        now = set(held())
+        stored -= both - now
+        removed -= both & now
+    return tuple(sorted(stored)), tuple(sorted(removed))

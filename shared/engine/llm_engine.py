@@ -10,6 +10,7 @@ import logging
 
 from shared.config import EngineConfig
 from shared.core.request import Request, RequestStatus
+from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.engine_core import EngineCore, Reservation
 from shared.engine.errors import CapacityError
@@ -54,6 +55,7 @@ class LLMEngine:
     stats = property(lambda self: self.core.stats)
     spec_stats = property(lambda self: self.core.spec_stats)
     connector = property(lambda self: self.core.connector)
+    tiers = property(lambda self: self.core.tiers)
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -122,12 +124,17 @@ class LLMEngine:
         the producer's first token."""
         return self._process(self.core.start_reserved(request_id, first_token_id, first_logprobs))
 
-    def release_reserved(self, request_id: str) -> bool:
-        """Decode role: free a reservation that will not be decoded; False if there is none."""
-        if not self.core.release_reserved(request_id):
+    def release_reserved(self, request_id: str, keep_arrived: bool = False) -> bool:
+        """Decode role: free a reservation that will not be decoded; False if there is none.
+        With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
+        if not self.core.release_reserved(request_id, keep_arrived):
             return False
         self.output_processor.abort_group(request_id)
         return True
+
+    def send_cached(self, send: CachedSend) -> int:
+        """Holder of a peer pull: send the prefix's blocks it holds (shared.engine.peer_sends)."""
+        return self.core.send_cached(send)
 
     def poll_kv_transfers(self) -> list[RequestOutput]:
         """Apply the transfers the connector finished (see EngineCore.poll_kv_transfers)."""

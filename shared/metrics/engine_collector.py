@@ -6,18 +6,22 @@ accepted_per_position) are exported when the status has them; they stay 0 while 
 is proposed.
 """
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from shared.engine.client import EngineStatus
+from shared.engine.client import EngineStatus, KVTierStats
 from shared.metrics.families import FamilyMaker
+from shared.metrics.tier_metrics import tier_families
 
 
 class EngineCollector(Collector):
-    def __init__(self, read_status: Callable[[], EngineStatus], labels: Mapping[str, str]):
+    def __init__(self, read_status: Callable[[], EngineStatus], labels: Mapping[str, str],
+                 read_more_tiers: Callable[[], Iterable[KVTierStats]] = tuple):
+        """`read_more_tiers`: tiers the engine does not keep (a service's peer pulls)."""
         self.read_status = read_status
+        self.read_more_tiers = read_more_tiers
         self.labels = dict(labels)
         self.make = FamilyMaker(labels)
 
@@ -26,6 +30,7 @@ class EngineCollector(Collector):
         yield from self._gauges(status)
         yield from self._counters(status)
         yield from self._spec_decode(status)
+        yield from tier_families(self.make, [*status.kv_tiers, *self.read_more_tiers()])
 
     def _gauges(self, status: EngineStatus) -> Iterator:
         load, make = status.load, self.make

@@ -10,6 +10,7 @@ check every test ends with.
 
 import asyncio
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,15 +182,22 @@ class StackHarness:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+# Each stack's instances share a host tier of their own (never another stack's, nor a
+# /dev/shm one left by an earlier run): a test sees only the KV its own stack computed.
+TEST_HOST_TIER_GB = "0.25"
+
+
 def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_decode: int = 2,
                       extra_args: dict[str, list[str]] | None = None,
                       run_dir: Path | None = None) -> StackConfig:
     """Loopback, ephemeral ports, one torch thread per instance."""
+    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pdserve-stack-"))
     return StackConfig(
         num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
         num_threads=1, gateway_port=0, gateway_http_port=0, run_dir=run_dir, ready_timeout_s=300.0,
         stop_grace_s=10.0, extra_args=extra_args or {},
-        env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+             "PDSERVE_KV_HOST_TIER_DIR": str(run_dir / "kv-tier"), "PDSERVE_KV_HOST_TIER_GB": TEST_HOST_TIER_GB},
     )
 
 

@@ -118,3 +118,27 @@ def test_a_mismatched_pair_is_no_route_and_the_reason_names_the_difference():
     assert "cache settings not registered" in no_pair_reason(unregistered)
     assert no_pair_reason([decode("d0")]) == "no live prefill instance"
     assert no_pair_reason([]) == "no live prefill or decode instance"
+
+
+def test_blocks_in_a_host_tier_count_nearly_as_much_as_pool_blocks():
+    tiered = replace(prefill("p0", prefix=1), tier_blocks=4)  # 5 blocks usable, 4 of them from its host tier
+    choice = rank([prefill("p1", prefix=4), tiered, prefill("p2", prefix=5)], "prefill")
+    assert ids(choice) == ["p2", "p0", "p1"]  # a pool hit wins the tie against the same run in a tier
+    assert tiered.local_blocks == 5 and tiered.held_blocks < 5
+
+
+def test_a_prefill_instance_is_told_which_peer_holds_more_of_the_prompt():
+    from services.gateway.peer_source import add_peer_source, best_holder
+    from shared.pb.pdserve.v1 import instance_pb2
+
+    target = replace(prefill("p0", prefix=2), tier_blocks=1)
+    other_cache = replace(CACHE, block_size=32)
+    candidates = [target, prefill("p1", prefix=3, queue=5), decode("d0", prefix=6, running=1), decode("d1", prefix=6),
+                  decode("d2", prefix=9, suspect=True), decode("d3", prefix=9, cache=other_cache)]
+    assert best_holder(target, candidates).instance_id == "d1"  # most blocks, least loaded; never suspect or
+    message = instance_pb2.PrefillRequest(request_id="r")           # of other cache settings
+    add_peer_source(message, target, candidates)
+    assert (message.peer_source.instance_id, message.peer_source.num_blocks,
+            message.peer_source.num_local_blocks) == ("d1", 6, 3)
+    add_peer_source(message, replace(target, prefix_blocks=6), candidates)
+    assert not message.HasField("peer_source")  # nobody holds more than it does itself

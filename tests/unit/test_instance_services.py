@@ -53,6 +53,7 @@ def make_settings(role: str, folder, redis_url: str, **overrides) -> InstanceSet
                   deployment=DEPLOYMENT, num_threads=1, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
                   max_num_seqs=8, max_num_batched_tokens=256, heartbeat_interval_s=0.1,
                   heartbeat_ttl_s=1.0, prefix_publish_interval_s=0.05, shutdown_grace_s=1.0,
+                  kv_host_tier_gb=0,  # no host tier: each test sees only what its own instances computed
                   engine_core="thread")  # fault injection reaches into the engine; process cores: test_engine_core_crash
     return InstanceSettings(**{**values, **overrides})
 

@@ -24,12 +24,12 @@ import zmq.asyncio
 
 from shared.config import EngineConfig
 from shared.memory.idle_trim import TrimPolicy
-from shared.engine.client import (CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
+from shared.engine.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
                                   EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
                                   raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, Query, Ready, Rejected, ReleaseKV, ReserveKV,
-                                                 Shutdown, StartReserved, StepOutputs, decode_core_message, encode)
+                                                 SendCached, Shutdown, StartReserved, StepOutputs, decode_core_message, encode)
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
 from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.output_processor import OutputProcessor
@@ -262,10 +262,15 @@ class CoreProcessClient:
         async for output in self._stream(wait.request, StartReserved(request_id, first_token_id, first_logprobs)):
             yield output
 
-    async def release_kv(self, request_id: str) -> bool:
-        """Free a reservation that will not be decoded; False if there is none."""
+    async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
+        """Free a reservation that will not be decoded; False if there is none. With
+        `keep_arrived`, KV that arrived into it joins the prefix cache first (a peer pull)."""
         self._reservations.pop(request_id, None)
-        return (await self._call(lambda call_id: ReleaseKV(call_id, request_id))).released
+        return (await self._call(lambda call_id: ReleaseKV(call_id, request_id, keep_arrived))).released
+
+    async def send_cached(self, send: CachedSend) -> int:
+        """Holder of a peer pull: start sending the prefix's blocks; how many are on their way."""
+        return (await self._call(lambda call_id: SendCached(call_id, send))).num_blocks
 
     # ---- state -----------------------------------------------------------------------------
 

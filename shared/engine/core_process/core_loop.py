@@ -23,8 +23,8 @@ import zmq
 from shared.core.request import RequestStatus
 from shared.engine.client import KVReservation
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests, KVArrival,
-                                                 Query, Rejected, ReleaseKV, ReserveKV, ServiceMessage, Shutdown,
-                                                 StartReserved, StepOutputs, decode_service_message, encode)
+                                                 Query, Rejected, ReleaseKV, ReserveKV, SendCached, ServiceMessage,
+                                                 Shutdown, StartReserved, StepOutputs, decode_service_message, encode)
 from shared.engine.engine_core import EngineCore
 from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
@@ -164,7 +164,7 @@ class CoreLoop:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
                 self._add(message)
-        elif isinstance(message, (ReserveKV, ReleaseKV, Query)):
+        elif isinstance(message, (ReserveKV, ReleaseKV, SendCached, Query)):
             self._send(self._answer(message))
         elif isinstance(message, StartReserved):
             self._start_reserved(message)
@@ -207,12 +207,15 @@ class CoreLoop:
                 self._send(Rejected(request_id, "guided", f"compiling the constraint failed: {error}"))
         return bool(ready)
 
-    def _answer(self, call: ReserveKV | ReleaseKV | Query) -> CallResult:
+    def _answer(self, call: ReserveKV | ReleaseKV | SendCached | Query) -> CallResult:
         try:
             if isinstance(call, ReserveKV):
                 return CallResult(call.call_id, reservation=self._reserve(call))
             if isinstance(call, ReleaseKV):
-                return CallResult(call.call_id, released=self.core.release_reserved(call.request_id))
+                return CallResult(call.call_id, released=self.core.release_reserved(call.request_id,
+                                                                                   call.keep_arrived))
+            if isinstance(call, SendCached):
+                return CallResult(call.call_id, num_blocks=self.core.send_cached(call.send))
             return self._query(call)
         except InvalidRequestError as error:
             return CallResult(call.call_id, error_kind="invalid", error_field=error.field, error=error.message)
@@ -231,7 +234,8 @@ class CoreLoop:
         if query.what == "memory":
             return CallResult(query.call_id, memory=engine_memory(self.core))
         snapshot = query.what == "kv_snapshot"
-        return CallResult(query.call_id, kv_events=kv_cache_events(self.core.block_pool, snapshot))
+        return CallResult(query.call_id, kv_events=kv_cache_events(self.core.block_pool, snapshot,
+                                                                   self.core.tiers.manager))
 
     def _send(self, message) -> None:
         self.outbox.send(encode(message), copy=False)

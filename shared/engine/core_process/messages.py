@@ -15,14 +15,14 @@ from typing import Literal
 import msgspec
 
 from shared.config import EngineConfig
-from shared.engine.client import EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, KVReservation
+from shared.engine.client import CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, KVReservation
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class ProtocolError(RuntimeError):
@@ -70,9 +70,17 @@ class StartReserved(msgspec.Struct, tag=True, frozen=True):
 
 
 class ReleaseKV(msgspec.Struct, tag=True, frozen=True):
-    """Free a reservation that will not be decoded; CallResult.released says if there was one."""
+    """Free a reservation that will not be decoded; CallResult.released says if there was one.
+    With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
     call_id: int
     request_id: str
+    keep_arrived: bool = False
+
+
+class SendCached(msgspec.Struct, tag=True, frozen=True):
+    """Holder of a peer pull: send the prefix's blocks; CallResult.num_blocks says how many."""
+    call_id: int
+    send: CachedSend
 
 
 class AbortRequests(msgspec.Struct, tag=True, frozen=True):
@@ -97,7 +105,8 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
-ServiceMessage = AddRequest | ReserveKV | StartReserved | ReleaseKV | AbortRequests | FinishRequests | Query | Shutdown
+ServiceMessage = (AddRequest | ReserveKV | StartReserved | ReleaseKV | SendCached | AbortRequests | FinishRequests
+                  | Query | Shutdown)
 
 
 # ---- core -> service -------------------------------------------------------------------------
@@ -131,7 +140,7 @@ class Rejected(msgspec.Struct, tag=True, frozen=True):
 
 
 class CallResult(msgspec.Struct, tag=True, frozen=True):
-    """The answer to a Query, ReserveKV or ReleaseKV with the same call_id. A refused call
+    """The answer to a Query, ReserveKV, ReleaseKV or SendCached with the same call_id. A refused call
     has `error_kind` "invalid" (InvalidRequestError naming `error_field`) or "capacity"."""
     call_id: int
     status: EngineStatus | None = None
@@ -139,6 +148,7 @@ class CallResult(msgspec.Struct, tag=True, frozen=True):
     memory: EngineMemory | None = None
     reservation: KVReservation | None = None
     released: bool | None = None
+    num_blocks: int | None = None
     error_kind: Literal["invalid", "capacity"] | None = None
     error_field: str = ""
     error: str | None = None

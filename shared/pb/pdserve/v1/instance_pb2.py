@@ -25,37 +25,43 @@ _sym_db = _symbol_database.Default()
 from shared.pb.pdserve.v1 import generation_pb2 as pdserve_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/instance.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\xd6\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x63ode_ucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x17\n\x0fnum_skip_blocks\x18\x07 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x08 \x01(\x0cH\x01\x88\x01\x01\x12&\n\x19num_resumed_output_tokens\x18\t \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_cache_saltB\x11\n\x0f_transfer_tokenB\x1c\n\x1a_num_resumed_output_tokens\"\xa8\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x12\x35\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\"\n\x1anum_computed_prompt_tokens\x18\x04 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x05 \x01(\r\x12\x15\n\rkv_bytes_sent\x18\x06 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x07 \x01(\x01\x42\x11\n\x0f_first_logprobs\"\xec\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12&\n\x19num_resumed_output_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x1c\n\x1a_num_resumed_output_tokens\"\xbd\x01\n\x0fReserveResponse\x12\x13\n\x0bucx_address\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x1c\n\x0fnum_skip_blocks\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x11\n\x0f_transfer_tokenB\x12\n\x10_num_skip_blocks\"\x89\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x42\x11\n\x0f_first_logprobs\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"4\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\" \n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\"\x9d\x01\n\x17InstanceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x0f\n\rStatusRequest\"\x93\x03\n\x0eInstanceStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\"\n\x1anum_prompt_tokens_computed\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x1d\n\x15num_generation_tokens\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x1a\n\x12num_lease_expiries\x18\x0c \x01(\x04\x12\x1c\n\x14kv_bytes_transferred\x18\r \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x0e \x01(\x01\x12\x10\n\x08num_held\x18\x0f \x01(\r2\xee\x03\n\x08Instance\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponse\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12O\n\x08Generate\x12#.pdserve.v1.InstanceGenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\tGetStatus\x12\x19.pdserve.v1.StatusRequest\x1a\x1a.pdserve.v1.InstanceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/instance.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"e\n\nPeerSource\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x18\n\x10num_local_blocks\x18\x04 \x01(\r\"\xcc\x01\n\x17SendCachedBlocksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x17\n\ncache_salt\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x17\n\x0fnum_skip_blocks\x18\x04 \x01(\r\x12\x13\n\x0bucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x16\n\x0etransfer_token\x18\x07 \x01(\x0c\x42\r\n\x0b_cache_salt\".\n\x18SendCachedBlocksResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\"\x98\x03\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x63ode_ucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x17\n\x0fnum_skip_blocks\x18\x07 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x08 \x01(\x0cH\x01\x88\x01\x01\x12&\n\x19num_resumed_output_tokens\x18\t \x01(\rH\x02\x88\x01\x01\x12\x30\n\x0bpeer_source\x18\x14 \x01(\x0b\x32\x16.pdserve.v1.PeerSourceH\x03\x88\x01\x01\x42\r\n\x0b_cache_saltB\x11\n\x0f_transfer_tokenB\x1c\n\x1a_num_resumed_output_tokensB\x0e\n\x0c_peer_source\"\xe8\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x12\x35\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\"\n\x1anum_computed_prompt_tokens\x18\x04 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x05 \x01(\r\x12\x15\n\rkv_bytes_sent\x18\x06 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x07 \x01(\x01\x12#\n\x16num_peer_prompt_tokens\x18\x14 \x01(\rH\x01\x88\x01\x01\x42\x11\n\x0f_first_logprobsB\x19\n\x17_num_peer_prompt_tokens\"\xec\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12&\n\x19num_resumed_output_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x1c\n\x1a_num_resumed_output_tokens\"\xbd\x01\n\x0fReserveResponse\x12\x13\n\x0bucx_address\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x1c\n\x0fnum_skip_blocks\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x11\n\x0f_transfer_tokenB\x12\n\x10_num_skip_blocks\"\x89\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x42\x11\n\x0f_first_logprobs\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"4\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\" \n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\"\x9d\x01\n\x17InstanceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x0f\n\rStatusRequest\"\x93\x03\n\x0eInstanceStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\"\n\x1anum_prompt_tokens_computed\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x1d\n\x15num_generation_tokens\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x1a\n\x12num_lease_expiries\x18\x0c \x01(\x04\x12\x1c\n\x14kv_bytes_transferred\x18\r \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x0e \x01(\x01\x12\x10\n\x08num_held\x18\x0f \x01(\r2\xcd\x04\n\x08Instance\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponse\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12O\n\x08Generate\x12#.pdserve.v1.InstanceGenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\tGetStatus\x12\x19.pdserve.v1.StatusRequest\x1a\x1a.pdserve.v1.InstanceStatus\x12]\n\x10SendCachedBlocks\x12#.pdserve.v1.SendCachedBlocksRequest\x1a$.pdserve.v1.SendCachedBlocksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.instance_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREFILLREQUEST']._serialized_start=71
-  _globals['_PREFILLREQUEST']._serialized_end=413
-  _globals['_PREFILLRESPONSE']._serialized_start=416
-  _globals['_PREFILLRESPONSE']._serialized_end=712
-  _globals['_RESERVEREQUEST']._serialized_start=715
-  _globals['_RESERVEREQUEST']._serialized_end=951
-  _globals['_RESERVERESPONSE']._serialized_start=954
-  _globals['_RESERVERESPONSE']._serialized_end=1143
-  _globals['_DECODEREQUEST']._serialized_start=1146
-  _globals['_DECODEREQUEST']._serialized_end=1283
-  _globals['_RELEASEREQUEST']._serialized_start=1285
-  _globals['_RELEASEREQUEST']._serialized_end=1321
-  _globals['_RELEASERESPONSE']._serialized_start=1323
-  _globals['_RELEASERESPONSE']._serialized_end=1358
-  _globals['_RENEWREQUEST']._serialized_start=1360
-  _globals['_RENEWREQUEST']._serialized_end=1412
-  _globals['_RENEWRESPONSE']._serialized_start=1414
-  _globals['_RENEWRESPONSE']._serialized_end=1446
-  _globals['_INSTANCEGENERATEREQUEST']._serialized_start=1449
-  _globals['_INSTANCEGENERATEREQUEST']._serialized_end=1606
-  _globals['_STATUSREQUEST']._serialized_start=1608
-  _globals['_STATUSREQUEST']._serialized_end=1623
-  _globals['_INSTANCESTATUS']._serialized_start=1626
-  _globals['_INSTANCESTATUS']._serialized_end=2029
-  _globals['_INSTANCE']._serialized_start=2032
-  _globals['_INSTANCE']._serialized_end=2526
+  _globals['_PEERSOURCE']._serialized_start=70
+  _globals['_PEERSOURCE']._serialized_end=171
+  _globals['_SENDCACHEDBLOCKSREQUEST']._serialized_start=174
+  _globals['_SENDCACHEDBLOCKSREQUEST']._serialized_end=378
+  _globals['_SENDCACHEDBLOCKSRESPONSE']._serialized_start=380
+  _globals['_SENDCACHEDBLOCKSRESPONSE']._serialized_end=426
+  _globals['_PREFILLREQUEST']._serialized_start=429
+  _globals['_PREFILLREQUEST']._serialized_end=837
+  _globals['_PREFILLRESPONSE']._serialized_start=840
+  _globals['_PREFILLRESPONSE']._serialized_end=1200
+  _globals['_RESERVEREQUEST']._serialized_start=1203
+  _globals['_RESERVEREQUEST']._serialized_end=1439
+  _globals['_RESERVERESPONSE']._serialized_start=1442
+  _globals['_RESERVERESPONSE']._serialized_end=1631
+  _globals['_DECODEREQUEST']._serialized_start=1634
+  _globals['_DECODEREQUEST']._serialized_end=1771
+  _globals['_RELEASEREQUEST']._serialized_start=1773
+  _globals['_RELEASEREQUEST']._serialized_end=1809
+  _globals['_RELEASERESPONSE']._serialized_start=1811
+  _globals['_RELEASERESPONSE']._serialized_end=1846
+  _globals['_RENEWREQUEST']._serialized_start=1848
+  _globals['_RENEWREQUEST']._serialized_end=1900
+  _globals['_RENEWRESPONSE']._serialized_start=1902
+  _globals['_RENEWRESPONSE']._serialized_end=1934
+  _globals['_INSTANCEGENERATEREQUEST']._serialized_start=1937
+  _globals['_INSTANCEGENERATEREQUEST']._serialized_end=2094
+  _globals['_STATUSREQUEST']._serialized_start=2096
+  _globals['_STATUSREQUEST']._serialized_end=2111
+  _globals['_INSTANCESTATUS']._serialized_start=2114
+  _globals['_INSTANCESTATUS']._serialized_end=2517
+  _globals['_INSTANCE']._serialized_start=2520
+  _globals['_INSTANCE']._serialized_end=3109
 # @@protoc_insertion_point(module_scope)

@@ -7,8 +7,44 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PeerSource(_message.Message):
+    __slots__ = ("instance_id", "grpc_address", "num_blocks", "num_local_blocks")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    grpc_address: str
+    num_blocks: int
+    num_local_blocks: int
+    def __init__(self, instance_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_local_blocks: _Optional[int] = ...) -> None: ...
+
+class SendCachedBlocksRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "cache_salt", "num_skip_blocks", "ucx_address", "dst_block_ids", "transfer_token")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    NUM_SKIP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UCX_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    cache_salt: str
+    num_skip_blocks: int
+    ucx_address: str
+    dst_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    transfer_token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., num_skip_blocks: _Optional[int] = ..., ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
+
+class SendCachedBlocksResponse(_message.Message):
+    __slots__ = ("num_blocks",)
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    num_blocks: int
+    def __init__(self, num_blocks: _Optional[int] = ...) -> None: ...
+
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks", "transfer_token", "num_resumed_output_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks", "transfer_token", "num_resumed_output_tokens", "peer_source")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +54,7 @@ class PrefillRequest(_message.Message):
     NUM_SKIP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NUM_RESUMED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PEER_SOURCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _generation_pb2.SamplingParams
@@ -27,10 +64,11 @@ class PrefillRequest(_message.Message):
     num_skip_blocks: int
     transfer_token: bytes
     num_resumed_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., num_resumed_output_tokens: _Optional[int] = ...) -> None: ...
+    peer_source: PeerSource
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., num_resumed_output_tokens: _Optional[int] = ..., peer_source: _Optional[_Union[PeerSource, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds")
+    __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds", "num_peer_prompt_tokens")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +76,7 @@ class PrefillResponse(_message.Message):
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PEER_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     first_logprobs: _generation_pb2.PositionLogprobs
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.PositionLogprobs]
@@ -45,7 +84,8 @@ class PrefillResponse(_message.Message):
     num_cached_prompt_tokens: int
     kv_bytes_sent: int
     kv_transfer_seconds: float
-    def __init__(self, first_token_id: _Optional[int] = ..., first_logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.PositionLogprobs, _Mapping]]] = ..., num_computed_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ...) -> None: ...
+    num_peer_prompt_tokens: int
+    def __init__(self, first_token_id: _Optional[int] = ..., first_logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.PositionLogprobs, _Mapping]]] = ..., num_computed_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., num_peer_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "num_resumed_output_tokens")

@@ -70,6 +70,11 @@ class InstanceStub:
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.StatusRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_instance__pb2.InstanceStatus.FromString,
                 _registered_method=True)
+        self.SendCachedBlocks = channel.unary_unary(
+                '/pdserve.v1.Instance/SendCachedBlocks',
+                request_serializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksResponse.FromString,
+                _registered_method=True)
 
 
 class InstanceServicer:
@@ -126,6 +131,15 @@ class InstanceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendCachedBlocks(self, request, context):
+        """Peer reuse, any role: send blocks of a prefix this instance holds (its pool or its KV
+        tiers) over UCX into the caller's reservation; answers once the send started (the blocks
+        stay referenced until it ends). FAILED_PRECONDITION when it no longer holds them all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InstanceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +177,11 @@ def add_InstanceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=pdserve_dot_v1_dot_instance__pb2.StatusRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_instance__pb2.InstanceStatus.SerializeToString,
+            ),
+            'SendCachedBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendCachedBlocks,
+                    request_deserializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -354,6 +373,33 @@ class Instance:
             '/pdserve.v1.Instance/GetStatus',
             pdserve_dot_v1_dot_instance__pb2.StatusRequest.SerializeToString,
             pdserve_dot_v1_dot_instance__pb2.InstanceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendCachedBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Instance/SendCachedBlocks',
+            pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksRequest.SerializeToString,
+            pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,
