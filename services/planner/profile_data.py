@@ -45,6 +45,13 @@ class TransferPoint:
     seconds: float  # the prompt's KV blocks from the prefill's cache into the decode's
 
 
+@dataclass(frozen=True)
+class TierLoadPoint:
+    tier: str        # "host", "file" or "peer"
+    num_blocks: int
+    seconds: float   # loading that run of blocks into the pool (peer: pulled over UCX)
+
+
 @dataclass
 class PerfProfile:
     model: str
@@ -65,6 +72,9 @@ class PerfProfile:
     # (gateway routing, the Reserve/Prefill/Decode RPCs, the instances' service processes),
     # measured on a real stack with lone requests (benchmarks.sim_validate); 0 if unmeasured.
     request_overhead_s: float = 0.0
+    # Loading runs of KV blocks from the host tier, the file tier and a peer (the instances'
+    # --kv-cost-profile seeds their load-or-recompute choice with these and the prefill fit).
+    tier_loads: list[TierLoadPoint] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prefill_fit:
@@ -116,6 +126,7 @@ class PerfProfile:
         raw["prefill"] = [PrefillPoint(**point) for point in raw["prefill"]]
         raw["decode"] = [DecodePoint(**point) for point in raw["decode"]]
         raw["transfer"] = [TransferPoint(**point) for point in raw.get("transfer", [])]
+        raw["tier_loads"] = [TierLoadPoint(**point) for point in raw.get("tier_loads", [])]
         for fit, points in (("prefill_fit", "prefill"), ("decode_fit", "decode"), ("transfer_fit", "transfer")):
             if raw[points]:  # derived from the points: refit by this version's rules
                 raw.pop(fit, None)

@@ -23,6 +23,7 @@ from shared.engine.llm_engine import LLMEngine
 from shared.sampling.params import SamplingParams
 
 from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint
+from services.planner.tier_profile import QUICK_TIER_PLAN, TierPlan, measure_tier_loads, peer_points
 from services.planner.transfer_profile import QUICK_TRANSFER_PLAN, TransferPlan, measure_transfer
 
 logger = logging.getLogger(__name__)
@@ -45,11 +46,13 @@ class ProfilePlan:
     # (each must also be in the main grid); empty: no co-location measurement.
     colocated_prompts: tuple[int, ...] = (128, 256, 512)
     colocated_decode: tuple[tuple[int, int], ...] = ((8, 128), (32, 128), (8, 512))
+    tiers: TierPlan | None = field(default_factory=TierPlan)
 
 
 QUICK_PLAN = ProfilePlan(prompt_lengths=(8, 16, 32, 64), hit_fractions=(0.5,), hit_prompt_length=64,
                          batch_sizes=(1, 4, 8), context_lengths=(16, 48), decode_steps=3, repeats=1,
-                         transfer=QUICK_TRANSFER_PLAN, colocated_prompts=(), colocated_decode=())
+                         transfer=QUICK_TRANSFER_PLAN, colocated_prompts=(), colocated_decode=(),
+                         tiers=QUICK_TIER_PLAN)
 
 
 class Profiler:
@@ -71,13 +74,23 @@ class Profiler:
         if self.plan.transfer is not None:
             executor = self.engine.executor
             transfer = measure_transfer(executor.kv_cache, executor.kv_cache_layout, self.plan.transfer)
+        tier_loads = self.measure_tier_loads(transfer)
         slowdown = 1.0
         if neighbour_command and (self.plan.colocated_prompts or self.plan.colocated_decode):
             slowdown = self.measure_colocated_slowdown(neighbour_command, prefill, decode)
         block_size = self.info.cache.block_size
         return PerfProfile(model=model, dtype=dtype, num_threads=num_threads, block_size=block_size,
                            kv_capacity_tokens=self.info.num_blocks * block_size, prefill=prefill, decode=decode,
-                           transfer=transfer, host_cores=len(os.sched_getaffinity(0)), colocated_slowdown=slowdown)
+                           transfer=transfer, host_cores=len(os.sched_getaffinity(0)), colocated_slowdown=slowdown,
+                           tier_loads=tier_loads)
+
+    def measure_tier_loads(self, transfer: list) -> list:
+        """Host and file tier loads, and peer pulls from the transfer points (docs/kv_tiers.md)."""
+        if self.plan.tiers is None:
+            return []
+        executor = self.engine.executor
+        points = measure_tier_loads(executor.kv_cache, executor.kv_cache_layout, self.plan.tiers)
+        return points + peer_points(transfer, self.info.cache.block_size)
 
     # ---- prefill -------------------------------------------------------------------------
 

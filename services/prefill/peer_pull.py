@@ -83,17 +83,16 @@ class PeerPuller:
             return 0
         self.counters.num_hits += num_missing
         self.num_in_flight += 1
-        started = time.perf_counter()
+        timer = _PullTimer()
         try:
-            num_pulled = await self._pull_blocks(request, source, num_blocks * block_size)
+            num_pulled = await self._pull_blocks(request, source, num_blocks * block_size, timer)
         finally:
             self.num_in_flight -= 1
-        seconds = time.perf_counter() - started
         if num_pulled:
             self.counters.num_loads += num_pulled
-            self.counters.load_seconds += seconds
+            self.counters.load_seconds += timer.total_s
             self.counters.recompute_avoided_tokens += num_pulled * block_size
-            self.cost.record_load("peer", num_pulled, seconds)
+            self.cost.record_load("peer", num_pulled, timer.total_s, fixed_seconds=timer.fixed_s)
         return num_pulled * block_size
 
     def _decide(self, request_id: str, source: pb.PeerSource, num_missing: int, block_size: int) -> bool:
@@ -108,7 +107,8 @@ class PeerPuller:
                     decision.load_seconds * 1e3, decision.recompute_seconds * 1e3)
         return decision.load
 
-    async def _pull_blocks(self, request: pb.PrefillRequest, source: pb.PeerSource, num_tokens: int) -> int:
+    async def _pull_blocks(self, request: pb.PrefillRequest, source: pb.PeerSource, num_tokens: int,
+                           timer: "_PullTimer") -> int:
         """Reserve, have the holder send, keep what arrived; the blocks pulled (0 after a failure)."""
         engine, pull_id = self.runtime.engine, request.request_id + PULL_ID_SUFFIX
         salt = request.cache_salt if request.HasField("cache_salt") else None
@@ -125,12 +125,15 @@ class PeerPuller:
                     request_id=pull_id, prompt_token_ids=prefix, cache_salt=salt,
                     num_skip_blocks=reservation.num_skip_blocks, ucx_address=reservation.transfer_address,
                     dst_block_ids=reservation.block_ids, transfer_token=reservation.transfer_token))
+                timer.asked()
                 await engine.wait_kv(pull_id)
+                timer.arrived()
             keep = True
         except (grpc.aio.AioRpcError, KVTransferFailedError, TimeoutError) as error:
             self._failed(request.request_id, source, _describe(error))
         finally:
             await engine.release_kv(pull_id, keep_arrived=keep)
+            timer.released()
         return len(reservation.block_ids) - reservation.num_skip_blocks if keep else 0
 
     def _failed(self, request_id: str, source: pb.PeerSource, why: str) -> None:
@@ -146,6 +149,32 @@ class PeerPuller:
             self._channels.append(channel)
             self._stubs[address] = instance_pb2_grpc.InstanceStub(channel)
         return self._stubs[address]
+
+
+class _PullTimer:
+    """A pull's phases: until the holder answered (reservation and round trip), the blocks'
+    arrival, the release. The first and last do not depend on the number of blocks."""
+
+    def __init__(self):
+        self._started = time.perf_counter()
+        self._asked = self._arrived = self._released = self._started
+
+    def asked(self) -> None:
+        self._asked = time.perf_counter()
+
+    def arrived(self) -> None:
+        self._arrived = time.perf_counter()
+
+    def released(self) -> None:
+        self._released = time.perf_counter()
+
+    @property
+    def total_s(self) -> float:
+        return self._released - self._started
+
+    @property
+    def fixed_s(self) -> float:
+        return (self._asked - self._started) + (self._released - self._arrived)
 
 
 def _cost_model(profile: str) -> CostModel:

@@ -39,15 +39,16 @@ class CostModel:
         self._fixed = {tier: _Mean(seconds) for tier, seconds in (fixed_load_seconds or {}).items()}
         self._per_token = _Mean(compute_seconds_per_token)
 
-    def record_load(self, tier: str, num_blocks: int, seconds: float) -> None:
-        """A run of `num_blocks` loaded from `tier` in `seconds` (its fixed cost subtracted)."""
+    def record_load(self, tier: str, num_blocks: int, seconds: float, fixed_seconds: float | None = None) -> None:
+        """A run of `num_blocks` loaded from `tier` in `seconds` in all, of which `fixed_seconds`
+        did not depend on the blocks (a peer pull's reservation, round trip and release; None:
+        the tier's current estimate of it is subtracted)."""
+        if fixed_seconds is not None:
+            self._fixed.setdefault(tier, _Mean(fixed_seconds)).add(fixed_seconds)
         if num_blocks > 0:
-            fixed = self._fixed[tier].value if tier in self._fixed else 0.0
+            fixed = fixed_seconds if fixed_seconds is not None else (
+                self._fixed[tier].value if tier in self._fixed else 0.0)
             self._per_block[tier].add(max(0.0, seconds - fixed) / num_blocks)
-
-    def record_fixed(self, tier: str, seconds: float) -> None:
-        """The fixed part of one load from `tier` (a peer's round trip before any byte moved)."""
-        self._fixed.setdefault(tier, _Mean(seconds)).add(seconds)
 
     def record_compute(self, num_tokens: int, seconds: float) -> None:
         """One engine step computed `num_tokens` prompt tokens in `seconds`."""

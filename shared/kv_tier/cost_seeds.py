@@ -47,12 +47,12 @@ def load_cost_seeds(path: str) -> CostSeeds:
 
 
 def _fit(points: list[tuple[int, float]]) -> TierCost:
-    """seconds = fixed + per_block * blocks, both kept >= 0."""
+    """seconds = fixed + per_block * blocks, both > 0; where noise makes the line fall or
+    start below zero, seconds per block on average instead (no fixed part)."""
     blocks = np.array([n for n, _ in points], dtype=float)
     seconds = np.array([s for _, s in points], dtype=float)
-    if len(points) == 1 or np.ptp(blocks) == 0:
-        return TierCost(0.0, float(np.mean(seconds / np.maximum(blocks, 1))))
-    per_block, fixed = np.polyfit(blocks, seconds, 1)
-    if fixed < 0:
-        return TierCost(0.0, float(np.sum(seconds) / np.sum(blocks)))
-    return TierCost(float(fixed), max(0.0, float(per_block)))
+    if len(points) > 1 and np.ptp(blocks) > 0:
+        per_block, fixed = np.polyfit(blocks, seconds, 1)
+        if per_block > 0 and fixed >= 0:
+            return TierCost(float(fixed), float(per_block))
+    return TierCost(0.0, float(np.sum(seconds) / max(1.0, float(np.sum(blocks)))))

@@ -2,6 +2,8 @@
 
 import pytest
 
+from shared.kv_tier.cost_seeds import load_cost_seeds
+
 from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.cli.main import main
 
@@ -70,6 +72,11 @@ def test_quick_profile_of_the_tiny_model(tiny_llama_folder, tmp_path, capsys):
     assert profile.kv_capacity_tokens > 0 and profile.kv_capacity_tokens % profile.block_size == 0
     assert [p.prompt_tokens for p in profile.transfer] == [16, 64]  # over UCX on loopback
     assert all(p.seconds > 0 for p in profile.transfer) and profile.kv_transfer_s(64) > 0
+    assert [(p.tier, p.num_blocks) for p in profile.tier_loads] == [("host", 1), ("host", 4), ("file", 1), ("file", 4),
+                                                                    ("peer", 1), ("peer", 4)]
+    seeds = load_cost_seeds(str(output))  # what an instance's --kv-cost-profile reads
+    assert set(seeds.tiers) == {"host", "file", "peer"} and seeds.compute_seconds_per_token > 0
+    assert all(cost.seconds_per_block > 0 for cost in seeds.tiers.values())
     out = capsys.readouterr().out
     assert "KV capacity" in out and "KV transfer of 512 tokens" in out
 
