@@ -26,7 +26,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-faults bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -45,6 +45,7 @@ help:
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-faults   kills and SIGTERMs under streaming load: ok/failed/migrated, recovery, p99 (BENCH_ARGS=...)"
+	@echo "make bench-multiturn multi-turn chats: pdserve with/without KV tiers vs vllm serve, TTFT per turn (BENCH_ARGS=..., PDSERVE_VLLM_PYTHON)"
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
 	@echo "make bench-sim-validate the simulator vs the local 1P+1D stack at 3 Poisson rates (needs a quiet machine)"
 	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
@@ -97,6 +98,9 @@ bench-spec: setup
 
 bench-faults: setup
 	$(PYTHON) -m benchmarks.faults $(BENCH_ARGS)
+
+bench-multiturn: setup
+	$(PYTHON) -m benchmarks.multiturn $(BENCH_ARGS)
 
 bench-hol: setup
 	$(PYTHON) -m benchmarks.head_of_line $(BENCH_ARGS)

@@ -115,7 +115,8 @@ class PrefillHandler(RoleHandler):
             request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
         started = time.perf_counter()
         output = await self._run_prompt(request, generate)
-        self.peers.record_prompt(len(request.prompt_token_ids) - output.num_cached_tokens, time.perf_counter() - started)
+        num_computed = len(request.prompt_token_ids) - output.num_cached_tokens
+        self.peers.record_prompt(num_computed, time.perf_counter() - started)
         sent = output.kv_transfer or NOTHING_SENT
         logger.info("prefill %s: %d prompt tokens (%d cached, %d pulled), %d KV bytes to %s in %.1f ms",
                     request.request_id, len(request.prompt_token_ids), output.num_cached_tokens, num_pulled,

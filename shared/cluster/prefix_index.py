@@ -2,7 +2,8 @@
 
 Each instance owns one Redis set of the raw 32-byte block hashes it holds
 (`prefix:held:{instance_id}`); each host's KV tiers have one too (`prefix:tier:{tier_id}`,
-written by every instance of the host for the blocks it stored there or evicted from there). The instance keeps it true with events: `add` when it
+written by every instance of the host for the blocks it stored there or evicted from there:
+`update_tier`, `replace_tier`). The instance keeps its own set true with events: `add` when it
 stores a block, `remove` when it evicts one, `replace_all` to republish everything after a
 Redis reconnect, `drop_instance` at shutdown. Gateways call `longest_prefix` with a
 prompt's chained block hashes and the live instance ids: one pipelined SMISMEMBER per live

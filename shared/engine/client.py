@@ -40,7 +40,8 @@ from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferR
 from shared.sampling.params import SamplingParams
 
 __all__ = [
-    "CachedSend", "CacheSettings", "CapacityError", "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
+    "CachedSend", "CacheSettings", "CapacityError",
+    "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
     "EngineStatus", "GenerateRequest", "KVCacheEvents", "KVReservation", "KVSendParams", "KVTransferFailedError",
     "OutputObserver", "KVTierStats",
     "KVTransferResult", "RequestFailedError", "SpecDecodeCounts",

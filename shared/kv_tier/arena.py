@@ -151,7 +151,7 @@ class KVArena:
         header["fingerprint"] = np.frombuffer(fingerprint, np.uint8)
         header["slot_bytes"], header["num_slots"] = geometry.slot_bytes, geometry.num_slots
         header["table_size"], header["block_size"] = geometry.table_size, geometry.block_size
-        header["is_dirty"] = 1  # the index (all zeros) is rebuilt by the first locker
+        os.pwrite(self._fd, b"\xff" * (4 * geometry.table_size), _layout(geometry)["table"])  # every position empty
         os.pwrite(self._fd, header.tobytes(), 0)
         os.pwrite(self._fd, np.array([1], "<u4").tobytes(), _HEADER.fields["is_ready"][1])
         logger.info("KV arena %s created: %d slots of %d bytes", self.path, geometry.num_slots, geometry.slot_bytes)

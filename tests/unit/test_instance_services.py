@@ -54,7 +54,8 @@ def make_settings(role: str, folder, redis_url: str, **overrides) -> InstanceSet
                   max_num_seqs=8, max_num_batched_tokens=256, heartbeat_interval_s=0.1,
                   heartbeat_ttl_s=1.0, prefix_publish_interval_s=0.05, shutdown_grace_s=1.0,
                   kv_host_tier_gb=0,  # no host tier: each test sees only what its own instances computed
-                  engine_core="thread")  # fault injection reaches into the engine; process cores: test_engine_core_crash
+                  # fault injection reaches into the engine; process cores: test_engine_core_crash
+                  engine_core="thread")
     return InstanceSettings(**{**values, **overrides})
 
 
@@ -540,7 +541,8 @@ def test_instances_register_with_load_and_publish_their_prefix_index(redis_serve
             infos = {info.role: (info, load) for info, load in live}
             assert infos["prefill"][0].cache == infos["decode"][0].cache == cache
             assert infos["prefill"][0].grpc_address == prefill.runtime.grpc_address
-            assert infos["prefill"][0].ucx_address == ""
+            # With peer reuse (the default) a prefill instance receives the prefixes it pulls.
+            assert infos["prefill"][0].ucx_address == prefill.runtime.ucx_address != ""
             assert infos["decode"][0].ucx_address == decode.runtime.ucx_address != ""
             assert all(load.num_total_blocks == load.num_free_blocks == NUM_BLOCKS for _, load in infos.values())
             reserved = await reserve(decode, "held", prompt, greedy(3))

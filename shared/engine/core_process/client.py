@@ -29,7 +29,8 @@ from shared.engine.client import (CachedSend, CapacityError, EngineDeadError, En
                                   raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, Query, Ready, Rejected, ReleaseKV, ReserveKV,
-                                                 SendCached, Shutdown, StartReserved, StepOutputs, decode_core_message, encode)
+                                                 SendCached, Shutdown, StartReserved, StepOutputs,
+                                                 decode_core_message, encode)
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
 from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.output_processor import OutputProcessor

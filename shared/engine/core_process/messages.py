@@ -15,7 +15,8 @@ from typing import Literal
 import msgspec
 
 from shared.config import EngineConfig
-from shared.engine.client import CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, KVReservation
+from shared.engine.client import (CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
+                                  KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
