@@ -144,8 +144,10 @@ class KVArena:
         return header
 
     def _create(self, fingerprint: bytes, geometry: ArenaGeometry) -> None:
+        """Lay out a new arena, its space reserved now (a memory file system that fills up
+        later must not fault a write into a sparse page: OSError here instead)."""
         os.ftruncate(self._fd, 0)  # a stale or half-made arena: start from zeros
-        os.ftruncate(self._fd, _file_bytes(geometry))
+        os.posix_fallocate(self._fd, 0, _file_bytes(geometry))
         header = np.zeros((), _HEADER)
         header["magic"], header["version"] = MAGIC, FORMAT_VERSION
         header["fingerprint"] = np.frombuffer(fingerprint, np.uint8)

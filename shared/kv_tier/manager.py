@@ -25,6 +25,7 @@ from pathlib import Path
 
 from shared.cache_dir import pdserve_cache_dir
 from shared.core.request import Request
+from shared.errors import ConfigurationError
 from shared.kv_cache.block_pool import BlockPool, EvictedBlock, KVBlock
 from shared.kv_cache.layout import KVCacheLayout
 from shared.kv_tier.arena import ArenaGeometry, KVArena
@@ -77,9 +78,15 @@ class KVTierManager:
             num_slots = num_bytes // layout.bytes_per_block
             if num_slots < 1:
                 continue
-            Path(directory).mkdir(parents=True, exist_ok=True)
             geometry = ArenaGeometry(layout.bytes_per_block, num_slots, layout.block_size)
-            arena = KVArena(arena_path(directory, fingerprint, name), fingerprint, geometry)
+            try:
+                Path(directory).mkdir(parents=True, exist_ok=True)
+                arena = KVArena(arena_path(directory, fingerprint, name), fingerprint, geometry)
+            except OSError as error:
+                for level in levels:
+                    level.arena.close()
+                raise ConfigurationError(f"kv_{name}_tier_gb", f"cannot keep {num_bytes / 2**30:.2f} GiB of KV "
+                                                               f"blocks in {directory}: {error}") from error
             levels.append(_Level(name, arena, TierCounters(name)))
         return levels
 

@@ -124,3 +124,11 @@ def test_the_config_crosses_the_process_boundary():
     encoded = msgspec.msgpack.encode(config)
     assert msgspec.msgpack.decode(encoded, type=KVTierConfig) == config
     assert dataclasses.replace(config, host_bytes=0, file_bytes=0).is_enabled is False
+
+
+def test_a_tier_that_cannot_be_made_is_refused_naming_the_setting(tiny_llama_folder, tmp_path):
+    from shared.errors import ConfigurationError
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    with pytest.raises(ConfigurationError, match="kv_host_tier_gb"):
+        tiered_llm(tiny_llama_folder, tmp_path, host_dir=str(blocker / "tier"))
