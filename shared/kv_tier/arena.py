@@ -9,10 +9,11 @@ tier, so blocks of another model, dtype, block size or layout never meet). In th
     slot data        page-aligned, `slot_bytes` per slot
 
 Every operation holds an exclusive lock (a threading lock inside the process, `flock` across
-processes), so a reader never sees a block being written and the index is never seen
-half-changed. A slot is published only after its bytes and CRC-32 are in place; a process
-that dies while changing the index leaves the dirty flag set and the next locker rebuilds the
-index from the slots' metadata. Every read checks the CRC-32 (and the token ids) first: a
+processes), so the index is never seen half-changed and a reader never copies a block being
+written: a store claims its slots under the lock (WRITING: neither findable nor claimable),
+fills them without it, and publishes them (bytes and CRC-32 in place) under it again. A
+process that dies while changing the index leaves the dirty flag set and the next locker
+rebuilds the index from the slots' metadata (slots left WRITING become free). Every read checks the CRC-32 (and the token ids) first: a
 block that fails is dropped and reported as a miss, never copied out.
 
 Eviction is least recently used over all slots (a clock per access). The file survives the
@@ -327,15 +328,26 @@ class KVArena:
             on_evict: OnEvict | None = None, crcs: Sequence[int] | None = None) -> PutResult:
         """Store the blocks not here yet (those here are marked used); least recently used
         slots make room, each passed to `on_evict` before it is overwritten. `crcs`: the
-        blocks' CRC-32 when the caller knows them (else computed from the copied bytes)."""
-        stored, evicted = [], []
+        blocks' CRC-32 when the caller knows them (else computed from the copied bytes).
+
+        The copies run outside the lock (other processes' lookups do not wait for them): the
+        slots are claimed first (WRITING: neither findable nor claimable), then filled, then
+        published. A block another process stored meanwhile is kept once (its slot freed)."""
+        evicted: list[bytes] = []
         with self._locked(), self._changing():
             new = self._mark_present(block_hashes)
             slots = self._claim_slots(len(new), on_evict, evicted)
-            for index, slot in zip(new, slots):
-                self._write_slot(slot, block_hashes[index], token_ids[index], index, copy_in,
-                                 None if crcs is None else crcs[index])
-                stored.append(block_hashes[index])
+            for slot in slots:
+                self._state[slot] = WRITING
+        checksums = []
+        for index, slot in zip(new, slots):
+            copy_in(index, self._data[slot])
+            checksums.append(_crc32(self._data[slot]) if crcs is None else crcs[index])
+        stored = []
+        with self._locked(), self._changing():
+            for index, slot, crc in zip(new, slots, checksums):
+                if self._publish(slot, block_hashes[index], token_ids[index], crc):
+                    stored.append(block_hashes[index])
         return PutResult(tuple(stored), tuple(evicted))
 
     def _mark_present(self, block_hashes: Sequence[bytes]) -> list[int]:
@@ -372,18 +384,21 @@ class KVArena:
         self._state[slot] = FREE
         self._header["num_valid"] = int(self._header["num_valid"][0]) - 1
 
-    def _write_slot(self, slot: int, block_hash: bytes, tokens: Sequence[int], index: int, copy_in: CopyIn,
-                    crc: int | None) -> None:
-        """Copy, checksum, then publish: the slot is findable only once complete."""
-        self._state[slot] = WRITING
-        copy_in(index, self._data[slot])
-        self._crc[slot] = _crc32(self._data[slot]) if crc is None else crc
+    def _publish(self, slot: int, block_hash: bytes, tokens: Sequence[int], crc: int) -> bool:
+        """Make a filled slot findable; False (the slot freed) when the block got here meanwhile."""
+        if self._state[slot] != WRITING:
+            return False  # an index rebuild after another process's crash took it back: never published
+        if self._find(block_hash)[1] != _NO_SLOT:
+            self._state[slot] = FREE
+            return False
+        self._crc[slot] = crc
         self._hashes[slot] = np.frombuffer(block_hash, np.uint8)
         self._tokens[slot] = np.asarray(tokens, "<u4")
         self._touch(slot)
         self._state[slot] = VALID
         self._insert(block_hash, slot)
         self._header["num_valid"] = int(self._header["num_valid"][0]) + 1
+        return True
 
     # ---- state -----------------------------------------------------------------------------
 

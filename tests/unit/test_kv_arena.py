@@ -176,3 +176,23 @@ def test_processes_sharing_an_arena_never_see_a_torn_or_misplaced_block(tmp_path
 def _repo_root():
     from pathlib import Path
     return Path(__file__).resolve().parents[2]
+
+
+def test_a_block_stored_by_another_process_during_a_copy_is_kept_once(tmp_path):
+    path = tmp_path / "race.host"
+    first = KVArena(path, FINGERPRINT, ArenaGeometry(SLOT_BYTES, 4, BLOCK_SIZE))
+    second = KVArena(path, FINGERPRINT, ArenaGeometry(SLOT_BYTES, 4, BLOCK_SIZE))  # its own fd: its own flock
+    h = block_hash(7)
+
+    def copy_while_the_other_stores(index, slot):
+        assert load(second, [h])[0] == 0  # a slot being written is not findable
+        assert put(second, [h]).stored == (h,)  # the copy runs outside the lock: the other one is not blocked
+        slot[:] = pattern(h)
+
+    result = first.put([h], [tokens_of(h)], copy_while_the_other_stores)
+    assert result.stored == () and first.num_valid == 1
+    num, corrupt, copied = load(first, [h])
+    assert (num, corrupt) == (1, 0) and np.array_equal(copied[0], pattern(h))
+    assert len(first.hashes()) == 1
+    first.close()
+    second.close()
