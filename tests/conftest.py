@@ -9,6 +9,10 @@ import torch
 # triton is first imported (transformers imports it): see tests/unit/triton_setup.py.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Instance processes a test starts get no host KV tier unless the test asks for one (the
+# stacks of tests/helpers/stack.py do, in their own run directory): never a machine-sized arena
+# in /dev/shm shared with other tests and runs.
+os.environ.setdefault("PDSERVE_KV_HOST_TIER_GB", "0")
 from collections.abc import Iterator
 
 import pytest
