@@ -81,7 +81,6 @@ class PeerPuller:
         num_missing = num_blocks - source.num_local_blocks
         if num_missing <= 0 or not self._decide(request.request_id, source, num_missing, block_size):
             return 0
-        self.counters.num_hits += num_missing
         self.num_in_flight += 1
         timer = _PullTimer()
         try:
@@ -89,6 +88,7 @@ class PeerPuller:
         finally:
             self.num_in_flight -= 1
         if num_pulled:
+            self.counters.num_hits += num_pulled
             self.counters.num_loads += num_pulled
             self.counters.load_seconds += timer.total_s
             self.counters.recompute_avoided_tokens += num_pulled * block_size
@@ -116,7 +116,8 @@ class PeerPuller:
         try:
             reservation = await engine.reserve_kv(GenerateRequest(pull_id, prefix, SamplingParams(max_tokens=1), salt))
         except CapacityError as error:
-            self._failed(request.request_id, source, f"no room to reserve the prefix ({error})")
+            self._failed(request.request_id, source, num_tokens // block_size_of(engine),
+                         f"no room to reserve the prefix ({error})")
             return 0
         keep = False
         try:
@@ -130,14 +131,16 @@ class PeerPuller:
                 timer.arrived()
             keep = True
         except (grpc.aio.AioRpcError, KVTransferFailedError, TimeoutError) as error:
-            self._failed(request.request_id, source, _describe(error))
+            self._failed(request.request_id, source, len(reservation.block_ids) - reservation.num_skip_blocks,
+                         _describe(error))
         finally:
             await engine.release_kv(pull_id, keep_arrived=keep)
             timer.released()
         return len(reservation.block_ids) - reservation.num_skip_blocks if keep else 0
 
-    def _failed(self, request_id: str, source: pb.PeerSource, why: str) -> None:
-        self.counters.num_misses += 1
+    def _failed(self, request_id: str, source: pb.PeerSource, num_blocks: int, why: str) -> None:
+        """A pull that brought nothing: its blocks count as misses (computed here instead)."""
+        self.counters.num_misses += num_blocks
         logger.warning("prefill %s: pulling from %s failed (%s); computing the prompt here", request_id,
                        source.instance_id, why)
 
@@ -185,6 +188,10 @@ def _cost_model(profile: str) -> CostModel:
             fixed, per_block = seeds.tiers["peer"].fixed_seconds, seeds.tiers["peer"].seconds_per_block
         per_token = seeds.compute_seconds_per_token or per_token
     return CostModel({"peer": per_block}, per_token, fixed_load_seconds={"peer": fixed})
+
+
+def block_size_of(engine) -> int:
+    return engine.info.cache.block_size
 
 
 def _describe(error: BaseException) -> str:
