@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out_dir = args.out_dir or Path(f"/tmp/pdserve-vs-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     from benchmarks.harness.vocabulary import load_bench_tokenizer
+    from benchmarks.machine import default_model_paths, print_machine
+
+    print_machine(default_model_paths())
 
     spec = WorkloadSpec(num_prompts=args.num_prompts, input_len=LengthRange(*args.input_len),
                         output_len=LengthRange(args.output_len, args.output_len), seed=args.seed)

@@ -88,6 +88,16 @@ class TorchPagedAttention(AttentionBackend):
                 self._kernel_paths[key] = self.native_decode.path(*shapes)
         return self._kernel_paths[key]
 
+    def describe(self, block_size: int, dtype: torch.dtype) -> tuple[str, str]:
+        if self.uses_native_decode(block_size, dtype):
+            decode = f"C++ kernel, {self.kernel_path(block_size, dtype)} path"
+        else:
+            decode = f"torch matmuls ({'flat' if self.flat_decode else 'grouped'})"
+        if self.deterministic and self.uses_native_decode(block_size, dtype):
+            return decode, f"{decode} (deterministic)"
+        prompt_dtype = str(cpu_matmul_dtype(dtype)).removeprefix("torch.")
+        return decode, f"torch SDPA (flash), {prompt_dtype}"
+
     def prepare(self, metadata: AttentionMetadata, block_size: int, dtype: torch.dtype) -> TorchPagedStep:
         if self.deterministic and self.uses_native_decode(block_size, dtype):
             inputs = segment_native_inputs(metadata, block_size)

@@ -33,6 +33,7 @@ from shared.engine.errors import CapacityError, EngineDeadError, KVTransferFaile
 from shared.engine.outputs import RequestOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
+from shared.model.compute_paths import ComputePaths
 from shared.sampling.params import SamplingParams
 
 __all__ = [
@@ -129,6 +130,7 @@ class EngineInfo:
     weight_bytes: int
     kv_pool_bytes: int
     kv_transfer_address: str = ""       # the KV connector's consumer address ("" if none)
+    compute: ComputePaths | None = None  # which kernels the model runs (benchmarks print it)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
         tensor_parallel_size=engine.config.parallel.tensor_parallel_size)
     address = engine.connector.address if engine.connector is not None else ""
     return EngineInfo(cache, layout.num_blocks, engine.model_config.vocab_size, engine.max_model_len,
-                      weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address)
+                      weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address,
+                      engine.executor.compute_paths)
 
 
 def engine_load(engine: LLMEngine) -> EngineLoad:
