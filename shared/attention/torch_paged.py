@@ -118,7 +118,7 @@ class TorchPagedAttention(AttentionBackend):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, step: TorchPagedStep) -> torch.Tensor:
-        _store(key, value, key_cache, value_cache, step.slot_mapping)
+        _store(key, value, key_cache, value_cache, step, self.native_decode)
         num_decodes = step.num_decodes
         if not step.prefills:
             return self._decode(query, key_cache, value_cache, step)
@@ -217,7 +217,14 @@ def _native_decode_for(decode_kernel: str) -> NativePagedDecode | None:
 
 
 def _store(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor) -> None:
-    """Write each new token's key/value at its slot (block_id * block_size + offset)."""
+           step: TorchPagedStep, kernel: NativePagedDecode | None) -> None:
+    """Write each new token's key/value at its slot (block_id * block_size + offset): in one
+    C++ call when the kernel is there and the step's slots are known to be inside the caches,
+    else with index_copy_ (which checks them itself)."""
+    slot_mapping = step.slot_mapping
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if (kernel is not None and step.slot_range is not None and 0 <= step.slot_range[0]
+            and step.slot_range[1] < num_slots and kernel.store_kv(key, value, key_cache, value_cache, slot_mapping)):
+        return
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, value)
