@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.native_decode import PATH_ENV_VAR, NativePagedDecode, load_native_decode, requested_path
-from shared.errors import ConfigurationError
 from shared.attention.torch_paged_step import (
     DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, offset_causal_mask,
     segment_native_inputs, plan_decode_groups, plan_prefill_chunks)
+from shared.errors import ConfigurationError
 from shared.native.cpu_matmul import cpu_matmul_dtype
 
 # Above this many KV heads the flat kernel's masked-out work outgrows its savings.
