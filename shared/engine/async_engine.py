@@ -261,7 +261,8 @@ class AsyncEngine:
                 # transfers that ended during the last step go out before the next one computes
                 self._dispatch(self._engine.poll_kv_transfers())
                 self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
-                self._dispatch(self._engine.step())
+                self._dispatch(self._engine.step(wait_for_sends=False))  # first tokens out at once
+                self._dispatch(self._engine.finish_step_sends())
                 self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
         except BaseException as error:  # noqa: BLE001 - fail every stream, then stop
             logger.exception("engine thread failed")

@@ -123,7 +123,7 @@ def test_aborting_a_request_whose_kv_is_being_sent_frees_its_blocks_once_sent(ti
     engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
                        kv_send=send_params(engine, reservation, "d"))
     while "p" not in engine.scheduler.sending:
-        assert not [o for o in engine.step() if o.request_id == "p"]
+        assert not [o for o in engine.step() if o.request_id == "p" and o.finished]
     assert engine.abort_request("p") is None
     engine.step()
     assert "p" in engine.scheduler.sending  # its blocks are still being read
@@ -180,9 +180,10 @@ def test_cache_settings_say_what_a_peer_must_share(tiny_llama_folder):
 
 @pytest.mark.parametrize("connector", ["in_memory", "ucx"])
 def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_llama_folder, connector):
-    # The prefill service answers the gateway on this output: it must not wait for the next
-    # step's compute. A send that ends within the connector's send wait (at once in memory, a
-    # few ms over UCX; 30 s here so the test cannot race) goes out with the step that started it.
+    # The prefill service answers the gateway on the final output: it must not wait for the
+    # next step's compute. A send that ends within the connector's send wait (at once in
+    # memory, a few ms over UCX; 30 s here so the test cannot race) goes out with the step
+    # that started it, after the output carrying the first token.
     kwargs = {} if connector == "in_memory" else {"kv_transfer": KVTransferConfig(
         UCX_CONNECTOR, KVConnectorRole.BOTH, send_wait_s=30.0)}
     llm = connected_llm(tiny_llama_folder, enable_prefix_caching=False, **kwargs)
@@ -191,11 +192,48 @@ def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_lla
         params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         reservation = engine.reserve_request(PROMPT, params, "d")
         engine.add_request(PROMPT, first_token_params(params), "p", kv_send=send_params(engine, reservation, "d"))
-        [output] = [output for output in engine.step() if output.request_id == "p"]
-        assert output.finished and output.kv_transfer is not None, output.kv_transfer_error
+        first, final = [output for output in engine.step() if output.request_id == "p"]
+        assert not first.finished and len(first.outputs[0].delta_token_ids) == 1
+        assert final.finished and final.kv_transfer is not None, final.kv_transfer_error
+        assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
         engine.step()
         assert engine.drain_kv_arrivals() == [("d", None)]
         engine.abort_request("d")
         assert_pool_is_whole(llm)
     finally:
         llm.engine.shutdown()
+
+
+def test_a_prefill_hands_out_its_first_token_before_its_kv_send_ends(tiny_llama_folder):
+    # The first token (with its logprobs and the prompt logprobs) leaves the engine in the step
+    # that sampled it, unfinished; the finish waits for the send, whose end is held back here
+    # as a slow network's would be, and then says what moved.
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    reservation = engine.reserve_request(PROMPT, params, "d")
+    real_get_finished, held = engine.connector.get_finished, []
+
+    def get_finished_but_sends():
+        finished = real_get_finished()
+        held.extend(finished.sending)
+        return FinishedTransfers((), finished.receiving)
+    engine.connector.get_finished = get_finished_but_sends
+    engine.add_request(PROMPT, first_token_params(params), "p", kv_send=send_params(engine, reservation, "d"))
+    outputs = []
+    while not outputs:
+        outputs = [o for o in engine.step() if o.request_id == "p"]
+    [first] = outputs
+    assert not first.finished and "p" in engine.scheduler.sending
+    assert len(first.token_ids) == 1 and len(first.outputs[0].logprobs) == 1
+    assert len(first.prompt_logprobs) == len(PROMPT) - 1
+    assert not [o for o in engine.step() if o.request_id == "p"]  # the send has not ended
+    engine.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
+    [final] = [o for o in engine.step() if o.request_id == "p"]
+    engine.connector.get_finished = real_get_finished
+    assert final.finished and final.outputs[0].finish_reason == "length" and final.kv_transfer is not None
+    assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
+    from tests.unit.kv_split import decode_after
+    local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
+    assert decode_after(engine, "d", first.token_ids[0]) == local
+    assert_pool_is_whole(llm)

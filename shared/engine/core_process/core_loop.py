@@ -120,6 +120,9 @@ class CoreLoop:
         arrivals = self._kv_arrivals()
         if outputs or arrivals or changed or is_stepping:
             self._send(self._step_outputs(outputs, arrivals))
+        sent = self.core.finish_step_sends()  # after the first tokens above went out
+        if sent:
+            self._send(self._step_outputs(sent))
 
     def _send_transfers_ended(self) -> None:
         """KV that arrived or was sent while the last step ran, reported before the next step
