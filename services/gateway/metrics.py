@@ -49,6 +49,9 @@ class GatewayCollector(Collector):
         yield _routing_family(make, stats.routing)
         yield make.labelled_counter("pdserve:migrations", "Streams moved to another decode instance mid-way "
                                     "(reason: failure or drain).", "reason", sorted(stats.migrations.items()))
+        yield make.labelled(CounterMetricFamily, "pdserve:gateway_prefill_placement",
+                            "Where prompts were prefilled (prefill_pool or decode_local: conditional "
+                            "disaggregation) and why.", ("where", "reason"), sorted(stats.placements.items()))
         yield make.counter("pdserve:gateway_prefill_retries", "Prefill attempts after a failed one.",
                            stats.num_prefill_retries)
         yield make.counter("pdserve:gateway_decode_refusals", "Reserve calls refused for lack of room.",

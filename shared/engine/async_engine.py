@@ -158,6 +158,16 @@ class AsyncEngine:
         finally:
             self._reservations.pop(request_id, None)  # its KV wait is over, whatever happened
 
+    async def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        engine = self._engine
+        stream = self._stream(request_id, lambda: engine.prefill_reserved(request_id))
+        try:
+            async with contextlib.aclosing(stream) as outputs:
+                async for output in outputs:
+                    yield output
+        finally:
+            self._reservations.pop(request_id, None)  # no KV will arrive for it
+
     async def release_kv(self, request_id: str) -> bool:
         self._reservations.pop(request_id, None)
         return await self._call(self._engine.release_reserved, request_id)

@@ -224,6 +224,13 @@ class EngineCore:
         logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
         return self._make_outputs([request], ModelRunnerOutput(logprobs=logprobs))
 
+    def prefill_reserved(self, request_id: str) -> None:
+        """Decode role: compute a reservation's prompt in this engine instead of receiving its
+        KV (conditional disaggregation), then decode it; its outputs come from the steps."""
+        if request_id not in self.scheduler.waiting_for_remote_kv:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        self.scheduler.compute_reserved(request_id)
+
     def release_reserved(self, request_id: str) -> bool:
         """Decode role: free a reservation that will not be decoded; False if there is none."""
         if request_id not in self.scheduler.waiting_for_remote_kv:

@@ -122,6 +122,12 @@ class LLMEngine:
         the producer's first token."""
         return self._process(self.core.start_reserved(request_id, first_token_id, first_logprobs))
 
+    def prefill_reserved(self, request_id: str) -> list[RequestOutput]:
+        """Decode role: compute the reservation's prompt here instead of receiving its KV, then
+        decode it (its outputs come from the steps)."""
+        self.core.prefill_reserved(request_id)
+        return []
+
     def release_reserved(self, request_id: str) -> bool:
         """Decode role: free a reservation that will not be decoded; False if there is none."""
         if not self.core.release_reserved(request_id):

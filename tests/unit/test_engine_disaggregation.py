@@ -237,3 +237,63 @@ def test_a_prefill_hands_out_its_first_token_before_its_kv_send_ends(tiny_llama_
     local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
     assert decode_after(engine, "d", first.token_ids[0]) == local
     assert_pool_is_whole(llm)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_k=20, seed=99, max_tokens=6, ignore_eos=True),
+])
+def test_a_reservation_prefilled_here_equals_a_local_run(tiny_llama_folder, params):
+    # Conditional disaggregation: the decode engine computes the reserved prompt itself.
+    local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine = llm.engine
+    engine.reserve_request(PROMPT, params, "d")
+    assert engine.prefill_reserved("d") == []
+    assert "d" not in engine.scheduler.waiting_for_remote_kv
+    output = None
+    while output is None or not output.finished:
+        output = next((o for o in engine.step() if o.request_id == "d"), output)
+    assert output.token_ids == local
+    with pytest.raises(InvalidRequestError, match="request_id"):
+        engine.prefill_reserved("d")  # no reservation any more
+    assert_pool_is_whole(llm)
+
+
+def test_a_reservation_prefilled_here_computes_only_what_the_prefix_cache_lacks(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder)
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    expected = llm.generate([PROMPT], params)[0].token_ids  # leaves the prompt's 2 full blocks cached
+    computed = engine.stats.num_prompt_tokens_computed
+    assert engine.reserve_request(PROMPT, params, "d").num_cached_tokens == 32
+    engine.prefill_reserved("d")
+    output = None
+    while output is None or not output.finished:
+        output = next((o for o in engine.step() if o.request_id == "d"), output)
+    assert output.token_ids == expected and output.num_cached_tokens == 32
+    assert engine.stats.num_prompt_tokens_computed - computed == len(PROMPT) - 32
+    assert_pool_is_whole(llm)
+
+
+def test_a_local_prefill_runs_in_chunks_after_the_running_decodes(tiny_llama_folder):
+    # The decode instance's protection: every step still gives the running decode its token,
+    # and the reserved prompt only gets a chunk of at most long_prefill_token_threshold.
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False, long_prefill_token_threshold=8)
+    engine = llm.engine
+    running = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine.add_request(list(range(5, 9)), running, "a")
+    engine.step()  # "a"'s prompt
+    engine.reserve_request(PROMPT, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), "d")
+    engine.prefill_reserved("d")
+    [local] = engine.requests_of("d")
+    num_steps = 0
+    while local.num_output_tokens == 0:
+        before = (engine.requests_of("a")[0].num_output_tokens, local.num_computed_tokens)
+        engine.step()
+        num_steps += 1
+        assert engine.requests_of("a")[0].num_output_tokens == before[0] + 1
+        assert 0 < local.num_computed_tokens - before[1] <= 8
+    assert num_steps == -(-len(PROMPT) // 8)
+    engine.abort_request("a")
+    engine.abort_request("d")
+    assert_pool_is_whole(llm)
