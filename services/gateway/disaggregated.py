@@ -32,8 +32,8 @@ from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
 from services.gateway.deadline import Deadline
 from services.gateway.decode_calls import DecodeStart, LocalPrefillRefused, decode_stream, local_prefill_stream
 from services.gateway.errors import GatewayError
-from services.gateway.first_token import RelayedToken, early_message, ends_with_first_token, final_message
-from services.gateway.migration import continuation, final_message as length_message, fix_usage, is_complete
+from services.gateway.first_token import RelayedToken, early_message, ending_message, ends_with_first_token
+from services.gateway.migration import continuation, final_message, fix_usage, is_complete
 from services.gateway.placement import PREFILL_POOL, Placement, place_prefill, prefill_backlog
 from services.gateway.prefill_calls import stream_prefill_under_lease
 from services.gateway.relay_context import RelayContext
@@ -65,7 +65,7 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
             _note_loss(ctx, sub, loss, lost, len(streamed))
             candidates = await ctx.view.candidates(sub.parent.hashes)  # restarts, new ones
         if is_complete(sub, streamed):
-            yield length_message(sub, streamed)
+            yield final_message(sub, streamed)
             return
 
 
@@ -136,7 +136,7 @@ async def _prefill_then_decode(ctx: RelayContext, sub: SubRequest, candidates: l
         if done is None:
             raise GatewayError(grpc.StatusCode.INTERNAL, "the prefill stream ended without its outcome")
         if ends_with_first_token(done, relayed):
-            message = final_message(sub, done)
+            message = ending_message(sub, done)
             fix_usage(sub, message)
             yield message
             return

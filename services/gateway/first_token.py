@@ -8,7 +8,7 @@ plus, when the completion ends there, the text flushed at the end, the finish re
 usage. `strip` removes the token and its text from it, so the client gets every token once.
 
 When the prefill instance says the completion ends with the first token, no Decode runs:
-`final_message` ends the completion from the prefill's answer.
+`ending_message` ends the completion from the prefill's answer.
 """
 
 import logging
@@ -72,7 +72,7 @@ def ends_with_first_token(done: instance_pb2.PrefillResponse, relayed: RelayedTo
     return relayed is not None and done.HasField("finish_reason") and done.first_token_id == relayed.token_id
 
 
-def final_message(sub: SubRequest, done: instance_pb2.PrefillResponse) -> generation_pb2.GenerateResponse:
+def ending_message(sub: SubRequest, done: instance_pb2.PrefillResponse) -> generation_pb2.GenerateResponse:
     """The last message of a completion that ended with its first token: the text held back
     until the end, the finish reason, and the usage (the resumed outputs counted by fix_usage)."""
     message = generation_pb2.GenerateResponse(request_id=sub.request_id, text=done.final_text,

@@ -49,7 +49,7 @@ class Behaviour:
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
     # StreamPrefill: after its first token, wait for this event before the outcome (the KV in flight).
     prefill_holds_outcome: asyncio.Event | None = None
-    prefill_fails_after_first_token: bool = False  # StreamPrefill sends its first token, then dies
+    prefill_fails_after_first_token: int = 0  # so many StreamPrefill calls send their first token, then die
     prefill_first_token_ends: bool = False  # the completion ends with the first token (EOS)
     local_prefill_refused: bool = False  # PrefillLocally answers RESOURCE_EXHAUSTED
     # The first token StreamPrefill samples (id, text): the fake decode streams the same first.
@@ -122,7 +122,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             if request.sampling.HasField("logprobs"):
                 first.logprobs.CopyFrom(fake_logprobs(token_id))
             yield inst.PrefillEvent(first_token=first)
-        if self.behaviour.prefill_fails_after_first_token:
+        if self.behaviour.prefill_fails_after_first_token > 0:
+            self.behaviour.prefill_fails_after_first_token -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.instance_id} died after its first token")
         if self.behaviour.prefill_holds_outcome is not None:
             await self.behaviour.prefill_holds_outcome.wait()
