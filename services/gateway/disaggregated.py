@@ -93,7 +93,7 @@ async def _on_reservation(ctx: RelayContext, sub: SubRequest, candidates: list[C
         except LocalPrefillRefused as refusal:
             logger.info("request %s: decode %s refused the local prefill (%s); prefilling on the pool",
                         sub.request_id, reservation.decode.instance_id, refusal)
-            placement = _record(ctx, sub, reservation, Placement(PREFILL_POOL, "decode_refused"))
+            _record(ctx, sub, reservation, Placement(PREFILL_POOL, "decode_refused"))
     async with contextlib.aclosing(_prefill_then_decode(ctx, sub, candidates, reservation, deadline)) as messages:
         async for message in messages:
             yield message

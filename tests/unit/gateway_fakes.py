@@ -126,7 +126,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             self.behaviour.prefill_fails_after_first_token -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.instance_id} died after its first token")
         if self.behaviour.prefill_holds_outcome is not None:
-            await self.behaviour.prefill_holds_outcome.wait()
+            await self._wait_for(self.behaviour.prefill_holds_outcome)
         await asyncio.sleep(self.behaviour.prefill_delay_s)
         done = inst.PrefillResponse(
             first_token_id=token_id, num_computed_prompt_tokens=len(request.prompt_token_ids),
@@ -188,6 +188,14 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
                 message.finish_reason = gen.FINISH_REASON_LENGTH
                 message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=3))
             yield message
+
+    async def _wait_for(self, event: asyncio.Event) -> None:
+        self.waiting.set()
+        try:
+            await event.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
 
     async def _wait_for_cancel(self) -> None:
         self.waiting.set()

@@ -11,7 +11,8 @@ import grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.gateway_fakes import FIRST_TOKEN_ID, Behaviour, FakeInstance
-from tests.unit.test_gateway_service import PROMPT_IDS, collect, gateway, generate_request, model, run  # noqa: F401
+from tests.unit.test_gateway_service import (  # noqa: F401 - model is a fixture
+    PROMPT_IDS, collect, gateway, generate_request, model, run, wait_until)
 
 
 async def read_to_the_end(call) -> list:
@@ -45,6 +46,23 @@ def test_the_first_token_reaches_the_client_before_the_prefill_answers_and_decod
             assert rest[-1].finish_reason == gen.FINISH_REASON_STOP and rest[-1].usage.completion_tokens == 3
             assert d0.methods() == ["Reserve", "Decode"]
             assert d0.requests_of("Decode")[0].first_token_id == FIRST_TOKEN_ID
+    run(scenario)
+
+
+def test_a_client_cancelling_after_the_first_token_cancels_the_prefill_and_frees_the_reservation(
+        redis_server, model):  # noqa: F811
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill", Behaviour(prefill_holds_outcome=asyncio.Event()))  # never answers
+            d0 = FakeInstance("d0", "decode")
+            await gate.add(p0, d0)
+            call = gate.stub.Generate(generate_request(max_tokens=3))
+            assert list((await call.read()).token_ids) == [FIRST_TOKEN_ID]
+            call.cancel()
+            await asyncio.wait_for(p0.cancelled.wait(), 5)
+            await wait_until(lambda: gate.stats.num_cancelled == 1)  # the relay's cleanup has run
+            await gate.server.state.relay.drain_background()
+            assert d0.methods() == ["Reserve", "Release"]
     run(scenario)
 
 
