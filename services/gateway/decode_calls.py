@@ -2,9 +2,10 @@
 instance; the stream starts from that instance's first token) and PrefillLocally (the prompt
 is computed on the decode instance itself: conditional disaggregation).
 
-A failure of either is told apart by the decode instance's health: handed back by a drain or
-not SERVING any more is DecodeLost (the caller moves the completion elsewhere); anything else
-is the client's error. PrefillLocally refused for lack of room (RESOURCE_EXHAUSTED before any
+A failure of either is told apart by the decode instance's health: handed back by a drain, not
+SERVING any more, or the reservation unknown there (NOT_FOUND: its engine core restarted and
+forgot it) is DecodeLost (the caller moves the completion elsewhere); anything else is the
+client's error. PrefillLocally refused for lack of room (RESOURCE_EXHAUSTED before any
 token) is LocalPrefillRefused: the reservation is still there for a prefill on the pool.
 """
 
@@ -98,6 +99,8 @@ async def _raise_stream_failure(ctx: RelayContext, reservation: Reservation, met
                                 error: grpc.aio.AioRpcError) -> None:
     if error.code() == grpc.StatusCode.UNAVAILABLE and is_handed_back(error.details()):
         raise DecodeLost(reservation.decode, error.details(), "drain") from error
+    if error.code() == grpc.StatusCode.NOT_FOUND:  # it lost the reservation: its engine core restarted
+        raise DecodeLost(reservation.decode, error.details(), "failure") from error
     if is_failover(error):
         await check_decode_alive(ctx, reservation, f"{method} failed ({error.code().name})")
     raise from_rpc_error(error, f"decode instance {reservation.decode.instance_id}") from error

@@ -55,6 +55,7 @@ class Behaviour:
     # The first token StreamPrefill samples (id, text): the fake decode streams the same first.
     first_token: tuple[int, str] = (FIRST_TOKEN_ID, DECODE_PIECES[0][0])
     decode_blocks_after_first: bool = False  # Decode sends one message, then waits
+    decode_error: grpc.StatusCode | None = None  # Decode fails at once with this code
     # Decode sends one message, turns NOT_SERVING and fails the call (a decode draining away).
     decode_drains_after_first: bool = False
     num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
@@ -160,6 +161,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         if record:
             self.calls.append(("Decode", request))
         self.started.set()
+        if self.behaviour.decode_error is not None:
+            await context.abort(self.behaviour.decode_error, f"{self.instance_id}: no reservation for it")
         for position, (text, token_ids) in enumerate(DECODE_PIECES):
             message = gen.GenerateResponse(request_id=request.request_id, text=text, token_ids=token_ids)
             if position == len(DECODE_PIECES) - 1:

@@ -118,3 +118,18 @@ def test_a_decode_instance_lost_while_the_prefill_fails_after_its_first_token_co
             assert messages[-1].usage.completion_tokens == 3 + 1
             assert gate.stats.migrations == {"drain": 1}
     run(scenario)
+
+
+def test_a_decode_instance_that_lost_the_reservation_after_the_first_token_is_replaced(redis_server, model):  # noqa: F811
+    # Its engine core restarted between the KV's arrival and Decode: the reservation is gone.
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(decode_error=grpc.StatusCode.NOT_FOUND))
+            d1 = FakeInstance("d1", "decode")
+            await gate.add(p0, d0, d1)
+            messages = await collect(gate.stub.Generate(generate_request(max_tokens=8)))
+            assert tokens_of(messages) == [42, 42, 43, 44]  # continued on d1 after the client's token
+            assert d0.methods() == ["Reserve", "Decode"] and d1.requests_of("Reserve")[0].num_resumed_output_tokens == 1
+            assert gate.stats.migrations == {"failure": 1}
+    run(scenario)
