@@ -22,7 +22,9 @@ Roles of a disaggregated pair, through the KV connector (shared.kv_transfer):
   the connector to accept exactly those blocks with the reservation's token; `wait_kv`
   completes when they arrived (raises KVTransferFailedError after a failed transfer, after
   which the connector is armed again for a retry); `generate_reserved` starts decoding from
-  the prefill's first token; `release_kv` frees a reservation that will not be decoded.
+  the prefill's first token; `prefill_reserved` computes the prompt here after all (a
+  prompt short enough not to be worth a prefill hop); `release_kv` frees a reservation that
+  will not be decoded.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -185,6 +187,11 @@ class EngineClient(Protocol):
     def generate_reserved(self, request_id: str, first_token_id: int,
                           first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:
         """Decode a reservation whose KV arrived, from the producer's first token."""
+
+    def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Compute a reservation's prompt in this engine instead of receiving its KV
+        (conditional disaggregation: its steps give the running decodes their tokens first,
+        then prompt chunks), then decode it; streams from its first token."""
 
     async def release_kv(self, request_id: str) -> bool:
         """Free a reservation that will not be decoded; False if there is none."""

@@ -181,14 +181,22 @@ class StackHarness:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+# The gateway prefills every prompt on the prefill pool unless a module asks otherwise (its
+# "gateway" extra args come after these and win): the tests of the disaggregated path use short
+# prompts, which conditional disaggregation would prefill on the decode instance.
+POOL_ONLY_GATEWAY_ARGS = ["--local-prefill-max-tokens", "0", "--local-prefill-busy-max-tokens", "0"]
+
+
 def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_decode: int = 2,
                       extra_args: dict[str, list[str]] | None = None,
                       run_dir: Path | None = None) -> StackConfig:
     """Loopback, ephemeral ports, one torch thread per instance."""
+    extra_args = dict(extra_args or {})
+    extra_args["gateway"] = [*POOL_ONLY_GATEWAY_ARGS, *extra_args.get("gateway", [])]
     return StackConfig(
         num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
         num_threads=1, gateway_port=0, gateway_http_port=0, run_dir=run_dir, ready_timeout_s=300.0,
-        stop_grace_s=10.0, extra_args=extra_args or {},
+        stop_grace_s=10.0, extra_args=extra_args,
         env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
 

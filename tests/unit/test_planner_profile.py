@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
+from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.cli.main import main
 
 

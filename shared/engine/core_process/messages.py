@@ -22,7 +22,7 @@ from shared.kv_transfer.types import KVSendParams
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class ProtocolError(RuntimeError):
@@ -69,6 +69,11 @@ class StartReserved(msgspec.Struct, tag=True, frozen=True):
     first_logprobs: SampledLogprobs | None = None
 
 
+class PrefillReserved(msgspec.Struct, tag=True, frozen=True):
+    """Decode role: compute the reservation's prompt here instead of receiving its KV."""
+    request_id: str
+
+
 class ReleaseKV(msgspec.Struct, tag=True, frozen=True):
     """Free a reservation that will not be decoded; CallResult.released says if there was one."""
     call_id: int
@@ -97,7 +102,8 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
-ServiceMessage = AddRequest | ReserveKV | StartReserved | ReleaseKV | AbortRequests | FinishRequests | Query | Shutdown
+ServiceMessage = (AddRequest | ReserveKV | StartReserved | PrefillReserved | ReleaseKV | AbortRequests | FinishRequests
+                  | Query | Shutdown)
 
 
 # ---- core -> service -------------------------------------------------------------------------
@@ -124,7 +130,8 @@ class StepOutputs(msgspec.Struct, tag=True, omit_defaults=True):
 
 
 class Rejected(msgspec.Struct, tag=True, frozen=True):
-    """An AddRequest or StartReserved the core refused (InvalidRequestError naming `field`)."""
+    """An AddRequest, StartReserved or PrefillReserved the core refused (InvalidRequestError
+    naming `field`)."""
     request_id: str
     field: str
     message: str

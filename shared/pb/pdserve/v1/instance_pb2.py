@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shared.pb.pdserve.v1 import generation_pb2 as pdserve_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/instance.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\xd6\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x63ode_ucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x17\n\x0fnum_skip_blocks\x18\x07 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x08 \x01(\x0cH\x01\x88\x01\x01\x12&\n\x19num_resumed_output_tokens\x18\t \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_cache_saltB\x11\n\x0f_transfer_tokenB\x1c\n\x1a_num_resumed_output_tokens\"\xa8\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x12\x35\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\"\n\x1anum_computed_prompt_tokens\x18\x04 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x05 \x01(\r\x12\x15\n\rkv_bytes_sent\x18\x06 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x07 \x01(\x01\x42\x11\n\x0f_first_logprobs\"\xec\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12&\n\x19num_resumed_output_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x1c\n\x1a_num_resumed_output_tokens\"\xbd\x01\n\x0fReserveResponse\x12\x13\n\x0bucx_address\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x1c\n\x0fnum_skip_blocks\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x11\n\x0f_transfer_tokenB\x12\n\x10_num_skip_blocks\"\x89\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x42\x11\n\x0f_first_logprobs\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"4\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\" \n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\"\x9d\x01\n\x17InstanceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x0f\n\rStatusRequest\"\x93\x03\n\x0eInstanceStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\"\n\x1anum_prompt_tokens_computed\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x1d\n\x15num_generation_tokens\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x1a\n\x12num_lease_expiries\x18\x0c \x01(\x04\x12\x1c\n\x14kv_bytes_transferred\x18\r \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x0e \x01(\x01\x12\x10\n\x08num_held\x18\x0f \x01(\r2\xee\x03\n\x08Instance\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponse\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12O\n\x08Generate\x12#.pdserve.v1.InstanceGenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\tGetStatus\x12\x19.pdserve.v1.StatusRequest\x1a\x1a.pdserve.v1.InstanceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdserve/v1/instance.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\xd6\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x63ode_ucx_address\x18\x05 \x01(\t\x12\x15\n\rdst_block_ids\x18\x06 \x03(\r\x12\x17\n\x0fnum_skip_blocks\x18\x07 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x08 \x01(\x0cH\x01\x88\x01\x01\x12&\n\x19num_resumed_output_tokens\x18\t \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_cache_saltB\x11\n\x0f_transfer_tokenB\x1c\n\x1a_num_resumed_output_tokens\"\xd7\x03\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x01\x88\x01\x01\x12\x35\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\"\n\x1anum_computed_prompt_tokens\x18\x04 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x05 \x01(\r\x12\x15\n\rkv_bytes_sent\x18\x06 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x07 \x01(\x01\x12\x34\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x18.pdserve.v1.FinishReasonH\x02\x88\x01\x01\x12\x15\n\x0bstop_string\x18\t \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\n \x01(\rH\x00\x12\x17\n\nfinal_text\x18\x0b \x01(\tH\x03\x88\x01\x01\x42\r\n\x0bstop_reasonB\x11\n\x0f_first_logprobsB\x10\n\x0e_finish_reasonB\r\n\x0b_final_text\"\xa5\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x33\n\x08logprobs\x18\x02 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x35\n\x0fprompt_logprobs\x18\x04 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobsB\x0b\n\t_logprobs\"s\n\x0cPrefillEvent\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.FirstTokenH\x00\x12+\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1b.pdserve.v1.PrefillResponseH\x00\x42\x07\n\x05\x65vent\")\n\x13LocalPrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xec\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12&\n\x19num_resumed_output_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x42\r\n\x0b_cache_saltB\x1c\n\x1a_num_resumed_output_tokens\"\xbd\x01\n\x0fReserveResponse\x12\x13\n\x0bucx_address\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x0etransfer_token\x18\x04 \x01(\x0cH\x00\x88\x01\x01\x12\x1c\n\x0fnum_skip_blocks\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x11\n\x0f_transfer_tokenB\x12\n\x10_num_skip_blocks\"\x89\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12\x39\n\x0e\x66irst_logprobs\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.PositionLogprobsH\x00\x88\x01\x01\x42\x11\n\x0f_first_logprobs\"$\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"4\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\" \n\rRenewResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\"\x9d\x01\n\x17InstanceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_cache_salt\"\x0f\n\rStatusRequest\"\x93\x04\n\x0eInstanceStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0cnum_reserved\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\r\x12\"\n\x1anum_prompt_tokens_computed\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x1d\n\x15num_generation_tokens\x18\n \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\x0b \x01(\x04\x12\x1a\n\x12num_lease_expiries\x18\x0c \x01(\x04\x12\x1c\n\x14kv_bytes_transferred\x18\r \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x0e \x01(\x01\x12\x10\n\x08num_held\x18\x0f \x01(\r\x12\x1f\n\x12num_local_prefills\x18\x10 \x01(\x04H\x00\x88\x01\x01\x12\'\n\x1anum_local_prefills_refused\x18\x11 \x01(\x04H\x01\x88\x01\x01\x42\x15\n\x13_num_local_prefillsB\x1d\n\x1b_num_local_prefills_refused2\x8a\x05\n\x08Instance\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12G\n\rStreamPrefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x18.pdserve.v1.PrefillEvent0\x01\x12\x42\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x1b.pdserve.v1.ReserveResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12Q\n\x0ePrefillLocally\x12\x1f.pdserve.v1.LocalPrefillRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\x07Release\x12\x1a.pdserve.v1.ReleaseRequest\x1a\x1b.pdserve.v1.ReleaseResponse\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12O\n\x08Generate\x12#.pdserve.v1.InstanceGenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x42\n\tGetStatus\x12\x19.pdserve.v1.StatusRequest\x1a\x1a.pdserve.v1.InstanceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,27 +35,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLREQUEST']._serialized_start=71
   _globals['_PREFILLREQUEST']._serialized_end=413
   _globals['_PREFILLRESPONSE']._serialized_start=416
-  _globals['_PREFILLRESPONSE']._serialized_end=712
-  _globals['_RESERVEREQUEST']._serialized_start=715
-  _globals['_RESERVEREQUEST']._serialized_end=951
-  _globals['_RESERVERESPONSE']._serialized_start=954
-  _globals['_RESERVERESPONSE']._serialized_end=1143
-  _globals['_DECODEREQUEST']._serialized_start=1146
-  _globals['_DECODEREQUEST']._serialized_end=1283
-  _globals['_RELEASEREQUEST']._serialized_start=1285
-  _globals['_RELEASEREQUEST']._serialized_end=1321
-  _globals['_RELEASERESPONSE']._serialized_start=1323
-  _globals['_RELEASERESPONSE']._serialized_end=1358
-  _globals['_RENEWREQUEST']._serialized_start=1360
-  _globals['_RENEWREQUEST']._serialized_end=1412
-  _globals['_RENEWRESPONSE']._serialized_start=1414
-  _globals['_RENEWRESPONSE']._serialized_end=1446
-  _globals['_INSTANCEGENERATEREQUEST']._serialized_start=1449
-  _globals['_INSTANCEGENERATEREQUEST']._serialized_end=1606
-  _globals['_STATUSREQUEST']._serialized_start=1608
-  _globals['_STATUSREQUEST']._serialized_end=1623
-  _globals['_INSTANCESTATUS']._serialized_start=1626
-  _globals['_INSTANCESTATUS']._serialized_end=2029
-  _globals['_INSTANCE']._serialized_start=2032
-  _globals['_INSTANCE']._serialized_end=2526
+  _globals['_PREFILLRESPONSE']._serialized_end=887
+  _globals['_FIRSTTOKEN']._serialized_start=890
+  _globals['_FIRSTTOKEN']._serialized_end=1055
+  _globals['_PREFILLEVENT']._serialized_start=1057
+  _globals['_PREFILLEVENT']._serialized_end=1172
+  _globals['_LOCALPREFILLREQUEST']._serialized_start=1174
+  _globals['_LOCALPREFILLREQUEST']._serialized_end=1215
+  _globals['_RESERVEREQUEST']._serialized_start=1218
+  _globals['_RESERVEREQUEST']._serialized_end=1454
+  _globals['_RESERVERESPONSE']._serialized_start=1457
+  _globals['_RESERVERESPONSE']._serialized_end=1646
+  _globals['_DECODEREQUEST']._serialized_start=1649
+  _globals['_DECODEREQUEST']._serialized_end=1786
+  _globals['_RELEASEREQUEST']._serialized_start=1788
+  _globals['_RELEASEREQUEST']._serialized_end=1824
+  _globals['_RELEASERESPONSE']._serialized_start=1826
+  _globals['_RELEASERESPONSE']._serialized_end=1861
+  _globals['_RENEWREQUEST']._serialized_start=1863
+  _globals['_RENEWREQUEST']._serialized_end=1915
+  _globals['_RENEWRESPONSE']._serialized_start=1917
+  _globals['_RENEWRESPONSE']._serialized_end=1949
+  _globals['_INSTANCEGENERATEREQUEST']._serialized_start=1952
+  _globals['_INSTANCEGENERATEREQUEST']._serialized_end=2109
+  _globals['_STATUSREQUEST']._serialized_start=2111
+  _globals['_STATUSREQUEST']._serialized_end=2126
+  _globals['_INSTANCESTATUS']._serialized_start=2129
+  _globals['_INSTANCESTATUS']._serialized_end=2660
+  _globals['_INSTANCE']._serialized_start=2663
+  _globals['_INSTANCE']._serialized_end=3313
 # @@protoc_insertion_point(module_scope)
