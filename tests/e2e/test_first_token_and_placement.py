@@ -16,16 +16,13 @@ Proves, by events, never by timings:
 After every test every live instance's blocks are free again.
 """
 
-import contextlib
-import os
-import signal
 import threading
-from pathlib import Path
 
 import openai
 import pytest
 
 from shared.engine import LLM, SamplingParams
+from tests.helpers.freeze import Frozen
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
 from tests.helpers.stack import running_stack
 from tests.unit.metrics_scrape import scrape
@@ -59,35 +56,6 @@ def no_stranded_blocks(stack):
 
 def greedy(reference: LLM, prompt, max_tokens: int, **extra):
     return reference.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0, **extra))[0]
-
-
-def process_tree(pid: int) -> list[int]:
-    """The process and its descendants (the engine-core child, workers), from /proc."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(child) for child in (task / "children").read_text().split()]
-    return [pid] + [p for child in children for p in process_tree(child)]
-
-
-class Frozen:
-    """SIGSTOP instances' processes; SIGCONT them on leaving, whatever happened."""
-
-    def __init__(self, *instances):
-        self.pids = [pid for instance in instances for pid in process_tree(instance.pid)]
-
-    def __enter__(self):
-        for pid in self.pids:
-            os.kill(pid, signal.SIGSTOP)
-        return self
-
-    def thaw(self) -> None:
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):  # killed meanwhile
-                os.kill(pid, signal.SIGCONT)
-        self.pids = []
-
-    def __exit__(self, *exc):
-        self.thaw()
 
 
 def gateway_counter(stack, name: str) -> float:
