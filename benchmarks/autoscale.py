@@ -103,6 +103,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode != "report":
+        from benchmarks.machine import default_model_paths, print_machine
+
+        print_machine(default_model_paths())
         result = run_mode(args)
         (args.out / f"{args.mode}.json").write_text(json.dumps(result) + "\n")
         failed = [r for r in result["records"] if r["error"] or not r["chunk_times_s"]]

@@ -1,5 +1,8 @@
 """The C++ paged attention kernel on the CPU: decode bandwidth and deterministic prompt rows.
 
+Every path of the kernel that this machine runs (portable, avx512f, avx512-bf16, amx; forced
+in turn) is timed side by side.
+
 Decode: a batch of sequences (SmolLM2's shapes: 9 query heads, 3 KV heads, head dim 64,
 16-token blocks, shuffled block tables) one query row each; reported as the bytes of keys and
 values read per second against the streaming bandwidth measured in the same run (copying a
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.machine import print_machine
 from benchmarks.roofline import best_seconds, stream_gbps
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
 from shared.native.build import shared_library
@@ -95,10 +99,24 @@ def baseline_kernel(library: ctypes.CDLL):
     return LegacyDecode(library)
 
 
-def load_kernels(baseline_source: Path | None) -> dict:
-    kernels = {"this kernel": load_native_decode()}
-    if kernels["this kernel"] is None:
+class ForcedPath:
+    """The kernel with one of its paths forced."""
+
+    def __init__(self, kernel: NativePagedDecode, path: str):
+        self.kernel, self.path = kernel, path
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(*args, **kwargs, path=self.path)
+
+
+def load_kernels(baseline_source: Path | None, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Every path of this kernel this machine runs for SmolLM2's shapes (fastest last), and the
+    baseline source's kernel."""
+    kernel = load_native_decode()
+    if kernel is None:
         raise SystemExit("the native kernel did not build (needs g++; PDSERVE_NATIVE_KERNELS unset)")
+    kernels = {f"{path} path": ForcedPath(kernel, path)
+               for path in kernel.available_paths(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype)}
     if baseline_source is not None:
         kernels["baseline"] = baseline_kernel(ctypes.CDLL(str(shared_library(baseline_source.resolve()))))
     return kernels
@@ -139,7 +157,7 @@ def prompt_rows_ms(kernels: dict, prompt_len: int, dtype: torch.dtype, repeats: 
     results = {}
     for name, kernel in kernels.items():
         calls = {"one row each": lambda: kernel(query, key_cache, value_cache, row_tables, row_lens, 0.125)}
-        if not isinstance(kernel, LegacyDecode):
+        if not isinstance(kernel, (LegacyDecode, UnforcedDecode)):
             calls["one segment"] = lambda: kernel(query, key_cache, value_cache, table, whole[0], 0.125, whole[1])
         for how, call in calls.items():
             results[f"{name}, {how}"] = best_seconds(call, repeats) * 1e3
@@ -150,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    kernels = load_kernels(args.baseline_source)
+    kernels = load_kernels(args.baseline_source, dtype)
     result = {"threads": args.threads, "dtype": args.dtype, "batch": args.batch,
-              "path": kernels["this kernel"].path(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype), "stream_gbps": stream_gbps(), "decode": {}}
-    print(f"streaming bandwidth {result['stream_gbps']:.1f} GB/s (read + written); "
-          f"this kernel's path: {result['path']}; {args.threads} threads, {args.dtype}")
+              "default_path": load_native_decode().path(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype),
+              "stream_gbps": stream_gbps(), "decode": {}}
+    result["machine"] = print_machine(probe_onednn=False)
+    print(f"streaming bandwidth {result['stream_gbps']:.1f} GB/s (read + written); the engine's path here: "
+          f"{result['default_path']}; {args.threads} threads, {args.dtype}")
     print("\n| decode, batch %d | context | GB/s of K/V | share of streaming |\n| --- | --- | --- | --- |" % args.batch)
     for context in args.contexts:
         figures = decode_gbps(kernels, args.batch, context, dtype, args)

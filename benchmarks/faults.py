@@ -161,6 +161,9 @@ def supervise_in_background(stack: LocalStack) -> threading.Event:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args()
+    from benchmarks.machine import default_model_paths, print_machine
+
+    print_machine(default_model_paths(args.dtype))
     scenarios = [s for s in SCENARIOS if not args.scenario or any(text in s[0] for text in args.scenario)]
     stack = start_stack(args.dtype)
     stop_event = supervise_in_background(stack)

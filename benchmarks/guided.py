@@ -235,6 +235,9 @@ def main() -> None:
         torch.set_num_threads(args.num_threads)
     llm = LLM(model=args.model, dtype=args.dtype, num_threads=args.num_threads)
     engine = llm.engine
+    from benchmarks.machine import print_machine
+
+    print_machine(engine.executor.compute_paths)
     run_mask_benchmark(llm.tokenizer, engine.model_config.vocab_size, engine.model_config.eos_token_ids,
                        args.batch_size)
     if not args.mask_only:

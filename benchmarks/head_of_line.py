@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--num-threads", type=int, default=0)
     args = parser.parse_args()
+    from benchmarks.machine import default_model_paths, print_machine
+
+    print_machine(default_model_paths(args.dtype))
     results = []
     for fair_prefill in (False, True):
         results.append(measure(args, fair_prefill))

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from benchmarks.machine import print_machine
 from shared.attention.metadata import AttentionMetadata
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.config import ModelConfig
 from shared.model.cpu_runtime import configure_cpu_runtime
+from shared.model.describe_paths import describe_model
 from shared.model.llama import LlamaForCausalLM
 from shared.model.packed_linear import PackedGatedMLP, PackedLinear, pack_for_cpu
 
@@ -218,6 +220,7 @@ def main() -> None:
         breakdown = Breakdown(model)
         parts = {name: breakdown.measure(run, args.repeats) for name, run in runs.items()}
         tables = {name: profile_table(run) for name, run in runs.items()} if args.profile else {}
+    print_machine(describe_model(model, args.block_size))
     print(f"SmolLM2-135M shapes, {args.dtype}, {torch.get_num_threads()} threads, block size {args.block_size}")
     for name in runs:
         split = ", ".join(f"{part} {ms:.1f}" for part, ms in parts[name].items())  # of the best run

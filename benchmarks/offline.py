@@ -28,6 +28,8 @@ prefer_bounded_spinning()  # before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
 
+from benchmarks.machine import print_machine  # noqa: E402
+
 COMMON_WORDS = (
     "the people time year way day man thing woman life child world school state family student "
     "group country problem hand part place case week company system program question work "
@@ -142,7 +144,7 @@ def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Nam
 
 def run_vllm(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> tuple:
     """Times vLLM on the same ids in a child process (benchmarks/vllm_peer.py). Returns
-    (RunResult, output ids)."""
+    (RunResult, output ids, what vLLM says of its compute paths)."""
     import subprocess
     import tempfile
 
@@ -156,7 +158,7 @@ def run_vllm(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namesp
         figures = json.loads(result.read_text())
     name = "vllm" if not args.vllm_dtype or args.vllm_dtype == args.dtype else f"vllm ({args.vllm_dtype})"
     run = RunResult(name, figures["wall_s"], figures["num_prompt_tokens"], figures["num_output_tokens"])
-    return run, figures["output_ids"]
+    return run, figures["output_ids"], figures.get("paths", "unknown")
 
 
 def _synchronize(device: str) -> None:
@@ -304,13 +306,16 @@ def main() -> None:
     ours, our_ids, llm = run_pdserve(model_dir, prompt_ids, args)
     results = [ours]
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    report["machine"] = print_machine(llm.engine.executor.compute_paths)
     if not args.skip_baseline:
         theirs, their_ids = run_transformers(model_dir, prompt_ids, args)
         results.append(theirs)
         report["agreement"] = agreement(our_ids, their_ids)
     if args.vllm_python is not None:
-        peer, peer_ids = run_vllm(model_dir, prompt_ids, args)
+        peer, peer_ids, peer_paths = run_vllm(model_dir, prompt_ids, args)
         report["vllm_agreement"] = agreement(our_ids, peer_ids)
+        report["vllm_paths"] = peer_paths
+        print(f"vLLM: {peer_paths}")
         print_throughput([ours, peer])
         print()
     print_throughput(results)

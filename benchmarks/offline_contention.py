@@ -45,7 +45,10 @@ def cpu_hog(cpu: int) -> Iterator[subprocess.Popen]:
 def run_beside_hog(run_pdserve, model_dir: Path, prompt_ids: list[list[int]], args) -> dict:
     """Quiet run, then the same run beside a hog on the last allowed CPU (each with a fresh
     engine, so the second finds no prompt in the prefix cache)."""
-    quiet = run_pdserve(model_dir, prompt_ids, args)[0]
+    from benchmarks.machine import print_machine
+
+    quiet, _, quiet_llm = run_pdserve(model_dir, prompt_ids, args)
+    print_machine(quiet_llm.engine.executor.compute_paths)
     hog_cpu = allowed_cpus()[-1]
     with cpu_hog(hog_cpu):
         busy = run_pdserve(model_dir, prompt_ids, args)[0]
@@ -62,8 +65,14 @@ def run_beside_hog(run_pdserve, model_dir: Path, prompt_ids: list[list[int]], ar
 
 def run_deterministic_comparison(run_pdserve, model_dir: Path, prompt_ids: list[list[int]], args) -> dict:
     """Default engine, then a deterministic one, on the same prompts."""
-    default, default_ids, _ = run_pdserve(model_dir, prompt_ids, args)
-    deterministic, deterministic_ids, _ = run_pdserve(model_dir, prompt_ids, args, deterministic=True)
+    from benchmarks.machine import print_machine
+
+    default, default_ids, default_llm = run_pdserve(model_dir, prompt_ids, args)
+    deterministic, deterministic_ids, deterministic_llm = run_pdserve(model_dir, prompt_ids, args, deterministic=True)
+    print("default: ", end="")
+    print_machine(default_llm.engine.executor.compute_paths)
+    print("deterministic: ", end="")
+    print_machine(deterministic_llm.engine.executor.compute_paths, probe_onednn=False)
     slowdown = deterministic.wall_s / default.wall_s
     num_identical = sum(a == b for a, b in zip(default_ids, deterministic_ids))
     print(f"{'engine':<22}{'wall s':>10}{'output tok/s':>15}")

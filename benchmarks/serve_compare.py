@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+from benchmarks.machine import default_model_paths, print_machine
 import math
 import os
 import time
@@ -132,6 +133,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args()
     args.out_dir = args.out_dir or Path(f"/tmp/pdserve-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    print_machine(default_model_paths())
     spec = WorkloadSpec(num_prompts=args.num_prompts, input_len=LengthRange(*args.input_len),
                         output_len=LengthRange(args.output_len, args.output_len), seed=args.seed)
     workloads = sweep_workloads(spec, load_bench_tokenizer(args.model), len(args.request_rate), NUM_WARMUPS)

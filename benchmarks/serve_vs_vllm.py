@@ -7,9 +7,11 @@ answers, sends two warm-up requests, runs `pdserve bench serve`'s load at each r
 through the OpenAI client (streaming `/v1/completions`, prompts as token ids) and stops it.
 Every server gets the same prompts and the same arrival times: random-token prompts of
 128-256 tokens (a fresh set per rate), 128 output tokens, greedy, EOS ignored, Poisson
-arrivals from --seed. Prints one table (output tok/s, TTFT and ITL p50/p99, ITL max, ok/failed per
-server, pdserve/vLLM ratios and issue 16's targets) and writes results.json (every request),
-summary.json and table.md into --out-dir.
+arrivals from --seed. The default sweep is 1, 2, 4, 6 and 8 req/s. Prints one table (output
+tok/s, TTFT and ITL p50/p99, ITL max, ok/failed per server, pdserve/vLLM ratios and issue 23's
+targets), then each server's SLO attainment per rate and its goodput (the highest rate at which
+>= 90% of requests meet TTFT <= 1 s and TPOT <= 100 ms; --goodput-* flags; serve_goodput.py),
+and writes results.json (every request), summary.json and table.md into --out-dir.
 
 vLLM is never a pdserve dependency: it runs with the interpreter of its own virtualenv
 (`--vllm-python` or PDSERVE_VLLM_PYTHON; how to install it: docs/performance.md) on the HF
@@ -33,6 +35,7 @@ from benchmarks.harness.report import write_result_json  # noqa: E402
 from benchmarks.harness.runner import LoadShape, RunResult  # noqa: E402
 from benchmarks.harness.sweep import run_sweep  # noqa: E402
 from benchmarks.harness.workload import WorkloadSpec, sweep_workloads  # noqa: E402
+from benchmarks.serve_goodput import GoodputSLO  # noqa: E402
 from benchmarks.serve_servers import SERVERS, ServerOptions, ServerStartError, open_server  # noqa: E402
 from benchmarks.serve_vs_vllm_table import format_table  # noqa: E402
 from shared.errors import ConfigurationError  # noqa: E402
@@ -53,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="extra `vllm serve` argument (repeatable; --vllm-arg=--flag for dash-led ones)")
     parser.add_argument("--vllm-memory-utilization", type=float, default=0.15,
                         help="vLLM's --gpu-memory-utilization (on CPU: its share of RAM; default 0.15)")
-    parser.add_argument("--request-rate", type=float, nargs="+", default=[0.2, 0.4], metavar="RATE")
-    parser.add_argument("--num-prompts", type=int, default=32, help="requests per rate (default 32)")
+    parser.add_argument("--request-rate", type=float, nargs="+", default=[1, 2, 4, 6, 8], metavar="RATE",
+                        help="the sweep (default 1 2 4 6 8 req/s)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="requests per rate (default 64)")
+    parser.add_argument("--goodput-ttft-ms", type=float, default=1000.0, help="goodput's TTFT SLO (default 1000)")
+    parser.add_argument("--goodput-tpot-ms", type=float, default=100.0, help="goodput's TPOT SLO (default 100)")
+    parser.add_argument("--goodput-attainment", type=float, default=0.9,
+                        help="share of requests that must meet both SLOs (default 0.9)")
     parser.add_argument("--input-len", type=int, nargs=2, default=[128, 256], metavar=("LOW", "HIGH"))
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompts and the arrivals")
@@ -84,7 +92,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     low, high = args.input_len
     if not 1 <= low <= high:
         raise ConfigurationError("input-len", f"needs 1 <= LOW <= HIGH, got {low} {high}")
+    if not 0 < args.goodput_attainment <= 1:
+        raise ConfigurationError("goodput-attainment", f"must be in (0, 1], got {args.goodput_attainment}")
+    if args.goodput_ttft_ms <= 0 or args.goodput_tpot_ms <= 0:
+        raise ConfigurationError("goodput-ttft-ms" if args.goodput_ttft_ms <= 0 else "goodput-tpot-ms", "must be > 0")
     return args
+
+
+def goodput_slo(args: argparse.Namespace) -> GoodputSLO:
+    return GoodputSLO(args.goodput_ttft_ms / 1000.0, args.goodput_tpot_ms / 1000.0, args.goodput_attainment)
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
@@ -117,6 +133,7 @@ def run_config(args: argparse.Namespace) -> dict:
     """What results.json records about the run besides the figures."""
     return {"workload": {"num_prompts": args.num_prompts, "input_len": args.input_len,
                          "output_len": args.output_len, "seed": args.seed, "request_rates": args.request_rate},
+            "goodput_slo": vars(goodput_slo(args)),
             "servers": args.servers, "dtype": args.dtype, "vllm_python": str(args.vllm_python),
             "vllm_args": args.vllm_args, "num_cpus": os.cpu_count(), "load_average": os.getloadavg()}
 
@@ -127,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out_dir = args.out_dir or Path(f"/tmp/pdserve-vs-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     from benchmarks.harness.vocabulary import load_bench_tokenizer
+    from benchmarks.machine import default_model_paths, print_machine
+
+    print_machine(default_model_paths())
 
     spec = WorkloadSpec(num_prompts=args.num_prompts, input_len=LengthRange(*args.input_len),
                         output_len=LengthRange(args.output_len, args.output_len), seed=args.seed)
@@ -144,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     all_runs = [run for runs in series.values() for run in runs]
     write_result_json(args.out_dir / "results.json", run_config(args), all_runs)
     write_result_json(args.out_dir / "summary.json", run_config(args), all_runs, with_requests=False)
-    table = format_table(series, args.request_rate)
+    table = format_table(series, args.request_rate, goodput_slo(args))
     (args.out_dir / "table.md").write_text(table + "\n")
     print(table)
     print(f"\nresults in {args.out_dir}")

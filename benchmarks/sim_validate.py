@@ -144,6 +144,10 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
+    from benchmarks.machine import default_model_paths, print_machine
+
+    print_machine(default_model_paths())
+
     token_ids = usable_token_ids(load_bench_tokenizer(None))
     config = StackConfig(num_prefill=1, num_decode=1, gateway_port=0, gateway_http_port=-1, num_threads=1)
     results = []

@@ -101,6 +101,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    from benchmarks.machine import default_model_paths, print_machine
+
+    print_machine(default_model_paths())
+
     args.out_dir.mkdir(parents=True, exist_ok=True)
     with LocalStack(stack_config(args, args.out_dir / "stack")) as stack:
         started = time.perf_counter()

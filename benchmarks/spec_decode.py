@@ -165,6 +165,9 @@ def main() -> None:
     folder = str(resolve_model(args.model))
     llms = {label: LLM(model=folder, dtype=args.dtype, num_threads=args.num_threads, **config)
             for label, config in engines(args).items()}
+    from benchmarks.machine import print_machine
+
+    print_machine(next(iter(llms.values())).engine.executor.compute_paths)
     print(f"{'batch':>5} {'engine':<18} {'out tok':>7} {'decode s':>8} {'tok/s':>9} {'speedup':>8}")
     for batch_size in map(int, args.batch_sizes.split(",")):
         measurements = measure_all(llms, batch_size, args)

@@ -160,11 +160,13 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    from benchmarks.machine import print_machine
     from benchmarks.offline import load_workload
     from shared.engine import LLM, SamplingParams
 
     model_dir, prompt_ids = load_workload(args)
     llm = LLM(model=str(model_dir), dtype=args.dtype, num_threads=torch.get_num_threads())
+    print_machine(llm.engine.executor.compute_paths)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     timer = StepTimer()
     timer.install(llm)

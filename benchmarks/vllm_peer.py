@@ -15,6 +15,22 @@ import time
 MEMORY_UTILIZATION = 0.15
 
 
+def describe_paths(llm, dtype: str) -> str:
+    """vLLM's CPU attention ISA and KV block size, as far as this vLLM version tells."""
+    try:
+        import torch
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        config = llm.llm_engine.vllm_config
+        block_size = config.cache_config.block_size
+        head_size = config.model_config.get_head_size()
+        isa = _get_attn_isa(getattr(torch, dtype), block_size, head_size)
+        return (f"attention ISA {isa}, KV blocks of {block_size}; AMX tiles usable: "
+                f"{torch.cpu._is_amx_tile_supported()}")
+    except Exception as error:  # another vLLM version: say so rather than fail the benchmark
+        return f"unknown ({type(error).__name__}: {error})"
+
+
 def main(request_path: str, result_path: str) -> None:
     from vllm import LLM, SamplingParams
 
@@ -33,7 +49,8 @@ def main(request_path: str, result_path: str) -> None:
     wall_s = time.perf_counter() - started
     output_ids = [list(output.outputs[0].token_ids) for output in outputs]
     result = {"wall_s": wall_s, "num_prompt_tokens": sum(map(len, prompt_ids)),
-              "num_output_tokens": sum(map(len, output_ids)), "output_ids": output_ids}
+              "num_output_tokens": sum(map(len, output_ids)), "output_ids": output_ids,
+              "paths": describe_paths(llm, request["dtype"])}
     with open(result_path, "w") as file:
         json.dump(result, file)
 

@@ -53,7 +53,8 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         gpu_memory_utilization=settings.gpu_memory_utilization,
                         num_blocks=settings.num_blocks or None)
     scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
-                                max_num_batched_tokens=settings.max_num_batched_tokens)
+                                max_num_batched_tokens=settings.max_num_batched_tokens,
+                                long_prefill_token_threshold=settings.prefill_chunk_tokens)
     guided = GuidedLimits(max_bytes=settings.max_grammar_bytes, max_nesting_depth=settings.max_grammar_nesting_depth,
                           compile_timeout_s=settings.grammar_compile_timeout_s,
                           max_cached_grammars=settings.grammar_cache_size)

@@ -47,6 +47,12 @@ class RoleCollector(Collector):
         if decode is not None:
             yield make.counter("pdserve:lease_expiries", "Reservations freed because their lease ran out.",
                                decode.book.num_lease_expiries)
+            budget = decode.local_prefills
+            yield make.labelled_counter("pdserve:local_prefills", "Local prefills (PrefillLocally: the prompt "
+                                        "computed on this decode instance), admitted or refused for lack of room.",
+                                        "outcome", [("admitted", budget.num_admitted), ("refused", budget.num_refused)])
+            yield make.gauge("pdserve:local_prefill_tokens", "Uncached prompt tokens of the local prefills being "
+                             "computed now.", budget.num_tokens)
         prefill = self._handler("prefill")
         if prefill is not None and prefill.peers.is_enabled:
             yield make.gauge("pdserve:kv_peer_pulls_in_flight", "Prefixes this instance is pulling from peers now.",

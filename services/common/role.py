@@ -1,7 +1,7 @@
 """The pieces a role plugs into an InstanceRuntime.
 
-A role is up to three handlers on one engine: `prefill` (Prefill), `decode` (Reserve, Renew, Decode,
-Release) and `generate` (Generate). The prefill role has the first, the decode role the
+A role is up to three handlers on one engine: `prefill` (Prefill, StreamPrefill), `decode` (Reserve,
+Renew, Decode, PrefillLocally, Release) and `generate` (Generate). The prefill role has the first, the decode role the
 second, a colocated instance all three; with peer reuse every role also has `peer`
 (SendCachedBlocks). The runtime starts them once the engine is loaded,
 stops them at shutdown (after the gRPC server has drained), and lets each add its counters

@@ -1,8 +1,9 @@
 """The Instance gRPC service: routes each RPC to the role handler that serves it.
 
 An RPC the role does not serve gets UNIMPLEMENTED; any RPC before the engine has loaded gets
-UNAVAILABLE, and so do new requests (Prefill, Reserve, Generate) while draining. Decode and
-Release still run while draining: they finish or free work admitted before.
+UNAVAILABLE, and so do new requests (Prefill, StreamPrefill, Reserve, Generate) while
+draining. Decode, PrefillLocally and Release still run while draining: they finish or free
+work admitted before.
 
 Each RPC binds its request id for logging (shared.logging_setup), so every line logged while
 serving it, by any handler, carries `request_id`.
@@ -37,6 +38,12 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
         async with rpc_errors(context, "Prefill", request.request_id):
             return await self._handler("prefill", "Prefill", True).prefill(request)
 
+    async def StreamPrefill(self, request: pb.PrefillRequest, context) -> AsyncIterator[pb.PrefillEvent]:
+        bind_request_id(request.request_id)
+        async with rpc_errors(context, "StreamPrefill", request.request_id):
+            async for event in self._handler("prefill", "StreamPrefill", True).stream_prefill(request):
+                yield event
+
     async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
         bind_request_id(request.request_id)
         async with rpc_errors(context, "Reserve", request.request_id):
@@ -46,6 +53,13 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
         bind_request_id(request.request_id)
         async with rpc_errors(context, "Decode", request.request_id):
             async for message in self._handler("decode", "Decode", False).decode(request):
+                yield message
+
+    async def PrefillLocally(self, request: pb.LocalPrefillRequest,
+                             context) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        bind_request_id(request.request_id)
+        async with rpc_errors(context, "PrefillLocally", request.request_id):
+            async for message in self._handler("decode", "PrefillLocally", False).prefill_locally(request):
                 yield message
 
     async def Release(self, request: pb.ReleaseRequest, context) -> pb.ReleaseResponse:

@@ -30,6 +30,10 @@ from services.common.settings_base import ServiceSettings
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ENGINE_CORE_PLACES = ("process", "thread")
 ROLE_DEFAULT_PORT = -1  # grpc_port sentinel: the role's documented default
+ROLE_DEFAULT_CHUNK = -1  # max_prefill_chunk_tokens sentinel: the role's documented default
+# A decode instance's prompt chunk per step: small, so that its running decodes' steps grow by
+# little while it prefills a prompt locally (about 0.1 s per step at 1.5 ms a token, fp32 CPU).
+DECODE_PREFILL_CHUNK_TOKENS = 64
 MAX_PORT = 65535
 
 
@@ -71,6 +75,14 @@ class InstanceSettings(ServiceSettings):
     max_model_len: int = _setting(0, "longest sequence (0 = the model's limit)", ge=0)
     max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once", gt=0)
     max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step", gt=0)
+    max_prefill_chunk_tokens: int = _setting(
+        ROLE_DEFAULT_CHUNK, "most prompt tokens of one request computed per engine step (chunked prefill); -1 = the "
+                            f"role's default: {DECODE_PREFILL_CHUNK_TOKENS} on decode instances (local prefills share "
+                            "steps with the running decodes), 0 (the step's budget) on the others", ge=-1)
+    max_local_prefill_tokens: int = _setting(
+        256, "decode role: most uncached prompt tokens of local prefills (conditional disaggregation) being "
+             "computed at once; a local prefill beyond it is refused and goes to the prefill pool (0 = refuse all)",
+        ge=0)
     seed: int = _setting(0, "global sampling seed for unseeded requests")
     deterministic: bool = _setting(False, "batch-invariant computation (CPU): greedy output identical alone or "
                                           "in any batch, with prefix hits or chunking, and to the offline engine")
@@ -156,6 +168,13 @@ class InstanceSettings(ServiceSettings):
             raise ConfigurationError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                         f"({self.heartbeat_interval_s}), got {self.heartbeat_ttl_s}")
         return self
+
+    @property
+    def prefill_chunk_tokens(self) -> int:
+        """The per-request prompt chunk per step (0: the step's budget), the role's default resolved."""
+        if self.max_prefill_chunk_tokens != ROLE_DEFAULT_CHUNK:
+            return self.max_prefill_chunk_tokens
+        return DECODE_PREFILL_CHUNK_TOKENS if self.role == "decode" else 0
 
     @property
     def bound_grpc_port(self) -> int:

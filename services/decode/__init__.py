@@ -1,6 +1,7 @@
 """The decode and colocated roles: `python -m services.decode [--role decode|colocated] [flags]`.
 
-decode:    Reserve / Decode / Release (KV arrives over UCX from prefill instances), GetStatus.
+decode:    Reserve / Decode / Release (KV arrives over UCX from prefill instances), PrefillLocally
+           (the prompt computed here: conditional disaggregation), GetStatus.
 colocated: the same process also serves Generate and Prefill on its one engine: the same
            backend with a role flag, usable alone or as a prefill/decode peer of others.
 """

@@ -2,6 +2,9 @@
 Release, on the KV blocks that the prefill instance pushes into this instance's cache through
 the engine's KV connector (UCX).
 
+PrefillLocally computes a reservation's prompt here instead of receiving its KV (conditional
+disaggregation; services.decode.local_prefill) and streams like Decode.
+
 Reserve refuses at once with RESOURCE_EXHAUSTED when the engine has no room, so the gateway
 can try another instance. Decode needs the transfer to have completed (FAILED_PRECONDITION
 before that, NOT_FOUND for an unknown or expired reservation). A Decode stream that is
@@ -26,6 +29,7 @@ from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
 from services.common.role import RoleHandler
+from services.decode.local_prefill import LocalPrefillBudget
 from services.decode.reservations import ReservationBook
 
 logger = logging.getLogger(__name__)
@@ -41,7 +45,8 @@ class DecodeHandler(RoleHandler):
         runtime.presence.resync_hooks.append(leases.republish)
         self.book = ReservationBook(runtime.engine, leases)
         self._expiry_task: asyncio.Task | None = None
-        self._decoding: set[str] = set()  # request ids whose Decode stream is open
+        self.local_prefills = LocalPrefillBudget(runtime.settings.max_local_prefill_tokens)
+        self._decoding: set[str] = set()  # request ids whose Decode (or PrefillLocally) stream is open
         self._is_handing_back = False
 
     async def start(self) -> None:
@@ -56,6 +61,8 @@ class DecodeHandler(RoleHandler):
 
     def add_status(self, status: pb.InstanceStatus) -> None:
         status.num_lease_expiries += self.book.num_lease_expiries
+        status.num_local_prefills += self.local_prefills.num_admitted
+        status.num_local_prefills_refused += self.local_prefills.num_refused
 
     async def on_engine_restart(self) -> None:
         self.book.forget_all()
@@ -90,15 +97,42 @@ class DecodeHandler(RoleHandler):
         await self.book.take(request.request_id)
         first_logprobs = logprobs_from_proto(request.first_logprobs) if request.HasField("first_logprobs") else None
         stream = self.engine.generate_reserved(request.request_id, request.first_token_id, first_logprobs)
-        self._decoding.add(request.request_id)
+        async for message in self._relay(request.request_id, stream, with_prompt_logprobs=False):
+            yield message
+
+    async def prefill_locally(self, request: pb.LocalPrefillRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        """Compute the reservation's prompt here, then decode; refused (RESOURCE_EXHAUSTED, the
+        reservation untouched) when the local-prefill budget has no room for it."""
+        num_tokens = self.book.pending(request.request_id).num_uncached_tokens
+        self.local_prefills.take(num_tokens)
+        holds_budget = True
+        try:
+            self.book.take_to_compute(request.request_id)
+            logger.info("local prefill %s: %d uncached prompt tokens", request.request_id, num_tokens)
+            stream = self.engine.prefill_reserved(request.request_id)
+            async for message in self._relay(request.request_id, stream, with_prompt_logprobs=True):
+                if holds_budget and message.token_ids:  # the prompt is computed
+                    self.local_prefills.give_back(num_tokens)
+                    holds_budget = False
+                yield message
+        finally:
+            if holds_budget:
+                self.local_prefills.give_back(num_tokens)
+
+    async def _relay(self, request_id: str, stream: AsyncIterator,
+                     with_prompt_logprobs: bool) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        """A started reservation's outputs as messages (prompt logprobs once, when asked for)."""
+        self._decoding.add(request_id)
         try:
             async with contextlib.aclosing(stream) as outputs:
                 async for output in outputs:
-                    self._raise_if_handed_back(request.request_id, output)
-                    for message in request_output_to_protos(output, with_prompt_logprobs=False):
+                    self._raise_if_handed_back(request_id, output)
+                    messages = request_output_to_protos(output, with_prompt_logprobs=with_prompt_logprobs)
+                    with_prompt_logprobs = with_prompt_logprobs and not messages
+                    for message in messages:
                         yield message
         finally:
-            self._decoding.discard(request.request_id)
+            self._decoding.discard(request_id)
 
     async def hand_back(self) -> None:
         self._is_handing_back = True

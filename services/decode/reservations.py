@@ -2,10 +2,11 @@
 
 Each reservation holds engine blocks (`EngineClient.reserve_kv`: the engine's KV connector is
 armed for the blocks the prefill instance sends, those after the decode side's own
-prefix-cache hits) under a lease (LeaseTable, mirrored to Redis). A watcher task per
-reservation waits for the KV (`wait_kv`), counting failed transfers: after one the connector
-waits for a retry on another prefill instance; it keeps accepting after a success too, until
-Decode takes the reservation (a prefill that died after its transfer but before answering the
+prefix-cache hits) under a lease (LeaseTable, mirrored to Redis). Decode takes a reservation
+once its KV arrived; a local prefill (PrefillLocally) takes it to compute the prompt here
+instead. A watcher task per reservation waits for the KV (`wait_kv`), counting failed
+transfers: after one the connector waits for a retry on another prefill instance; it keeps
+accepting after a success too, until Decode takes the reservation (a prefill that died after its transfer but before answering the
 gateway is retried elsewhere, and that copy must be accepted). Release, lease expiry and
 shutdown all free through `release`; the gateway `renew`s the lease while the prompt is queued
 or running on a prefill instance.
@@ -32,6 +33,7 @@ ARRIVAL_GRACE_S = 5.0
 @dataclass
 class PendingTransfer:
     reservation: KVReservation
+    num_prompt_tokens: int  # the prompt's, resumed outputs included
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     num_failed_transfers: int = 0
     watcher: asyncio.Task | None = None
@@ -39,6 +41,11 @@ class PendingTransfer:
     @property
     def request_id(self) -> str:
         return self.reservation.request_id
+
+    @property
+    def num_uncached_tokens(self) -> int:
+        """Prompt tokens this instance would compute itself (a local prefill)."""
+        return self.num_prompt_tokens - self.reservation.num_cached_tokens
 
     @property
     def dst_block_ids(self) -> tuple[int, ...]:
@@ -62,7 +69,7 @@ class ReservationBook:
             raise InvalidRequestError("request_id", f"{request.request_id!r} is already reserved")
         reservation = await self.engine.reserve_kv(request)
         try:
-            self._track(reservation, lease_s)
+            self._track(reservation, len(request.prompt_token_ids), lease_s)
         except BaseException:
             await asyncio.shield(self.engine.release_kv(request.request_id))
             raise
@@ -81,10 +88,21 @@ class ReservationBook:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"the KV of {request_id!r} has not arrived "
                                f"({pending.num_failed_transfers} failed transfers)")
-        del self._pending[request_id]
+        return self._hand_over(pending)
+
+    def pending(self, request_id: str) -> PendingTransfer:
+        """A reservation not taken yet (NOT_FOUND if there is none)."""
+        return self._pending_or_not_found(request_id)
+
+    def take_to_compute(self, request_id: str) -> PendingTransfer:
+        """Hand a reservation to a local prefill (its KV will not be awaited); its lease ends."""
+        return self._hand_over(self._pending_or_not_found(request_id))
+
+    def _hand_over(self, pending: PendingTransfer) -> PendingTransfer:
+        del self._pending[pending.request_id]
         if pending.watcher is not None:
             pending.watcher.cancel()
-        self.leases.release(request_id)
+        self.leases.release(pending.request_id)
         return pending
 
     def _pending_or_not_found(self, request_id: str) -> PendingTransfer:
@@ -135,8 +153,8 @@ class ReservationBook:
             self.leases.release(request_id)
         self._pending.clear()
 
-    def _track(self, reservation: KVReservation, lease_s: float) -> None:
-        pending = PendingTransfer(reservation)
+    def _track(self, reservation: KVReservation, num_prompt_tokens: int, lease_s: float) -> None:
+        pending = PendingTransfer(reservation, num_prompt_tokens)
         self.leases.grant(reservation.request_id, pending.dst_block_ids, lease_s)
         pending.watcher = asyncio.get_running_loop().create_task(self._watch(pending))
         self._pending[reservation.request_id] = pending

@@ -6,7 +6,8 @@ the cluster view (Redis errors, the live instances of its last listing and the p
 pairs in it whose cache settings differ: no Redis call per scrape). Latencies are real
 histograms observed by RequestTimer as messages reach the client.
 They are named `pdserve:gateway_*`, not `vllm:*`: the gateway's time to first token includes
-routing, Reserve, Prefill and the KV transfer, and dashboards that sum `vllm:*` series over
+routing, Reserve and the prefill (a pool prefill's first token comes before its KV transfer
+ends), and dashboards that sum `vllm:*` series over
 all services must not mix the two views. Every series has the `model_name` label.
 
 Served at `GET /metrics` on the HTTP API, and on `--metrics-port` when given.
@@ -49,6 +50,9 @@ class GatewayCollector(Collector):
         yield _routing_family(make, stats.routing)
         yield make.labelled_counter("pdserve:migrations", "Streams moved to another decode instance mid-way "
                                     "(reason: failure or drain).", "reason", sorted(stats.migrations.items()))
+        yield make.labelled(CounterMetricFamily, "pdserve:gateway_prefill_placement",
+                            "Where prompts were prefilled (prefill_pool or decode_local: conditional "
+                            "disaggregation) and why.", ("where", "reason"), sorted(stats.placements.items()))
         yield make.counter("pdserve:gateway_prefill_retries", "Prefill attempts after a failed one.",
                            stats.num_prefill_retries)
         yield make.counter("pdserve:gateway_decode_refusals", "Reserve calls refused for lack of room.",

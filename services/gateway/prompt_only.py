@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from shared.pb.pdserve.v1 import generation_pb2
 
 from services.gateway.deadline import Deadline
-from services.gateway.disaggregated import prefill
+from services.gateway.prefill_calls import prefill_outcome
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate
@@ -17,7 +17,7 @@ from services.gateway.router import Candidate
 
 async def run_prompt_only(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                           deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
-    reply = await prefill(ctx, sub, candidates, None, deadline)
+    reply = await prefill_outcome(ctx, sub, candidates, None, deadline)
     message = generation_pb2.GenerateResponse(
         request_id=sub.request_id, finish_reason=generation_pb2.FINISH_REASON_LENGTH,
         usage=generation_pb2.Usage(prompt_tokens=len(sub.parent.prompt_token_ids), completion_tokens=0,

@@ -12,6 +12,7 @@ from shared.errors import REQUEST_FAILED_METADATA_KEY
 
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
+from services.gateway.placement import PlacementPolicy
 from services.gateway.stats import GatewayStats
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class RelayContext:
     max_prefill_retries: int = 2
     lease_s: float = 30.0
     prefer_colocated: bool = False
+    placement: PlacementPolicy = field(default_factory=PlacementPolicy)  # conditional disaggregation
     background: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coroutine: Coroutine, name: str) -> asyncio.Task:

@@ -112,7 +112,8 @@ class GatewayServer:
         self._garbage_collector = asyncio.create_task(view.collect_garbage_forever(INDEX_GC_INTERVAL_S))
         self.state.relay = RelayContext(
             view, self.channels, max_prefill_retries=self.settings.max_prefill_retries, lease_s=self.settings.lease_s,
-            prefer_colocated=self.settings.prefer_colocated)
+            prefer_colocated=self.settings.prefer_colocated, placement=self.settings.placement_policy())
+        logger.info("prefill placement: %s", self.state.relay.placement)
         self.state.model = model
         await self.health.set_serving(True)
         logger.info("gateway ready: model %s, deployment %s", model.name, self.settings.deployment)

@@ -20,6 +20,8 @@ from shared.logging_setup import LOG_FORMATS
 from services.common.settings_flags import add_config_flag, add_settings_flags
 from services.common.settings_flags import settings_from_args as load_from_args
 from services.gateway.limits import RequestLimits
+from services.gateway.placement import PlacementPolicy
+from services.gateway.placement_profile import load_profile, placement_policy
 
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
@@ -49,6 +51,19 @@ class GatewaySettings(RequestLimits):
     lease_s: float = _setting(30.0, "how long a decode reservation waits for its Decode call, seconds", gt=0)
     routing_cache_s: float = _setting(0.5, "reuse of the live-instance listing, seconds", ge=0)
     prefer_colocated: bool = _setting(False, "route to colocated instances first")
+    # Conditional disaggregation (services.gateway.placement): prompts prefilled on the decode
+    # instance itself. A threshold left unset comes from --profile, else its default.
+    local_prefill_max_tokens: int | None = _setting(
+        None, "prefill on the decode instance itself (no prefill hop, no KV transfer) when the prompt's "
+              "uncached part there is at most this many tokens; 0 = never (unset: from --profile, else 16)", ge=0)
+    local_prefill_busy_max_tokens: int | None = _setting(
+        None, "the same while the prefill pool is busy (see --prefill-busy-backlog); 0 = never (unset: from "
+              "--profile, else 48)", ge=0)
+    prefill_busy_backlog: int = _setting(
+        2, "the prefill pool is busy when every prefill instance that can feed the decode instance has at "
+           "least this many prompts queued or running (heartbeats); 0 = never busy", ge=0)
+    profile: str | None = _setting(None, "a `pdserve profile` JSON from which the unset local-prefill "
+                                         "thresholds are derived")
     ready_file: str | None = _setting(None, 'write {"grpc_address": ..., "http_address": ...} here once bound')
     http_host: str = _setting("127.0.0.1", "address the OpenAI-compatible HTTP API binds")
     http_port: int = _setting(DEFAULT_HTTP_PORT, "HTTP API port; 0 binds an ephemeral one, negative "
@@ -104,6 +119,8 @@ class GatewaySettings(RequestLimits):
             validate_name("deployment", self.deployment)
         except InvalidRequestError as error:
             raise ConfigurationError(error.field, error.message) from None
+        if self.profile:
+            load_profile(self.profile)  # a bad file stops the gateway before it starts
         _check_pair(self, "tls_cert_file", "tls_key_file")
         _check_pair(self, "instance_tls_cert_file", "instance_tls_key_file")
         return self
@@ -111,6 +128,11 @@ class GatewaySettings(RequestLimits):
     @property
     def serves_http(self) -> bool:
         return self.http_port >= 0 and not self.no_http
+
+    def placement_policy(self) -> PlacementPolicy:
+        """Where prompts are prefilled (conditional disaggregation), thresholds resolved."""
+        return placement_policy(self.local_prefill_max_tokens, self.local_prefill_busy_max_tokens,
+                                self.prefill_busy_backlog, self.profile)
 
 
 def _check_pair(settings: GatewaySettings, first: str, second: str) -> None:

@@ -26,6 +26,9 @@ class GatewayStats:
     # Reason ("failure": the decode instance died; "drain": it was draining) -> streams moved
     # mid-way to another decode instance.
     migrations: Counter = field(default_factory=Counter)
+    # (where, reason) -> prefill placements (services.gateway.placement), e.g.
+    # ("decode_local", "short_prompt"), ("prefill_pool", "decode_refused").
+    placements: Counter = field(default_factory=Counter)
 
     def record_route(self, role: str, reason: str) -> None:
         self.routing[f"{role}:{reason}"] += 1

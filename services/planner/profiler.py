@@ -22,7 +22,7 @@ from shared.engine.llm import engine_config_from_kwargs
 from shared.engine.llm_engine import LLMEngine
 from shared.sampling.params import SamplingParams
 
-from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint
+from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint
 from services.planner.tier_profile import QUICK_TIER_PLAN, TierPlan, measure_tier_loads, peer_points
 from services.planner.transfer_profile import QUICK_TRANSFER_PLAN, TransferPlan, measure_transfer
 

@@ -20,7 +20,7 @@ from shared.cache_dir import pdserve_cache_dir
 from shared.kv_tier.arena import ArenaGeometry, KVArena
 from shared.kv_tier.block_copy import copy_block_to_slot, copy_slot_to_block
 
-from services.planner.profile_data import TierLoadPoint, TransferPoint
+from services.common.profile_data import TierLoadPoint, TransferPoint
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from services.planner.profile_data import TransferPoint
+from services.common.profile_data import TransferPoint
 
 logger = logging.getLogger(__name__)
 

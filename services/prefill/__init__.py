@@ -1,7 +1,8 @@
 """The prefill role: `python -m services.prefill [flags]` (see services.common.settings).
 
-Serves Prefill (compute the prompt's KV, sample the first token, push the KV blocks to the
-decode instance over UCX) and GetStatus.
+Serves Prefill and StreamPrefill (compute the prompt's KV, sample the first token, push the
+KV blocks to the decode instance over UCX; the stream sends the first token before the KV has
+landed) and GetStatus.
 """
 
 from collections.abc import Sequence

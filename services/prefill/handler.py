@@ -9,12 +9,18 @@ decode instance already holds (its prefix cache: the first `num_skip_blocks`) ar
 A request with no destination (no decode address, no block ids) is prompt-only: the prompt is
 scored (first token, prompt logprobs) and nothing is sent, e.g. for an OpenAI echo with
 max_tokens 0.
+
+StreamPrefill (the gateway's path) answers twice: the first token as the client gets it, as
+soon as the engine sampled it (its KV still travelling; services.prefill.first_token), then
+the outcome. Both answers say when the completion ends with the first token, so that the
+gateway needs no Decode for it.
 """
 
 import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -29,6 +35,7 @@ from shared.wire.outputs import logprobs_to_proto
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
 from services.common.role import RoleHandler
+from services.prefill.first_token import FirstTokenText, add_ending, ending, first_token_message
 from services.prefill.peer_pull import PeerPuller
 
 logger = logging.getLogger(__name__)
@@ -81,7 +88,8 @@ def kv_send_params(request: pb.PrefillRequest) -> KVSendParams | None:
                         request.num_skip_blocks, request.transfer_token)
 
 
-def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KVTransferResult) -> pb.PrefillResponse:
+def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KVTransferResult,
+                     with_prompt_logprobs: bool = True) -> pb.PrefillResponse:
     completion = output.outputs[0]
     first_token_id = completion.token_ids[0]
     response = pb.PrefillResponse(
@@ -90,7 +98,7 @@ def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KV
         kv_bytes_sent=sent.num_bytes, kv_transfer_seconds=sent.seconds)
     if completion.logprobs:
         response.first_logprobs.CopyFrom(logprobs_to_proto(first_token_id, completion.logprobs[0]))
-    if output.prompt_logprobs:
+    if output.prompt_logprobs and with_prompt_logprobs:
         prompt = output.prompt_token_ids
         response.prompt_logprobs.extend(logprobs_to_proto(prompt[i + 1], entry)
                                         for i, entry in enumerate(output.prompt_logprobs))
@@ -106,35 +114,59 @@ class PrefillHandler(RoleHandler):
         await self.peers.close()
 
     async def prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
+        response = None
+        async with contextlib.aclosing(self.stream_prefill(request, with_first_token=False)) as events:
+            async for event in events:
+                response = event.done
+        return response
+
+    async def stream_prefill(self, request: pb.PrefillRequest,
+                             with_first_token: bool = True) -> AsyncIterator[pb.PrefillEvent]:
+        """The first token as soon as it is sampled (unless it only comes with the final output:
+        nothing to send), then the outcome."""
         check_transfer_request(request, self.engine.info.cache.block_size)
         num_pulled = await self.peers.pull(request)
+        params = sampling_from_proto(request.sampling)
         num_resumed = request.num_resumed_output_tokens
         generate = GenerateRequest(
             f"{request.request_id}{ENGINE_ID_SUFFIX}", tuple(request.prompt_token_ids),
-            prefill_params(sampling_from_proto(request.sampling), num_resumed),
+            prefill_params(params, num_resumed),
             request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
-        started = time.perf_counter()
-        output = await self._run_prompt(request, generate)
-        num_computed = len(request.prompt_token_ids) - output.num_cached_tokens
-        self.peers.record_prompt(num_computed, time.perf_counter() - started)
+        text, first_sent, output = FirstTokenText(params), False, None
+        started, first_token_s = time.perf_counter(), None
+        try:
+            async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
+                async for output in outputs:
+                    if not first_sent and not output.finished and output.outputs[0].token_ids:
+                        first_sent, first_token_s = True, time.perf_counter() - started
+                        message = first_token_message(output, text.first(output.outputs[0].delta_text))
+                        if with_first_token:
+                            yield pb.PrefillEvent(first_token=message)
+        except KVTransferFailedError as error:
+            raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
+                                                        f"{request.decode_ucx_address} failed: {error}") from error
+        check_not_aborted(request, output)
+        self.peers.record_prompt(len(request.prompt_token_ids) - output.num_cached_tokens,
+                                 first_token_s or time.perf_counter() - started)
+        yield pb.PrefillEvent(done=self._outcome(request, output, params, text, first_sent and with_first_token,
+                                                 num_pulled))
+
+    def _outcome(self, request: pb.PrefillRequest, output: RequestOutput, params: SamplingParams,
+                 text: FirstTokenText, is_first_token_sent: bool, num_pulled: int) -> pb.PrefillResponse:
         sent = output.kv_transfer or NOTHING_SENT
         logger.info("prefill %s: %d prompt tokens (%d cached, %d pulled), %d KV bytes to %s in %.1f ms",
                     request.request_id, len(request.prompt_token_ids), output.num_cached_tokens, num_pulled,
                     sent.num_bytes, request.decode_ucx_address, sent.seconds * 1e3)
-        response = prefill_response(request, output, sent)
+        response = prefill_response(request, output, sent, with_prompt_logprobs=not is_first_token_sent)
         if num_pulled:
             response.num_peer_prompt_tokens = num_pulled
+        if is_first_token_sent:
+            end = ending(output, params, request.num_resumed_output_tokens, self.engine.info.max_model_len, text)
+            if end is not None:
+                add_ending(response, end)
         return response
 
-    async def _run_prompt(self, request: pb.PrefillRequest, generate: GenerateRequest) -> RequestOutput:
-        output = None
-        try:
-            async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
-                async for output in outputs:
-                    pass
-        except KVTransferFailedError as error:
-            raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
-                                                        f"{request.decode_ucx_address} failed: {error}") from error
-        if output is None or output.outputs[0].finish_reason == "abort" or not output.outputs[0].token_ids:
-            raise ServiceError(grpc.StatusCode.ABORTED, f"prefill of {request.request_id!r} was aborted")
-        return output
+
+def check_not_aborted(request: pb.PrefillRequest, output: RequestOutput | None) -> None:
+    if output is None or output.outputs[0].finish_reason == "abort" or not output.outputs[0].token_ids:
+        raise ServiceError(grpc.StatusCode.ABORTED, f"prefill of {request.request_id!r} was aborted")

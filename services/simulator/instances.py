@@ -17,7 +17,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.planner.profile_data import PerfProfile
+from services.common.profile_data import PerfProfile
 from services.simulator.workload import SimRequest
 
 

@@ -30,6 +30,10 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = head_dim ** -0.5
 
+    def describe(self, block_size: int, dtype: torch.dtype) -> tuple[str, str]:
+        """(decode attention, prompt attention): what runs them, in words (compute_paths.py)."""
+        return type(self).__name__, type(self).__name__
+
     @abstractmethod
     def prepare(self, metadata: AttentionMetadata, block_size: int, dtype: torch.dtype) -> Any:
         """Per-step state shared by every layer of one forward pass."""

@@ -66,12 +66,31 @@ class NativePagedDecode:
         self.max_block_size = library.pdserve_paged_decode_max_block_size()
         self._path_available = library.pdserve_paged_attention_path_available
         self._path_available.argtypes = [ctypes.c_int] * 5
+        self._store_kv = library.pdserve_store_kv
+        self._store_kv.restype = None
+        self._store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         self._available: dict[tuple[int, int, int, int], list[str]] = {}
 
     def supports(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                  dtype: torch.dtype) -> bool:
         return (dtype in self._functions and head_dim <= self.max_head_dim and block_size <= self.max_block_size
                 and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= self.max_queries_per_kv)
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> bool:
+        """Write key/value (T, num_kv_heads, head_dim) rows at their slots of the caches
+        (num_blocks, block_size, num_kv_heads, head_dim), as index_copy_ would, in one call;
+        False (nothing written) where the layouts do not allow it (the caller then copies)."""
+        rows_ok = (key.stride() == value.stride() and key.stride(2) == 1 and key.stride(1) == key.shape[2]
+                   and key.dtype == value.dtype == key_cache.dtype and slot_mapping.dtype == torch.int64)
+        if not (rows_ok and key_cache.is_contiguous() and value_cache.is_contiguous() and slot_mapping.is_contiguous()):
+            return False
+        num_tokens = key.shape[0]
+        self._store_kv(key.data_ptr(), value.data_ptr(), key.stride(0) * key.element_size(), slot_mapping.data_ptr(),
+                       num_tokens, key[0].numel() * key.element_size() if num_tokens else 0, key_cache.data_ptr(),
+                       value_cache.data_ptr())
+        return True
 
     def available_paths(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                         dtype: torch.dtype) -> list[str]:

@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from shared.attention.backend import AttentionBackend
 from shared.attention.metadata import AttentionMetadata
 from shared.attention.native_decode import PATH_ENV_VAR, NativePagedDecode, load_native_decode, requested_path
-from shared.errors import ConfigurationError
 from shared.attention.torch_paged_step import (
     DecodeGroup, NativeDecodeInputs, PrefillChunk, TorchPagedStep, additive_mask, offset_causal_mask,
     segment_native_inputs, plan_decode_groups, plan_prefill_chunks)
+from shared.errors import ConfigurationError
 from shared.native.cpu_matmul import cpu_matmul_dtype
 
 # Above this many KV heads the flat kernel's masked-out work outgrows its savings.
@@ -88,6 +88,16 @@ class TorchPagedAttention(AttentionBackend):
                 self._kernel_paths[key] = self.native_decode.path(*shapes)
         return self._kernel_paths[key]
 
+    def describe(self, block_size: int, dtype: torch.dtype) -> tuple[str, str]:
+        if self.uses_native_decode(block_size, dtype):
+            decode = f"C++ kernel, {self.kernel_path(block_size, dtype)} path"
+        else:
+            decode = f"torch matmuls ({'flat' if self.flat_decode else 'grouped'})"
+        if self.deterministic and self.uses_native_decode(block_size, dtype):
+            return decode, f"{decode} (deterministic)"
+        prompt_dtype = str(cpu_matmul_dtype(dtype)).removeprefix("torch.")
+        return decode, f"torch SDPA (flash), {prompt_dtype}"
+
     def prepare(self, metadata: AttentionMetadata, block_size: int, dtype: torch.dtype) -> TorchPagedStep:
         if self.deterministic and self.uses_native_decode(block_size, dtype):
             inputs = segment_native_inputs(metadata, block_size)
@@ -108,7 +118,7 @@ class TorchPagedAttention(AttentionBackend):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor, step: TorchPagedStep) -> torch.Tensor:
-        _store(key, value, key_cache, value_cache, step.slot_mapping)
+        _store(key, value, key_cache, value_cache, step, self.native_decode)
         num_decodes = step.num_decodes
         if not step.prefills:
             return self._decode(query, key_cache, value_cache, step)
@@ -207,7 +217,14 @@ def _native_decode_for(decode_kernel: str) -> NativePagedDecode | None:
 
 
 def _store(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor) -> None:
-    """Write each new token's key/value at its slot (block_id * block_size + offset)."""
+           step: TorchPagedStep, kernel: NativePagedDecode | None) -> None:
+    """Write each new token's key/value at its slot (block_id * block_size + offset): in one
+    C++ call when the kernel is there and the step's slots are known to be inside the caches,
+    else with index_copy_ (which checks them itself)."""
+    slot_mapping = step.slot_mapping
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if (kernel is not None and step.slot_range is not None and 0 <= step.slot_range[0]
+            and step.slot_range[1] < num_slots and kernel.store_kv(key, value, key_cache, value_cache, slot_mapping)):
+        return
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, value)

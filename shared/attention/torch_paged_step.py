@@ -7,7 +7,7 @@ number of the sequence's tokens cached before the chunk.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -77,6 +77,14 @@ class TorchPagedStep:
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
     native_decode: NativeDecodeInputs | None = None
+    # (lowest, highest) slot of the step's tokens, found once for every layer's KV store;
+    # None without tokens.
+    slot_range: tuple[int, int] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.slot_mapping.numel():
+            low, high = self.slot_mapping.aminmax()
+            self.slot_range = (int(low), int(high))
 
 
 def segment_native_inputs(metadata: AttentionMetadata, block_size: int) -> NativeDecodeInputs:

@@ -34,6 +34,9 @@ class TritonPagedStep:
 class TritonPagedAttention(AttentionBackend):
     fused_layer_ops = True
 
+    def describe(self, block_size: int, dtype: torch.dtype) -> tuple[str, str]:
+        return "Triton flash-decoding", "Triton prefill/extend"
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device | str = "cuda",
                  num_splits: int | None = None):
         super().__init__(num_heads, num_kv_heads, head_dim)

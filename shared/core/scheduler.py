@@ -21,7 +21,8 @@ the prefix cache; slots allocated for proposals stay with the request for its ne
 
 Disaggregation goes through the KV connector (shared.kv_transfer), never through roles here:
 a request admitted with remote KV waits, blocks allocated, while the connector receives its
-prompt's KV, then starts decoding from the token the producer sampled; a finished request
+prompt's KV, then starts decoding from the token the producer sampled (or computes its prompt
+here after all, `compute_reserved`, like any prompt part-way); a finished request
 whose KV the connector is sending keeps its blocks until the connector says it is done.
 """
 
@@ -145,6 +146,19 @@ class Scheduler:
         status = token_stop_status(request, self.max_model_len)
         if status is not None:
             self.finish(request, status)
+        return request
+
+    def compute_reserved(self, request_id: str) -> Request:
+        """A request admitted with remote KV computes its prompt here instead (conditional
+        disaggregation): the connector stops receiving for it, and it joins the running
+        requests as a prompt part-way, from its local prefix-cache hits on, in the blocks it
+        holds; steps give it what the running decodes leave of their budget, chunked."""
+        request = self.waiting_for_remote_kv.pop(request_id)
+        self.connector.cancel(request_id)
+        request.num_computed_tokens = request.num_cached_prompt_tokens
+        request.has_remote_kv = False
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
         return request
 
     def abort(self, request_ids: list[str]) -> None:

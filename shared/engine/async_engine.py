@@ -158,6 +158,16 @@ class AsyncEngine:
         finally:
             self._reservations.pop(request_id, None)  # its KV wait is over, whatever happened
 
+    async def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        engine = self._engine
+        stream = self._stream(request_id, lambda: engine.prefill_reserved(request_id))
+        try:
+            async with contextlib.aclosing(stream) as outputs:
+                async for output in outputs:
+                    yield output
+        finally:
+            self._reservations.pop(request_id, None)  # no KV will arrive for it
+
     async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
         self._reservations.pop(request_id, None)
         return await self._call(self._engine.release_reserved, request_id, keep_arrived)
@@ -264,7 +274,8 @@ class AsyncEngine:
                 # transfers that ended during the last step go out before the next one computes
                 self._dispatch(self._engine.poll_kv_transfers())
                 self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
-                self._dispatch(self._engine.step())
+                self._dispatch(self._engine.step(wait_for_sends=False))  # first tokens out at once
+                self._dispatch(self._engine.finish_step_sends())
                 self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
         except BaseException as error:  # noqa: BLE001 - fail every stream, then stop
             logger.exception("engine thread failed")

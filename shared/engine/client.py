@@ -25,7 +25,9 @@ Roles of a disaggregated pair, through the KV connector (shared.kv_transfer):
   the connector to accept exactly those blocks with the reservation's token; `wait_kv`
   completes when they arrived (raises KVTransferFailedError after a failed transfer, after
   which the connector is armed again for a retry); `generate_reserved` starts decoding from
-  the prefill's first token; `release_kv` frees a reservation that will not be decoded.
+  the prefill's first token; `prefill_reserved` computes the prompt here after all (a
+  prompt short enough not to be worth a prefill hop); `release_kv` frees a reservation that
+  will not be decoded.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +39,7 @@ from shared.engine.outputs import RequestOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_tier.stats import KVTierStats
 from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
+from shared.model.compute_paths import ComputePaths
 from shared.sampling.params import SamplingParams
 
 __all__ = [
@@ -150,6 +153,7 @@ class EngineInfo:
     kv_pool_bytes: int
     kv_transfer_address: str = ""       # the KV connector's consumer address ("" if none)
     kv_tier_id: str = ""                # this host's KV tier in the prefix index ("" if none)
+    compute: ComputePaths | None = None  # which kernels the model runs (benchmarks print it)
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,11 @@ class EngineClient(Protocol):
     def generate_reserved(self, request_id: str, first_token_id: int,
                           first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:
         """Decode a reservation whose KV arrived, from the producer's first token."""
+
+    def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Compute a reservation's prompt in this engine instead of receiving its KV
+        (conditional disaggregation: its steps give the running decodes their tokens first,
+        then prompt chunks), then decode it; streams from its first token."""
 
     async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
         """Free a reservation that will not be decoded; False if there is none. With

@@ -89,8 +89,11 @@ class EngineCore:
         self._request_counter = itertools.count()
         # Submitted batches whose results are not applied yet, oldest first (see step).
         self._in_flight: deque[tuple[SchedulerOutput, dict[str, str]]] = deque()
-        # Final outputs of requests whose KV the connector is still sending (emitted after).
+        # Final outputs of requests whose KV the connector is still sending (emitted after;
+        # their tokens went out at once, see _split_for_send).
         self._outputs_awaiting_send: dict[str, EngineCoreOutput] = {}
+        # Requests whose KV send the last step started (finish_step_sends waits for them).
+        self._sends_started_in_step: set[str] = set()
         # Outcomes of KV received for requests waiting for it, not yet drained (request id, error).
         self._kv_arrivals: list[tuple[str, str | None]] = []
 
@@ -229,6 +232,13 @@ class EngineCore:
         logprobs = {request_id: first_logprobs} if first_logprobs is not None else {}
         return self._make_outputs([request], ModelRunnerOutput(logprobs=logprobs))
 
+    def prefill_reserved(self, request_id: str) -> None:
+        """Decode role: compute a reservation's prompt in this engine instead of receiving its
+        KV (conditional disaggregation), then decode it; its outputs come from the steps."""
+        if request_id not in self.scheduler.waiting_for_remote_kv:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        self.scheduler.compute_reserved(request_id)
+
     def release_reserved(self, request_id: str, keep_arrived: bool = False) -> bool:
         """Decode role: free a reservation that will not be decoded; False if there is none.
         With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
@@ -292,7 +302,10 @@ class EngineCore:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation) finishes alone with finish reason "error"; only a failure of
         the step as a whole (the forward pass) raises. Transfers the KV connector finished
-        are applied first; with nothing to compute, that is all it does."""
+        are applied first; with nothing to compute, that is all it does. A prompt whose KV
+        the step started sending has its first token in these outputs already; its final
+        output follows once the send ended (`finish_step_sends`, or a later poll)."""
+        self._sends_started_in_step = set()
         sent = self.poll_kv_transfers()
         if not self.scheduler.num_unfinished and not self._in_flight:
             return sent
@@ -306,14 +319,16 @@ class EngineCore:
             outputs = self._apply(scheduler_output, failed, self.executor.execute_model(scheduler_output))
         if self.connector is not None:
             self.connector.wait_for_save()
-            outputs += self._sends_ended_in_step(self._outputs_awaiting_send.keys() - awaiting_send)
+            self._sends_started_in_step = self._outputs_awaiting_send.keys() - awaiting_send
         return sent + outputs
 
-    def _sends_ended_in_step(self, started: set[str]) -> list[EngineCoreOutput]:
-        """The final outputs of requests whose KV send this step started (`started`) and that
-        end within the connector's `send_wait_s` (a few ms on a fast link). Otherwise they
-        would go out after the next step: new requests may already wait in the service's
-        queue, and their compute can take a whole prompt's time."""
+    def finish_step_sends(self) -> list[EngineCoreOutput]:
+        """The final outputs of requests whose KV send the last step started and that end
+        within the connector's `send_wait_s` (a few ms on a fast link). Called once the
+        step's outputs were handed out (their first tokens travel meanwhile); otherwise the
+        final outputs would go out after the next step: new requests may already wait in
+        the service's queue, and their compute can take a whole prompt's time."""
+        started, self._sends_started_in_step = self._sends_started_in_step, set()
         if not started:
             return []
         self.connector.wait_for_sends(started, self.connector.config.send_wait_s)
@@ -388,9 +403,23 @@ class EngineCore:
         self.stats.record_tokens(sum(len(output.new_token_ids) for output in outputs.values()))
         for request_id in [request_id for request_id, output in outputs.items()
                            if output.finished and request_id in self.scheduler.sending]:
-            self._outputs_awaiting_send[request_id] = outputs.pop(request_id)  # emitted once sent
+            self._split_for_send(outputs, request_id)
         self._forget_finished_groups(self._groups_of([request.request_id for request in updated]))
         return list(outputs.values())
+
+    def _split_for_send(self, outputs: dict[str, EngineCoreOutput], request_id: str) -> None:
+        """A request that finished while the connector sends its KV: its new tokens (a prefill's
+        first token, with logprobs and prompt logprobs) go out now, unfinished, so that they
+        reach the client while the KV travels; its finish is held until the send ended and
+        then says what moved."""
+        output = outputs[request_id]
+        self._outputs_awaiting_send[request_id] = EngineCoreOutput(
+            request_id, finish_reason=output.finish_reason, stop_reason=output.stop_reason,
+            num_cached_tokens=output.num_cached_tokens, first_scheduled_time=output.first_scheduled_time)
+        if output.new_token_ids or output.new_prompt_logprobs:
+            output.finish_reason = output.stop_reason = None
+        else:
+            del outputs[request_id]
 
     def _output_of(self, request: Request, runner_output: ModelRunnerOutput) -> EngineCoreOutput:
         num_reported = self._num_reported.get(request.request_id, request.num_output_tokens)

@@ -24,7 +24,7 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
     tiers = engine.tiers.manager
     return EngineInfo(cache, layout.num_blocks, engine.model_config.vocab_size, engine.max_model_len,
                       weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address,
-                      tiers.tier_id if tiers is not None else "")
+                      kv_tier_id=tiers.tier_id if tiers is not None else "", compute=engine.executor.compute_paths)
 
 
 def engine_load(engine: LLMEngine) -> EngineLoad:

@@ -124,6 +124,12 @@ class LLMEngine:
         the producer's first token."""
         return self._process(self.core.start_reserved(request_id, first_token_id, first_logprobs))
 
+    def prefill_reserved(self, request_id: str) -> list[RequestOutput]:
+        """Decode role: compute the reservation's prompt here instead of receiving its KV, then
+        decode it (its outputs come from the steps)."""
+        self.core.prefill_reserved(request_id)
+        return []
+
     def release_reserved(self, request_id: str, keep_arrived: bool = False) -> bool:
         """Decode role: free a reservation that will not be decoded; False if there is none.
         With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
@@ -146,12 +152,21 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, wait_for_sends: bool = True) -> list[RequestOutput]:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation, output processing) finishes alone with finish reason "error";
         only a failure of the step as a whole (the forward pass) raises. Transfers the KV
-        connector finished are applied first."""
-        return self._process(self.core.step())
+        connector finished are applied first. A prompt whose KV the step started sending
+        gives an unfinished output with its first token, then (`wait_for_sends`: from
+        `finish_step_sends`, within the connector's send wait) its final output; a caller
+        that streams passes False and hands the first tokens out before calling
+        `finish_step_sends` itself."""
+        outputs = self._process(self.core.step())
+        return outputs + self.finish_step_sends() if wait_for_sends else outputs
+
+    def finish_step_sends(self) -> list[RequestOutput]:
+        """Final outputs of the sends the last step started that end within the send wait."""
+        return self._process(self.core.finish_step_sends())
 
     def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
         processed = self.output_processor.process(core_outputs)

@@ -14,7 +14,9 @@ from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
 from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
 from shared.model.batch_invariance import make_batch_invariant
+from shared.model.describe_paths import describe_model, expected_cpu_paths
 from shared.model.cpu_budget import default_num_threads
+from shared.native.cpu_info import describe_cpu
 from shared.model.loader import load_model
 from shared.spec_decode.builder import build_speculator, draft_model_config
 
@@ -52,10 +54,12 @@ def build_engine_parts(config: EngineConfig):
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
     speculator = build_speculator(config.speculative, folder, model_config, layout, max_model_len)
-    logger.info("loaded %s (%s on %s, %s attention) in %.2fs; KV cache %d blocks of %d tokens", folder,
-                config.dtype, device, type(backend).__name__, time.perf_counter() - started, layout.num_blocks,
-                layout.block_size)
-    return model_config, InProcessExecutor(model, layout, speculator, device), tokenizer, str(folder.name)
+    executor = InProcessExecutor(model, layout, speculator, device)
+    executor.compute_paths = describe_model(model, layout.block_size)
+    logger.info("loaded %s (%s on %s) in %.2fs; KV cache %d blocks of %d tokens; %s; %s", folder, config.dtype,
+                device, time.perf_counter() - started, layout.num_blocks, layout.block_size,
+                executor.compute_paths.summary(), describe_cpu())
+    return model_config, executor, tokenizer, str(folder.name)
 
 
 def _check_device_features(config: EngineConfig, device: torch.device) -> None:
@@ -79,10 +83,13 @@ def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch
     layout = kv_cache_layout(config, model_config, dtype)
     started = time.perf_counter()
     executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed)
+    tp = config.parallel.tensor_parallel_size
+    executor.compute_paths = expected_cpu_paths(model_config.num_heads // tp, model_config.num_kv_heads // tp,
+                                                model_config.head_dim, dtype, layout.block_size)
     logger.info("started %d workers (tensor parallel %d x pipeline parallel %d) for %s in %.2fs; "
-                "KV cache %d blocks of %d tokens", config.parallel.world_size,
+                "KV cache %d blocks of %d tokens; %s", config.parallel.world_size,
                 config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size, folder,
-                time.perf_counter() - started, layout.num_blocks, layout.block_size)
+                time.perf_counter() - started, layout.num_blocks, layout.block_size, executor.compute_paths.summary())
     return model_config, executor, load_tokenizer_if_present(folder), str(folder.name)
 
 

@@ -15,6 +15,8 @@ from shared.kv_cache.layout import KVCacheLayout
 if TYPE_CHECKING:
     import torch
 
+    from shared.model.compute_paths import ComputePaths
+
 TopLogprobs = list[tuple[int, float]]
 
 
@@ -40,6 +42,9 @@ class ModelRunnerOutput:
 
 
 class Executor(ABC):
+    # Which kernels the model runs (shared/model/compute_paths.py), set by whoever built it.
+    compute_paths: "ComputePaths | None" = None
+
     @property
     @abstractmethod
     def kv_cache_layout(self) -> KVCacheLayout:

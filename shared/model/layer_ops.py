@@ -45,6 +45,10 @@ class TritonLayerOps:
         return triton_layer_ops.rotate_in_place(x, tables)
 
 
+def describe_layer_ops(ops: LayerOps) -> str:
+    return {TorchLayerOps: "torch", TritonLayerOps: "Triton"}.get(type(ops), "C++")
+
+
 def select_layer_ops(backend: AttentionBackend, head_dim: int) -> LayerOps:
     if backend.fused_layer_ops:
         return TritonLayerOps()

@@ -123,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
                 attn_metadata: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (T,) int64; kv_cache: (2, num_layers, num_blocks, block_size,
         num_kv_heads, head_dim); logits_indices: (R,) rows whose logits are wanted.
-        Returns (R, vocab_size) float32 logits."""
+        Returns (R, vocab_size) logits in the model's dtype (see `logits`)."""
         hidden = self.embed_tokens(input_ids)
         return self.logits(*self.forward_layers(hidden, positions, kv_cache, attn_metadata), logits_indices)
 
@@ -140,7 +140,10 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                logits_indices: torch.Tensor) -> torch.Tensor:
-        """(R, vocab_size) float32 logits of the rows `logits_indices` of the layers' output."""
+        """(R, vocab_size) logits of the rows `logits_indices` of the layers' output, in the model's
+        dtype, as transformers computes them: a bf16 model's logits are bf16 values. Consumers
+        widen them to fp32 where they compute with them (penalties, softmax, logprobs); an
+        all-greedy step takes its argmax on them as they are (the same token: widening is exact)."""
         rows = hidden.index_select(0, logits_indices)
         rows_residual = None if residual is None else residual.index_select(0, logits_indices)
-        return self.lm_head(self.norm(rows, residual=rows_residual)).float()
+        return self.lm_head(self.norm(rows, residual=rows_residual))

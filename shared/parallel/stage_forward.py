@@ -16,7 +16,7 @@ def forward_stage(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: t
                   hidden: torch.Tensor | None, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
                   logits_indices: torch.Tensor | None) -> torch.Tensor:
     """`hidden` is None on the first stage; `logits_indices` None on every stage but the last.
-    Returns the stage's output activations (T, hidden_size), or (R, vocab) float32 logits."""
+    Returns the stage's output activations (T, hidden_size), or (R, vocab) logits in the model's dtype."""
     if hidden is None:
         hidden = model.embed_tokens(input_ids)
     hidden, residual = model.forward_layers(hidden, positions, kv_cache, attn_metadata)

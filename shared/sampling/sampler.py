@@ -61,18 +61,24 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         """Pick one token per row of `logits` (num_rows, vocab), row i following `rows[i]`."""
         _check_batch(logits, rows)
+        wants_logprobs = any(row.params.logprobs is not None for row in rows)
+        if all(row.params.is_greedy for row in rows) and not wants_logprobs and not needs_history(rows):
+            # One pass over the logits as the model gave them (bf16 for a bf16 model: widening is
+            # exact, so the argmax is the same): each row's maximum (checked) and where it is
+            # (the lowest id on ties, as argmax).
+            row_max, token_ids = logits.max(dim=-1)
+            _check_row_maxima(row_max)
+            return SamplerOutput(sampled_token_ids=token_ids.tolist())
         raw_logits = logits.float()
         adjusted = apply_history(raw_logits, rows)
         if all(row.params.is_greedy for row in rows):
-            # One pass over the logits: each row's maximum (checked) and where it is (the
-            # lowest id on ties, as argmax).
             row_max, token_ids = adjusted.max(dim=-1)
             _check_row_maxima(row_max)
         else:
             _check_some_token_allowed(adjusted)
             token_ids = self._choose_tokens(adjusted, rows)
         output = SamplerOutput(sampled_token_ids=token_ids.tolist())
-        if any(row.params.logprobs is not None for row in rows):
+        if wants_logprobs:
             nums_top = [row.params.logprobs or 0 for row in rows]
             output.sampled_logprobs, output.top_logprobs = sampled_and_top_logprobs(
                 raw_logits, token_ids, nums_top)
@@ -132,6 +138,12 @@ def _check_row_maxima(row_max: torch.Tensor) -> None:
     if not bool(torch.isfinite(row_max).all()):
         bad = (~torch.isfinite(row_max)).nonzero().flatten().tolist()
         raise NoTokenAllowedError(f"no token can be sampled for rows {bad} (every token masked or NaN logits)")
+
+
+def needs_history(rows: list[SamplingRow]) -> bool:
+    """Whether some row needs min_tokens suppression, penalties or a guided bitmask."""
+    return any(is_suppressing_stops(row) or row.params.needs_penalties or row.guided_bitmask is not None
+               for row in rows)
 
 
 def apply_history(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from shared.pb.pdserve.v1 import instance_pb2
+from tests.helpers.freeze import Frozen
 from tests.helpers.gateway_client import (
     FINISHED, generate, generate_error, generate_request, random_token_ids, release, reserve,
 )
@@ -127,12 +128,18 @@ def test_client_cancel_during_prefill_frees_blocks_on_prefill_and_decode(stack):
 
 
 def test_deadline_during_prefill_frees_blocks_on_prefill_and_decode(stack):
+    """The prefill instance is frozen once it has started the prompt, until the deadline has
+    passed: the deadline expires mid-prefill however fast the machine computes."""
     before = prompt_counters(stack)
     prompt = random_token_ids(LONG_PROMPT_TOKENS, seed=12)
-    error = generate_error(stack.gateway, generate_request(token_ids=prompt, max_tokens=4), timeout_s=1.5)
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    busy = next((name for name, value in prompt_counters(stack).items() if value > before[name]), None)
-    assert busy is not None, "no prefill instance started the prompt"
+    errors = []
+    caller = threading.Thread(target=lambda: errors.append(
+        generate_error(stack.gateway, generate_request(token_ids=prompt, max_tokens=4), timeout_s=1.5)))
+    caller.start()
+    busy = wait_until_prefilling(stack, before)
+    with Frozen(stack.instance(busy)):
+        caller.join(timeout=60)
+    assert errors and errors[0].code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert_prefill_stopped_early(stack, busy, before)
 
 

@@ -185,6 +185,10 @@ class StackHarness:
 # Each stack's instances share a host tier of their own (never another stack's, nor a
 # /dev/shm one left by an earlier run): a test sees only the KV its own stack computed.
 TEST_HOST_TIER_GB = "0.25"
+# The gateway prefills every prompt on the prefill pool unless a module asks otherwise (its
+# "gateway" extra args come after these and win): the tests of the disaggregated path use short
+# prompts, which conditional disaggregation would prefill on the decode instance.
+POOL_ONLY_GATEWAY_ARGS = ["--local-prefill-max-tokens", "0", "--local-prefill-busy-max-tokens", "0"]
 
 
 def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_decode: int = 2,
@@ -192,10 +196,12 @@ def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_
                       run_dir: Path | None = None) -> StackConfig:
     """Loopback, ephemeral ports, one torch thread per instance."""
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pdserve-stack-"))
+    extra_args = dict(extra_args or {})
+    extra_args["gateway"] = [*POOL_ONLY_GATEWAY_ARGS, *extra_args.get("gateway", [])]
     return StackConfig(
         num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
         num_threads=1, gateway_port=0, gateway_http_port=0, run_dir=run_dir, ready_timeout_s=300.0,
-        stop_grace_s=10.0, extra_args=extra_args or {},
+        stop_grace_s=10.0, extra_args=extra_args,
         env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
              "PDSERVE_KV_HOST_TIER_DIR": str(run_dir / "kv-tier"), "PDSERVE_KV_HOST_TIER_GB": TEST_HOST_TIER_GB},
     )

@@ -16,9 +16,19 @@ from shared.pb.pdserve.v1 import instance_pb2 as inst
 from shared.pb.pdserve.v1 import instance_pb2_grpc
 from shared.wire.handback import handed_back_message
 
+# Gateway settings that keep every prompt on the prefill pool (no conditional disaggregation):
+# the fixtures' default, so that short test prompts take the path their tests are about.
+POOL_ONLY = {"local_prefill_max_tokens": 0, "local_prefill_busy_max_tokens": 0}
+
 FIRST_TOKEN_ID = 42
 DECODE_PIECES = (("Hello", [42]), (" world", [43]), ("!", [44]))
 FAKE_BLOCK_SIZE = 16
+
+
+def fake_logprobs(token_id: int) -> gen.PositionLogprobs:
+    """The fakes' logprobs of a generated token: -0.5, with token 7 the alternative at -1.5."""
+    return gen.PositionLogprobs(token_id=token_id, logprob=-0.5, top=[gen.TokenLogprob(token_id=token_id, logprob=-0.5),
+                                                                       gen.TokenLogprob(token_id=7, logprob=-1.5)])
 
 
 def fake_cache_settings(model_id: str, **changes) -> CacheSettings:
@@ -37,7 +47,15 @@ class Behaviour:
     prefill_blocks: bool = False  # Prefill waits until cancelled
     prefill_fails_toward: str = ""  # Prefill toward this UCX address fails (ABORTED): a dead decode
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
+    # StreamPrefill: after its first token, wait for this event before the outcome (the KV in flight).
+    prefill_holds_outcome: asyncio.Event | None = None
+    prefill_fails_after_first_token: int = 0  # so many StreamPrefill calls send their first token, then die
+    prefill_first_token_ends: bool = False  # the completion ends with the first token (EOS)
+    local_prefill_refused: bool = False  # PrefillLocally answers RESOURCE_EXHAUSTED
+    # The first token StreamPrefill samples (id, text): the fake decode streams the same first.
+    first_token: tuple[int, str] = (FIRST_TOKEN_ID, DECODE_PIECES[0][0])
     decode_blocks_after_first: bool = False  # Decode sends one message, then waits
+    decode_error: grpc.StatusCode | None = None  # Decode fails at once with this code
     # Decode sends one message, turns NOT_SERVING and fails the call (a decode draining away).
     decode_drains_after_first: bool = False
     num_cached_prompt_tokens: int = 0  # reported by Reserve (decode) and Prefill
@@ -56,6 +74,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.calls: list[tuple[str, object]] = []  # (method, request message)
         self.cancelled = asyncio.Event()  # a call of ours saw the client cancel
         self.started = asyncio.Event()  # Prefill or Decode began
+        self.waiting = asyncio.Event()  # a call of ours waits until cancelled
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -93,9 +112,33 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
                                     num_cached_prompt_tokens=num_cached,
                                     num_skip_blocks=num_cached // self.block_size if num_skip is None else num_skip)
 
-    async def Prefill(self, request, context):
-        self.calls.append(("Prefill", request))
+    async def StreamPrefill(self, request, context):
+        self.calls.append(("StreamPrefill", request))
         self.started.set()
+        await self._prefill_failures(request, context)
+        prompt_logprobs = [gen.PositionLogprobs(token_id=t, logprob=-1.0) for t in request.prompt_token_ids[1:]]
+        token_id, text = self.behaviour.first_token
+        if request.decode_ucx_address:  # the token comes before the outcome only when KV is sent
+            first = inst.FirstToken(token_id=token_id, text=text, prompt_logprobs=prompt_logprobs)
+            if request.sampling.HasField("logprobs"):
+                first.logprobs.CopyFrom(fake_logprobs(token_id))
+            yield inst.PrefillEvent(first_token=first)
+        if self.behaviour.prefill_fails_after_first_token > 0:
+            self.behaviour.prefill_fails_after_first_token -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.instance_id} died after its first token")
+        if self.behaviour.prefill_holds_outcome is not None:
+            await self._wait_for(self.behaviour.prefill_holds_outcome)
+        await asyncio.sleep(self.behaviour.prefill_delay_s)
+        done = inst.PrefillResponse(
+            first_token_id=token_id, num_computed_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens)
+        if not request.decode_ucx_address:
+            done.prompt_logprobs.extend(prompt_logprobs)
+        if self.behaviour.prefill_first_token_ends:
+            done.finish_reason, done.final_text = gen.FINISH_REASON_STOP, "?"
+        yield inst.PrefillEvent(done=done)
+
+    async def _prefill_failures(self, request, context) -> None:
         if self.behaviour.prefill_error is not None:
             await context.abort(self.behaviour.prefill_error, f"{self.instance_id} broke")
         if self.behaviour.prefill_fails_toward and request.decode_ucx_address == self.behaviour.prefill_fails_toward:
@@ -105,15 +148,21 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
                                 trailing_metadata=((REQUEST_FAILED_METADATA_KEY, "1"),))
         if self.behaviour.prefill_blocks:
             await self._wait_for_cancel()
-        await asyncio.sleep(self.behaviour.prefill_delay_s)
-        return inst.PrefillResponse(
-            first_token_id=FIRST_TOKEN_ID, num_computed_prompt_tokens=len(request.prompt_token_ids),
-            num_cached_prompt_tokens=self.behaviour.num_cached_prompt_tokens,
-            prompt_logprobs=[gen.PositionLogprobs(token_id=t, logprob=-1.0) for t in request.prompt_token_ids[1:]])
 
-    async def Decode(self, request, context):
-        self.calls.append(("Decode", request))
+    async def PrefillLocally(self, request, context):
+        self.calls.append(("PrefillLocally", request))
         self.started.set()
+        if self.behaviour.local_prefill_refused:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.instance_id}: no room to prefill here")
+        async for message in self.Decode(request, context, record=False):
+            yield message
+
+    async def Decode(self, request, context, record: bool = True):
+        if record:
+            self.calls.append(("Decode", request))
+        self.started.set()
+        if self.behaviour.decode_error is not None:
+            await context.abort(self.behaviour.decode_error, f"{self.instance_id}: no reservation for it")
         for position, (text, token_ids) in enumerate(DECODE_PIECES):
             message = gen.GenerateResponse(request_id=request.request_id, text=text, token_ids=token_ids)
             if position == len(DECODE_PIECES) - 1:
@@ -143,7 +192,16 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
                 message.usage.CopyFrom(gen.Usage(prompt_tokens=5, completion_tokens=3))
             yield message
 
+    async def _wait_for(self, event: asyncio.Event) -> None:
+        self.waiting.set()
+        try:
+            await event.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
     async def _wait_for_cancel(self) -> None:
+        self.waiting.set()
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:

@@ -188,3 +188,20 @@ def test_native_decode_is_the_default_where_it_builds():
 def test_flat_decode_is_the_default_only_for_few_kv_heads():
     assert TorchPagedAttention(9, 3, 64).flat_decode is True
     assert TorchPagedAttention(32, 8, 128).flat_decode is False
+
+
+def test_the_kv_store_writes_strided_rows_at_their_slots_and_refuses_slots_outside_the_cache():
+    from shared.attention.native_decode import load_native_decode
+    from shared.attention.torch_paged import _store
+    from shared.attention.torch_paged_step import TorchPagedStep
+
+    qkv = torch.randn(5, 3 * 2 * HEAD_DIM)  # tokens' keys and values inside wider rows, as the model has them
+    key, value = qkv[:, :2 * HEAD_DIM].view(5, 2, HEAD_DIM), qkv[:, 2 * HEAD_DIM:4 * HEAD_DIM].view(5, 2, HEAD_DIM)
+    slots = torch.tensor([7, 0, 12, 3, 9])
+    caches = torch.zeros(2, 4, BLOCK_SIZE, 2, HEAD_DIM)
+    _store(key, value, caches[0], caches[1], TorchPagedStep(slots, 0, [], []), load_native_decode())
+    assert torch.equal(caches[0].view(-1, 2, HEAD_DIM)[slots], key)
+    assert torch.equal(caches[1].view(-1, 2, HEAD_DIM)[slots], value)
+    outside = TorchPagedStep(torch.tensor([1, 2, 3, 4, 4 * BLOCK_SIZE]), 0, [], [])
+    with pytest.raises((IndexError, RuntimeError)):
+        _store(key, value, caches[0], caches[1], outside, load_native_decode())

@@ -23,6 +23,7 @@ from benchmarks.harness.sweep import run_sweep
 from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_server, pdserve_stack_config,
                                       stop_process_group, vllm_argv, vllm_server, wait_until_http_ready)
 from benchmarks.serve_vs_vllm import parse_args
+from benchmarks.serve_goodput import GoodputSLO, attainment, goodput, goodput_lines
 from benchmarks.serve_vs_vllm_table import format_table, ratio, target_lines
 from services.launcher.cpu_plan import InstanceCpus, plan_instance_cpus
 from shared.errors import ConfigurationError
@@ -228,8 +229,10 @@ def test_vllm_server_that_exits_is_reported_with_its_log(tmp_path, tiny_llama_fo
 
 # ---- the table ---------------------------------------------------------------------------
 
-def fake_run(label: str, ttft_s: float, gap_s: float, failed: int = 0) -> RunResult:
-    """Two requests of 3 tokens, `gap_s` apart after `ttft_s`; `failed` more that failed."""
+def fake_run(label: str, ttft_s: float, gap_s: float, failed: int = 0, rate: float = 1.0,
+             duration_s: float = 1.0) -> RunResult:
+    """Two requests of 3 tokens, `gap_s` apart after `ttft_s`; `failed` more that failed; the
+    run took `duration_s`."""
     records = []
     for index in range(2):
         record = RequestRecord(index, prompt_len=8, expected_output_len=3)
@@ -241,7 +244,7 @@ def fake_run(label: str, ttft_s: float, gap_s: float, failed: int = 0) -> RunRes
         record = RequestRecord(2 + index, prompt_len=8, expected_output_len=3)
         record.error, record.end_s = "HTTP 500", 0.1
         records.append(record)
-    return RunResult(label, LoadShape(1.0), records, summarize(records, duration_s=1.0, percentiles=(50, 99, 100)))
+    return RunResult(label, LoadShape(rate), records, summarize(records, duration_s=duration_s, percentiles=(50, 99, 100)))
 
 
 def test_table_has_every_server_and_the_ratios_to_vllm():
@@ -255,17 +258,17 @@ def test_table_has_every_server_and_the_ratios_to_vllm():
     assert lines[4] == "| 0.2 | pdserve | 6 | 500 | 500 | 125 | 125 | 125 | 2/1 |"
     assert lines[5] == "| 0.2 | **pdserve / vllm** | 1.00x | 0.50x | 0.50x | 0.25x | 0.25x | 0.25x |  |"
     assert target_lines(series, [0.2]) == [
-        "- 0.2 req/s, pdserve: ITL p99 0.25x of vLLM's (target <= 0.25x: met), TTFT p99 0.50x "
-        "(target <= 0.5x: met)"]
+        "- 0.2 req/s, pdserve: TTFT p99 0.50x of vLLM's (target <= 1.0x: met), ITL p99 0.25x (target <= 0.5x: met), "
+        "output tok/s 1.00x (target >= 1.0x: met)"]
 
 
 def test_table_without_vllm_has_no_ratios_and_targets_can_fail():
     alone = {"pdserve": [fake_run("pdserve", 0.4, 0.1)]}
     assert "/ vllm" not in format_table(alone, [1.0]) and target_lines(alone, [1.0]) == []
-    series = {"vllm": [fake_run("vllm", 1.0, 0.2)], "pdserve": [fake_run("pdserve", 0.8, 0.1)]}
+    series = {"vllm": [fake_run("vllm", 1.0, 0.1)], "pdserve": [fake_run("pdserve", 1.25, 0.125, duration_s=1.25)]}
     assert target_lines(series, [1.0]) == [
-        "- 1 req/s, pdserve: ITL p99 0.50x of vLLM's (target <= 0.25x: not met), TTFT p99 0.80x "
-        "(target <= 0.5x: not met)"]
+        "- 1 req/s, pdserve: TTFT p99 1.25x of vLLM's (target <= 1.0x: not met), ITL p99 1.25x (target <= 0.5x: "
+        "not met), output tok/s 0.80x (target >= 1.0x: not met)"]
     assert math.isnan(ratio(1.0, 0.0)) and math.isnan(ratio(math.nan, 1.0))
 
 
@@ -279,3 +282,27 @@ def test_a_pdserve_stack_that_fails_to_start_is_a_server_start_error(tmp_path, m
     with pytest.raises(ServerStartError, match="pdserve pdserve-colocated: decode-0 exited.*logs"):
         with pdserve_server("pdserve-colocated", ServerOptions(), tmp_path / "run"):
             pass
+
+
+# ---- goodput -----------------------------------------------------------------------------
+
+def test_goodput_is_the_highest_rate_whose_requests_meet_both_slos():
+    slo = GoodputSLO(ttft_s=1.0, tpot_s=0.1, attainment=0.9)
+    runs = [fake_run("vllm", 0.5, 0.05, rate=1), fake_run("vllm", 0.75, 0.0625, rate=2),
+            fake_run("vllm", 1.5, 0.05, rate=4), fake_run("vllm", 0.5, 0.2, rate=6)]
+    assert [attainment(run, slo) for run in runs] == [1.0, 1.0, 0.0, 0.0]
+    assert goodput(runs, slo) == 2
+    # a failed request is a missed one: 2 of 3 met, below 90%
+    assert attainment(fake_run("x", 0.5, 0.05, failed=1), slo) == pytest.approx(2 / 3)
+    assert goodput([fake_run("x", 2.0, 0.05)], slo) == 0.0
+
+
+def test_goodput_lines_compare_pdserve_with_vllm_against_the_target():
+    slo = GoodputSLO()
+    series = {"vllm": [fake_run("vllm", 0.5, 0.05, rate=1), fake_run("vllm", 2.0, 0.05, rate=2)],
+              "pdserve": [fake_run("pdserve", 2.0, 0.05, rate=1), fake_run("pdserve", 0.5, 0.05, rate=2)]}
+    lines = goodput_lines(series, slo)
+    assert lines[1] == "- vllm: goodput 1 req/s; attainment per rate 1: 100%, 2: 0%"
+    assert lines[2] == "- pdserve: goodput 2 req/s (but missed at 1 req/s); attainment per rate 1: 0%, 2: 100%"
+    assert lines[3] == "- pdserve / vLLM goodput: 2.00x (target >= 1.3x: met)"
+    assert "goodput" in format_table(series, [1, 2], slo)

@@ -24,7 +24,7 @@ def test_generate_streams_text_to_stdout(redis_server, model, capsys):  # noqa: 
             args = build_parser().parse_args(
                 ["generate", "Say hi", "--max-tokens", "3", "--seed", "1", "--gateway", gate.server.address])
             assert await asyncio.to_thread(args.run, args) == 0
-            prefill = gate.fakes[0].requests_of("Prefill")[0]
+            prefill = gate.fakes[0].requests_of("StreamPrefill")[0]
             assert (prefill.sampling.max_tokens, prefill.sampling.seed, prefill.sampling.temperature) == (3, 1, 0.0)
     asyncio.run(scenario())
     captured = capsys.readouterr()

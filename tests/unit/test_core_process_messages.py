@@ -10,8 +10,8 @@ from shared.engine.client import (CacheSettings, EngineInfo, EngineLoad, EngineM
                                   KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, AbortRequests, AddRequest, CallResult,
-                                                 CoreFailed, CoreStartup, FinishRequests, KVArrival, ProtocolError,
-                                                 Query, Ready, Rejected, ReleaseKV, ReserveKV, Shutdown,
+                                                 CoreFailed, CoreStartup, FinishRequests, KVArrival, PrefillReserved,
+                                                 ProtocolError, Query, Ready, Rejected, ReleaseKV, ReserveKV, Shutdown,
                                                  StartReserved, StepOutputs, check_version, decode_core_message,
                                                  decode_service_message, decode_startup, encode)
 from shared.executor.base import SampledLogprobs
@@ -35,6 +35,7 @@ SERVICE_MESSAGES = [
                cache_salt="tenant", num_resumed_output_tokens=1, kv_send=SEND),
     ReserveKV(3, "r4", [1, 2, 3], SamplingParams(max_tokens=4), "tenant", 0),
     StartReserved("r4", 17, SampledLogprobs(-0.25, [(17, -0.25)])),
+    PrefillReserved("r5"),
     ReleaseKV(4, "r4"),
     AbortRequests(["r1", "r2"]),
     FinishRequests(["r1#0"], "stop"),

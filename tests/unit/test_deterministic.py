@@ -9,7 +9,9 @@ control test shows the same comparisons fail in the default mode, so these tests
 import pytest
 import torch
 
-from shared.attention.torch_paged import TorchPagedAttention
+from shared.attention.native_decode import PATH_ENV_VAR, load_native_decode
+from shared.attention.torch_paged import DETERMINISTIC_PATHS, TorchPagedAttention
+from shared.errors import ConfigurationError
 from shared.engine import LLM, SamplingParams
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.batch_invariance import RowTiled, is_row_invariant, make_batch_invariant
@@ -31,7 +33,7 @@ def tiny_model(folder, deterministic: bool):
     config = ModelConfig.from_folder(folder)
     backend = TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
                                   deterministic=deterministic)
-    model, _ = load_model(folder, torch.bfloat16, attn_backend=backend)
+    model, _ = load_model(folder, torch.bfloat16, attn_backend=backend, deterministic=deterministic)
     if deterministic:
         make_batch_invariant(model)
     return model
@@ -173,6 +175,31 @@ def test_prefix_cache_hits_give_the_same_output(tiny_llama_folder, each_alone):
     outputs = llm.generate(ENGINE_PROMPTS, GREEDY)
     assert all(output.num_cached_tokens > 0 for output in outputs if len(output.prompt_token_ids) > BLOCK_SIZE)
     assert tokens_and_logprobs(outputs) == each_alone
+
+
+@pytest.mark.parametrize("path", DETERMINISTIC_PATHS)
+def test_every_path_deterministic_mode_may_take_holds_on_this_machine(tiny_llama_folder, monkeypatch, path):
+    """Forced onto each kernel path it allows (the ones this CPU has): a prompt in a batch equals
+    it alone, and prefix-cached equals fresh, exactly (tokens and logprobs)."""
+    config = ModelConfig.from_folder(tiny_llama_folder)
+    shapes = (config.num_heads, config.num_kv_heads, config.head_dim, BLOCK_SIZE, torch.bfloat16)
+    if path not in load_native_decode().available_paths(*shapes):
+        pytest.skip(f"this CPU has no {path} path")
+    monkeypatch.setenv(PATH_ENV_VAR, path)
+    alone = [tokens_and_logprobs(make_llm(tiny_llama_folder).generate([prompt], GREEDY))[0]
+             for prompt in ENGINE_PROMPTS]
+    llm = make_llm(tiny_llama_folder)
+    assert llm.engine.executor.compute_paths.decode_attention == f"C++ kernel, {path} path"
+    assert tokens_and_logprobs(llm.generate(ENGINE_PROMPTS, GREEDY)) == alone
+    cached = llm.generate(ENGINE_PROMPTS[::-1], GREEDY)
+    assert all(output.num_cached_tokens > 0 for output in cached if len(output.prompt_token_ids) > BLOCK_SIZE)
+    assert tokens_and_logprobs(cached) == alone[::-1]
+
+
+def test_deterministic_mode_refuses_the_bf16_hardware_paths(tiny_llama_folder, monkeypatch):
+    monkeypatch.setenv(PATH_ENV_VAR, "amx")
+    with pytest.raises(ConfigurationError, match="deterministic mode runs on the avx512f or portable path"):
+        make_llm(tiny_llama_folder).generate([PROMPT_A], GREEDY)
 
 
 def test_deterministic_mode_is_refused_where_it_cannot_hold(tiny_llama_folder):

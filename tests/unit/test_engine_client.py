@@ -73,7 +73,8 @@ def test_a_disaggregated_request_equals_a_local_one(tiny_llama_folder):
         async with started(prefill, decode):
             reservation = await decode.reserve_kv(GenerateRequest("r", PROMPT, GREEDY))
             assert (len(reservation.block_ids), reservation.num_skip_blocks) == (3, 0)
-            [output] = await collect(prefill.generate(first_token_request("r:prefill", reservation)))
+            first, output = await collect(prefill.generate(first_token_request("r:prefill", reservation)))
+            assert not first.finished and first.token_ids == output.token_ids  # the token, before the send ended
             assert output.kv_transfer.num_bytes > 0
             await asyncio.wait_for(decode.wait_kv("r"), 30)
             await decode.wait_kv("r")  # arrived: returns at once

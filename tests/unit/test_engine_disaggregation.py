@@ -123,7 +123,7 @@ def test_aborting_a_request_whose_kv_is_being_sent_frees_its_blocks_once_sent(ti
     engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
                        kv_send=send_params(engine, reservation, "d"))
     while "p" not in engine.scheduler.sending:
-        assert not [o for o in engine.step() if o.request_id == "p"]
+        assert not [o for o in engine.step() if o.request_id == "p" and o.finished]
     assert engine.abort_request("p") is None
     engine.step()
     assert "p" in engine.scheduler.sending  # its blocks are still being read
@@ -180,9 +180,10 @@ def test_cache_settings_say_what_a_peer_must_share(tiny_llama_folder):
 
 @pytest.mark.parametrize("connector", ["in_memory", "ucx"])
 def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_llama_folder, connector):
-    # The prefill service answers the gateway on this output: it must not wait for the next
-    # step's compute. A send that ends within the connector's send wait (at once in memory, a
-    # few ms over UCX; 30 s here so the test cannot race) goes out with the step that started it.
+    # The prefill service answers the gateway on the final output: it must not wait for the
+    # next step's compute. A send that ends within the connector's send wait (at once in
+    # memory, a few ms over UCX; 30 s here so the test cannot race) goes out with the step
+    # that started it, after the output carrying the first token.
     kwargs = {} if connector == "in_memory" else {"kv_transfer": KVTransferConfig(
         UCX_CONNECTOR, KVConnectorRole.BOTH, send_wait_s=30.0)}
     llm = connected_llm(tiny_llama_folder, enable_prefix_caching=False, **kwargs)
@@ -191,11 +192,108 @@ def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_lla
         params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         reservation = engine.reserve_request(PROMPT, params, "d")
         engine.add_request(PROMPT, first_token_params(params), "p", kv_send=send_params(engine, reservation, "d"))
-        [output] = [output for output in engine.step() if output.request_id == "p"]
-        assert output.finished and output.kv_transfer is not None, output.kv_transfer_error
+        first, final = [output for output in engine.step() if output.request_id == "p"]
+        assert not first.finished and len(first.outputs[0].delta_token_ids) == 1
+        assert final.finished and final.kv_transfer is not None, final.kv_transfer_error
+        assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
         engine.step()
         assert engine.drain_kv_arrivals() == [("d", None)]
         engine.abort_request("d")
         assert_pool_is_whole(llm)
     finally:
         llm.engine.shutdown()
+
+
+def test_a_prefill_hands_out_its_first_token_before_its_kv_send_ends(tiny_llama_folder):
+    # The first token (with its logprobs and the prompt logprobs) leaves the engine in the step
+    # that sampled it, unfinished; the finish waits for the send, whose end is held back here
+    # as a slow network's would be, and then says what moved.
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    reservation = engine.reserve_request(PROMPT, params, "d")
+    real_get_finished, held = engine.connector.get_finished, []
+
+    def get_finished_but_sends():
+        finished = real_get_finished()
+        held.extend(finished.sending)
+        return FinishedTransfers((), finished.receiving)
+    engine.connector.get_finished = get_finished_but_sends
+    engine.add_request(PROMPT, first_token_params(params), "p", kv_send=send_params(engine, reservation, "d"))
+    outputs = []
+    while not outputs:
+        outputs = [o for o in engine.step() if o.request_id == "p"]
+    [first] = outputs
+    assert not first.finished and "p" in engine.scheduler.sending
+    assert len(first.token_ids) == 1 and len(first.outputs[0].logprobs) == 1
+    assert len(first.prompt_logprobs) == len(PROMPT) - 1
+    assert not [o for o in engine.step() if o.request_id == "p"]  # the send has not ended
+    engine.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
+    [final] = [o for o in engine.step() if o.request_id == "p"]
+    engine.connector.get_finished = real_get_finished
+    assert final.finished and final.outputs[0].finish_reason == "length" and final.kv_transfer is not None
+    assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
+    from tests.unit.kv_split import decode_after
+    local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
+    assert decode_after(engine, "d", first.token_ids[0]) == local
+    assert_pool_is_whole(llm)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_k=20, seed=99, max_tokens=6, ignore_eos=True),
+])
+def test_a_reservation_prefilled_here_equals_a_local_run(tiny_llama_folder, params):
+    # Conditional disaggregation: the decode engine computes the reserved prompt itself.
+    local = make_llm(tiny_llama_folder).generate([PROMPT], params)[0].token_ids
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
+    engine = llm.engine
+    engine.reserve_request(PROMPT, params, "d")
+    assert engine.prefill_reserved("d") == []
+    assert "d" not in engine.scheduler.waiting_for_remote_kv
+    output = None
+    while output is None or not output.finished:
+        output = next((o for o in engine.step() if o.request_id == "d"), output)
+    assert output.token_ids == local
+    with pytest.raises(InvalidRequestError, match="request_id"):
+        engine.prefill_reserved("d")  # no reservation any more
+    assert_pool_is_whole(llm)
+
+
+def test_a_reservation_prefilled_here_computes_only_what_the_prefix_cache_lacks(tiny_llama_folder):
+    llm = make_llm(tiny_llama_folder)
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    expected = llm.generate([PROMPT], params)[0].token_ids  # leaves the prompt's 2 full blocks cached
+    computed = engine.stats.num_prompt_tokens_computed
+    assert engine.reserve_request(PROMPT, params, "d").num_cached_tokens == 32
+    engine.prefill_reserved("d")
+    output = None
+    while output is None or not output.finished:
+        output = next((o for o in engine.step() if o.request_id == "d"), output)
+    assert output.token_ids == expected and output.num_cached_tokens == 32
+    assert engine.stats.num_prompt_tokens_computed - computed == len(PROMPT) - 32
+    assert_pool_is_whole(llm)
+
+
+def test_a_local_prefill_runs_in_chunks_after_the_running_decodes(tiny_llama_folder):
+    # The decode instance's protection: every step still gives the running decode its token,
+    # and the reserved prompt only gets a chunk of at most long_prefill_token_threshold.
+    llm = make_llm(tiny_llama_folder, enable_prefix_caching=False, long_prefill_token_threshold=8)
+    engine = llm.engine
+    running = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine.add_request(list(range(5, 9)), running, "a")
+    engine.step()  # "a"'s prompt
+    engine.reserve_request(PROMPT, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), "d")
+    engine.prefill_reserved("d")
+    [local] = engine.requests_of("d")
+    num_steps = 0
+    while local.num_output_tokens == 0:
+        before = (engine.requests_of("a")[0].num_output_tokens, local.num_computed_tokens)
+        engine.step()
+        num_steps += 1
+        assert engine.requests_of("a")[0].num_output_tokens == before[0] + 1
+        assert 0 < local.num_computed_tokens - before[1] <= 8
+    assert num_steps == -(-len(PROMPT) // 8)
+    engine.abort_request("a")
+    engine.abort_request("d")
+    assert_pool_is_whole(llm)

@@ -35,13 +35,13 @@ def clean_tokens(tiny_llama_folder):
 def poison_rows_with_seed(monkeypatch, seed: int = POISON_SEED, after_tokens: int = 2):
     """Make the sampler raise for any batch holding a row seeded `seed` once that row has
     `after_tokens` output tokens (a bug that hits one request mid-generation)."""
-    real = sampler_module.apply_history
+    real = sampler_module.Sampler.__call__
 
-    def failing(logits, rows):
+    def failing(self, logits, rows):
         if any(row.params.seed == seed and len(row.output_token_ids) >= after_tokens for row in rows):
             raise IndexError("index -1 is out of bounds (injected)")
-        return real(logits, rows)
-    monkeypatch.setattr(sampler_module, "apply_history", failing)
+        return real(self, logits, rows)
+    monkeypatch.setattr(sampler_module.Sampler, "__call__", failing)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

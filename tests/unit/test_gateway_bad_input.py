@@ -151,7 +151,7 @@ def test_cache_salt_over_http_reaches_both_instances_and_changes_the_block_hashe
                     extra_body={"cache_salt": salt})
             salts = [r.cache_salt for r in d0.requests_of("Reserve")]
             assert salts == ["a1", "a1", "b2", "b2"]
-            assert [r.cache_salt for r in p0.requests_of("Prefill")] == salts
+            assert [r.cache_salt for r in p0.requests_of("StreamPrefill")] == salts
     run(scenario)
 
 

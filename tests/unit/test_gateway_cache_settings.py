@@ -36,7 +36,7 @@ def test_mismatched_instances_are_never_paired_and_each_pair_is_logged_once(redi
                 request.request_id = request_id
                 assert [t for m in await collect(gate.stub.Generate(request)) for t in m.token_ids] == [42, 43, 44]
             assert (p0.methods(), d0.methods()) == ([], [])
-            assert p1.methods() == ["Prefill"] * 2 and d1.methods() == ["Reserve", "Decode"] * 2
+            assert p1.methods() == ["StreamPrefill"] * 2 and d1.methods() == ["Reserve", "Decode"] * 2
             samples = await asyncio.to_thread(scrape, gate.server.metrics_address)
             assert value(samples, "pdserve:gateway_live_incompatible_pairs") == 3  # all but p1/d1
             assert value(samples, "pdserve:gateway_incompatible_pairs_total") == 3
@@ -75,7 +75,7 @@ def test_the_prefix_lookup_hashes_the_prompt_as_each_instance_does(redis_server,
             await gate.index.add("d0", blake2b_hashes)  # not how d0 hashes: counts for nothing
             await collect(gate.stub.Generate(generate_request()))
             assert (d0.methods(), d1.methods()) == ([], ["Reserve", "Decode"])
-            assert (p0.methods(), p1.methods()) == ([], ["Prefill"])  # the only prefill d1 pairs with
+            assert (p0.methods(), p1.methods()) == ([], ["StreamPrefill"])  # the only prefill d1 pairs with
             assert gate.stats.routing["decode:prefix"] == 1
     run(scenario)
 
@@ -88,5 +88,5 @@ def test_the_prefill_skips_the_blocks_the_decode_instance_says_it_holds(redis_se
             p0, d0 = FakeInstance("p0", "prefill", block_size=32), FakeInstance("d0", "decode", held, block_size=32)
             await gate.add(p0, d0)
             await collect(gate.stub.Generate(generate_request()))
-            assert p0.requests_of("Prefill")[0].num_skip_blocks == 1
+            assert p0.requests_of("StreamPrefill")[0].num_skip_blocks == 1
     run(scenario)

@@ -22,7 +22,7 @@ def test_a_decode_lost_before_the_first_token_is_replaced_and_prefill_not_blamed
             messages = await collect(gate.stub.Generate(generate_request(max_tokens=3)))
             assert [t for m in messages for t in m.token_ids] == [42, 43, 44]
             assert d0.methods() == ["Reserve", "Release"] and d1.methods() == ["Reserve", "Decode"]
-            assert [list(p.dst_block_ids) for p in p0.requests_of("Prefill")] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+            assert [list(p.dst_block_ids) for p in p0.requests_of("StreamPrefill")] == [[1, 2, 3, 4], [5, 6, 7, 8]]
             assert p1.methods() == []  # the prefill instance was not blamed for d0's loss
             assert gate.stats.num_prefill_retries == 0 and gate.stats.migrations == {}
     run(scenario)
@@ -41,7 +41,7 @@ def test_a_decode_draining_mid_stream_migrates_with_the_streamed_tokens(redis_se
             [reserve] = d1.requests_of("Reserve")
             assert list(reserve.prompt_token_ids) == PROMPT_IDS + [42]
             assert reserve.num_resumed_output_tokens == 1
-            resumed_prefill = p0.requests_of("Prefill")[1]
+            resumed_prefill = p0.requests_of("StreamPrefill")[1]
             assert list(resumed_prefill.prompt_token_ids) == PROMPT_IDS + [42]
             assert resumed_prefill.num_resumed_output_tokens == 1
             assert not resumed_prefill.sampling.HasField("prompt_logprobs")

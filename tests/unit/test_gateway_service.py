@@ -21,7 +21,7 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from tests.helpers.redis_server import connect_async
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
-from tests.unit.gateway_fakes import FIRST_TOKEN_ID, Behaviour, FakeInstance, start_fakes
+from tests.unit.gateway_fakes import FIRST_TOKEN_ID, POOL_ONLY, Behaviour, FakeInstance, start_fakes
 
 MODEL_NAME = "smollm2-test"
 PROMPT_IDS = list(range(100, 150))  # 3 full blocks of 16 + 2 tokens
@@ -56,7 +56,7 @@ async def gateway(redis_url: str, model: ServedModel, **overrides):
     client = connect_async(redis_url)
     namespace = ClusterNamespace("test", MODEL_NAME)
     settings = GatewaySettings(port=0, http_port=-1, redis_url=redis_url, deployment="test", routing_cache_s=0,
-                               **overrides)
+                               **{**POOL_ONLY, **overrides})
     server = GatewayServer(settings, load_model=lambda: model)
     address = await server.start()
     await server.become_ready()
@@ -106,8 +106,8 @@ def test_failed_prefill_is_retried_on_the_other_instance_and_client_sees_only_to
             assert {m.request_id for m in messages} == {"r1"}
             assert messages[-1].finish_reason == gen.FINISH_REASON_STOP
             assert messages[-1].usage.cached_prompt_tokens == 16  # prefill's prefix-cache hits
-            assert (p0.methods(), p1.methods(), d0.methods()) == (["Prefill"], ["Prefill"], ["Reserve", "Decode"])
-            prefill = p1.requests_of("Prefill")[0]
+            assert (p0.methods(), p1.methods(), d0.methods()) == (["StreamPrefill"], ["StreamPrefill"], ["Reserve", "Decode"])
+            prefill = p1.requests_of("StreamPrefill")[0]
             assert (prefill.decode_ucx_address, list(prefill.dst_block_ids)) == ("ucx-d0", [7, 8, 9, 10])
             assert prefill.num_skip_blocks == 2
             assert list(prefill.prompt_token_ids) == PROMPT_IDS
@@ -173,7 +173,7 @@ def test_cancelled_fan_out_releases_every_reservation(redis_server, model):
             d0 = FakeInstance("d0", "decode")
             await gate.add(p0, d0)
             call = gate.stub.Generate(generate_request(n=2))
-            await wait_until(lambda: len(p0.requests_of("Prefill")) == 2)
+            await wait_until(lambda: len(p0.requests_of("StreamPrefill")) == 2)
             call.cancel()
             await wait_until(lambda: len(d0.requests_of("Release")) == 2)
             assert sorted(r.request_id for r in d0.requests_of("Release")) == ["r1#0", "r1#1"]
@@ -189,7 +189,8 @@ def test_client_cancel_during_decode_cancels_the_decode_call_without_release(red
             await gate.add(p0, d0)
             call = gate.stub.Generate(generate_request())
             first = await call.read()
-            assert first.text == "Hello"
+            assert first.text == "Hello"  # from the prefill instance, before Decode
+            await asyncio.wait_for(d0.waiting.wait(), 5)  # Decode sent "Hello" (kept from the client) and waits
             call.cancel()
             await asyncio.wait_for(d0.cancelled.wait(), 5)
             await wait_until(lambda: gate.stats.num_cancelled == 1)  # the relay's cleanup has run
@@ -223,7 +224,7 @@ def test_prefix_holding_instances_are_chosen(redis_server, model):
             await gate.index.add("d1", PROMPT_HASHES[:1])
             await gate.index.add("p0", PROMPT_HASHES[1:])  # not a prefix: counts for nothing
             await collect(gate.stub.Generate(generate_request()))
-            assert (p0.methods(), p1.methods()) == ([], ["Prefill"])
+            assert (p0.methods(), p1.methods()) == ([], ["StreamPrefill"])
             assert (d0.methods(), d1.methods()) == ([], ["Reserve", "Decode"])
             assert gate.stats.routing["prefill:prefix"] == 1
             assert gate.stats.routing["decode:prefix"] == 1

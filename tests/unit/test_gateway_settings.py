@@ -52,3 +52,16 @@ def test_http_keep_alive_is_a_setting_with_a_long_default():
     assert parse(["--http-keep-alive-s", "30"], {"PDSERVE_HTTP_KEEP_ALIVE_S": "120"}).http_keep_alive_s == 30.0
     with pytest.raises(ConfigurationError, match="^http_keep_alive_s:"):
         parse(["--http-keep-alive-s", "0"], {})
+
+
+def test_local_prefill_thresholds_are_flags_variables_and_config_keys(tmp_path):
+    assert (GatewaySettings().local_prefill_max_tokens, GatewaySettings().prefill_busy_backlog) == (None, 2)
+    settings = parse(["--local-prefill-max-tokens", "32"], {"PDSERVE_LOCAL_PREFILL_MAX_TOKENS": "8",
+                                                             "PDSERVE_LOCAL_PREFILL_BUSY_MAX_TOKENS": "0"})
+    assert (settings.local_prefill_max_tokens, settings.local_prefill_busy_max_tokens) == (32, 0)
+    config = tmp_path / "gateway.toml"
+    config.write_text("prefill_busy_backlog = 5\nlocal_prefill_max_tokens = 0\n")
+    settings = parse(["--config", str(config)], {})
+    assert (settings.prefill_busy_backlog, settings.placement_policy().max_local_tokens) == (5, 0)
+    with pytest.raises(ConfigurationError, match="^local_prefill_max_tokens:"):
+        parse(["--local-prefill-max-tokens", "-1"], {})

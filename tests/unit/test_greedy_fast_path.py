@@ -16,13 +16,27 @@ def greedy_rows(count: int) -> list[SamplingRow]:
                         generator=None) for _ in range(count)]
 
 
-def test_wide_greedy_rows_take_the_lowest_id_among_tied_maxima():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_greedy_rows_take_the_lowest_id_among_tied_maxima(dtype):
+    """A bf16 model's logits are sampled as they come (no fp32 copy): the same tokens."""
     logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
     tied = [(3, 40000), (17, 18), (VOCAB - 9, VOCAB - 1), (1000, 1016), (5, 49000), (0, VOCAB - 1)]
     for row, ids in enumerate(tied):
         logits[row, list(ids)] = 10.0
-    output = Sampler()(logits, greedy_rows(len(tied)))
+    output = Sampler()(logits.to(dtype), greedy_rows(len(tied)))
     assert output.sampled_token_ids == [min(ids) for ids in tied]
+
+
+def test_bf16_logits_with_logprobs_or_penalties_are_widened_first():
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    rows = greedy_rows(2)
+    rows[0].params = SamplingParams(temperature=0.0, logprobs=2)
+    rows[1].params = SamplingParams(temperature=0.0, repetition_penalty=1.5)
+    rows[1].output_token_ids = [int(logits[1].float().argmax())]
+    output = Sampler()(logits, rows)
+    expected = torch.log_softmax(logits[0].float(), dim=-1)
+    assert output.sampled_logprobs[0] == pytest.approx(float(expected.max()))
+    assert output.sampled_token_ids[1] != rows[1].output_token_ids[0]  # the penalty moved it
 
 
 @pytest.mark.parametrize("bad_value", [float("nan"), float("-inf")])

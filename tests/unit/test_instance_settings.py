@@ -15,6 +15,7 @@ from shared.engine.introspection import kv_cache_events
 from services.common.ready_file import write_ready_file
 from services.common.settings import DEFAULT_GRPC_PORTS, InstanceSettings
 from shared.kv_cache.block_pool import BlockPool
+from shared.errors import ConfigurationError
 
 DECODE_ROLES = ("decode", "colocated")
 
@@ -159,3 +160,16 @@ def test_guided_limits_are_instance_flags():
     limits = engine_config(settings).guided
     assert (limits.max_bytes, limits.max_nesting_depth, limits.compile_timeout_s, limits.max_cached_grammars) == (
         100, 5, 2.5, 7)
+
+
+def test_the_prompt_chunk_per_step_is_small_on_decode_instances_by_default():
+    # A decode instance computes local prefills (conditional disaggregation) in the steps of
+    # its running decodes: their chunks stay small unless told otherwise.
+    def threshold(**values):
+        return engine_config(InstanceSettings(**values)).scheduler.long_prefill_token_threshold
+    assert (threshold(role="decode"), threshold(role="prefill"), threshold(role="colocated")) == (64, 0, 0)
+    assert threshold(role="decode", max_prefill_chunk_tokens=0) == 0
+    assert threshold(role="prefill", max_prefill_chunk_tokens=128) == 128
+    assert InstanceSettings().max_local_prefill_tokens == 256
+    with pytest.raises(ConfigurationError, match="^max_prefill_chunk_tokens"):
+        InstanceSettings(max_prefill_chunk_tokens=-2)

@@ -10,7 +10,7 @@ import urllib.request
 from services.gateway.unknown_fields import MAX_FIELD_NAMES, OTHER_FIELDS, UnknownFields
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.tokenization import apply_chat_template, encode_prompt
-from tests.unit.gateway_fakes import FakeInstance
+from tests.unit.gateway_fakes import Behaviour, FakeInstance
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.test_openai_http import (  # noqa: F401 - model is a fixture
     CHAT, MODEL_NAME, DecodeWithLogprobs, http_gateway, model, run, with_pair)
@@ -98,7 +98,7 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone(redis_server, model):  
                 stream_options={"include_usage": True})
             chunks = [chunk async for chunk in stream]
             p0, d0 = gate.fakes
-            return reply, chunks, p0.requests_of("Prefill"), d0.calls
+            return reply, chunks, p0.requests_of("StreamPrefill"), d0.calls
 
     reply, chunks, prefills, decode_calls = run_and_return(scenario)
     num_prompt_tokens = len(encode_prompt(model.tokenizer, PROMPT))
@@ -198,6 +198,11 @@ class DecodeSaying(FakeInstance):
             yield message
 
 
+def prefill_saying(pieces: list[str]) -> FakeInstance:
+    """The fake prefill instance whose first token is DecodeSaying's first."""
+    return FakeInstance("p0", "prefill", Behaviour(first_token=(100, pieces[0])))
+
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 HERMES_REPLY = ["Sure <tool", '_call>{"name": "get_weather", "argu', 'ments": {"city": "Par', 'is"}}</tool_call>']
@@ -207,7 +212,7 @@ def test_auto_tool_calls_in_the_message_and_in_streamed_deltas(redis_server, mod
     async def scenario():
         async with http_gateway(redis_server.url, model, enable_auto_tool_choice=True,
                                 tool_call_parser="hermes") as gate:
-            await gate.add(FakeInstance("p0", "prefill"), DecodeSaying("d0", "decode", pieces=HERMES_REPLY))
+            await gate.add(prefill_saying(HERMES_REPLY), DecodeSaying("d0", "decode", pieces=HERMES_REPLY))
             reply = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL])
             stream = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL],
                                                                tool_choice="auto", stream=True)
@@ -239,7 +244,7 @@ def test_required_tool_choice_is_guided_and_returns_each_call(redis_server, mode
 
     async def scenario():
         async with http_gateway(redis_server.url, model) as gate:
-            await gate.add(FakeInstance("p0", "prefill"), DecodeSaying("d0", "decode", pieces=reply_text))
+            await gate.add(prefill_saying(reply_text), DecodeSaying("d0", "decode", pieces=reply_text))
             reply = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, tools=[WEATHER_TOOL],
                                                               tool_choice="required")
             named = await gate.client.chat.completions.create(

@@ -23,7 +23,7 @@ from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.tokenization import apply_chat_template, encode_prompt
 from tests.helpers.redis_server import connect_async
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
-from tests.unit.gateway_fakes import Behaviour, FakeInstance, start_fakes
+from tests.unit.gateway_fakes import POOL_ONLY, Behaviour, FakeInstance, fake_logprobs, start_fakes
 
 MODEL_NAME = "smollm2-test"
 PROMPT_IDS = list(range(100, 150))
@@ -45,10 +45,7 @@ class DecodeWithLogprobs(FakeInstance):
 
     async def Decode(self, request, context):
         async for message in super().Decode(request, context):
-            message.logprobs.extend(gen.PositionLogprobs(
-                token_id=t, logprob=-0.5, top=[gen.TokenLogprob(token_id=t, logprob=-0.5),
-                                               gen.TokenLogprob(token_id=7, logprob=-1.5)])
-                for t in message.token_ids)
+            message.logprobs.extend(fake_logprobs(t) for t in message.token_ids)
             yield message
 
 
@@ -72,7 +69,7 @@ async def http_gateway(redis_url: str, model: ServedModel, is_ready: bool = True
                        timeout_s: float = 20.0, **overrides):
     redis_client = connect_async(redis_url)
     settings = GatewaySettings(port=0, http_port=0, redis_url=redis_url, deployment="test",
-                               routing_cache_s=0, **overrides)
+                               routing_cache_s=0, **{**POOL_ONLY, **overrides})
     server = GatewayServer(settings, load_model=lambda: model)
     await server.start()
     if is_ready:
@@ -302,7 +299,8 @@ def test_client_disconnect_mid_stream_cancels_the_decode_call(redis_server, mode
             _, d0 = await with_pair(gate, Behaviour(decode_blocks_after_first=True))
             stream = await gate.client.chat.completions.create(model=MODEL_NAME, messages=CHAT, stream=True)
             chunks = [await anext(stream), await anext(stream)]
-            assert chunks[1].choices[0].delta.content == "Hello"
+            assert chunks[1].choices[0].delta.content == "Hello"  # from the prefill instance, before Decode
+            await asyncio.wait_for(d0.waiting.wait(), 5)  # Decode sent "Hello" (kept from the client) and waits
             await stream.close()
             await asyncio.wait_for(d0.cancelled.wait(), 5)
             await wait_until(lambda: gate.stats.num_cancelled == 1)

@@ -4,7 +4,7 @@ import pytest
 
 from shared.kv_tier.cost_seeds import load_cost_seeds
 
-from services.planner.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
+from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.cli.main import main
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from services.planner.profile_data import TransferPoint
+from services.common.profile_data import TransferPoint
 from services.simulator.cluster import ClusterSim, SimConfig
 from services.simulator.host import SharedHost
 from services.simulator.scalers import FixedScaler

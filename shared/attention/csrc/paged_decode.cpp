@@ -491,6 +491,17 @@ int pdserve_paged_decode_max_head_dim() { return kMaxHeadDim; }
 int pdserve_paged_decode_max_queries_per_kv() { return kMaxQueriesPerKv; }
 int pdserve_paged_decode_max_block_size() { return kMaxBlockSize; }
 
+// Writes each new token's key and value row (`row_bytes` each, contiguous; consecutive tokens
+// `token_stride` bytes apart) at its slot of the caches (slot = block * block_size + offset).
+// The caller checks every slot is inside the caches.
+void pdserve_store_kv(const char* keys, const char* values, int64_t token_stride, const int64_t* slots,
+                      int64_t num_tokens, int64_t row_bytes, char* key_cache, char* value_cache) {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        std::memcpy(key_cache + slots[t] * row_bytes, keys + t * token_stride, row_bytes);
+        std::memcpy(value_cache + slots[t] * row_bytes, values + t * token_stride, row_bytes);
+    }
+}
+
 // Path numbers: 0 portable, 1 AVX-512F, 2 AVX512-BF16, 3 AMX; each faster than the one before.
 // 1 when this build can run rows of these shapes on `path`, else 0.
 int pdserve_paged_attention_path_available(int path, int group_size, int head_dim, int block_size, int is_bf16) {

@@ -28,8 +28,8 @@ from shared.engine.client import (CachedSend, CapacityError, EngineDeadError, En
                                   EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
                                   raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
-                                                 FinishRequests, Query, Ready, Rejected, ReleaseKV, ReserveKV,
-                                                 SendCached, Shutdown, StartReserved, StepOutputs,
+                                                 FinishRequests, PrefillReserved, Query, Ready, Rejected, ReleaseKV,
+                                                 ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
                                                  decode_core_message, encode)
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
 from shared.engine.kv_waits import KVArrivalWait
@@ -261,6 +261,15 @@ class CoreProcessClient:
         if wait is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
         async for output in self._stream(wait.request, StartReserved(request_id, first_token_id, first_logprobs)):
+            yield output
+
+    async def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Compute a reservation's prompt here instead of receiving its KV, then decode it."""
+        self._check_alive()
+        wait = self._reservations.pop(request_id, None)
+        if wait is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        async for output in self._stream(wait.request, PrefillReserved(request_id)):
             yield output
 
     async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:

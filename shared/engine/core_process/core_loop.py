@@ -23,8 +23,9 @@ import zmq
 from shared.core.request import RequestStatus
 from shared.engine.client import KVReservation
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests, KVArrival,
-                                                 Query, Rejected, ReleaseKV, ReserveKV, SendCached, ServiceMessage,
-                                                 Shutdown, StartReserved, StepOutputs, decode_service_message, encode)
+                                                 PrefillReserved, Query, Rejected, ReleaseKV, ReserveKV, SendCached,
+                                                 ServiceMessage, Shutdown, StartReserved, StepOutputs,
+                                                 decode_service_message, encode)
 from shared.engine.engine_core import EngineCore
 from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
@@ -120,6 +121,9 @@ class CoreLoop:
         arrivals = self._kv_arrivals()
         if outputs or arrivals or changed or is_stepping:
             self._send(self._step_outputs(outputs, arrivals))
+        sent = self.core.finish_step_sends()  # after the first tokens above went out
+        if sent:
+            self._send(self._step_outputs(sent))
 
     def _send_transfers_ended(self) -> None:
         """KV that arrived or was sent while the last step ran, reported before the next step
@@ -168,6 +172,8 @@ class CoreLoop:
             self._send(self._answer(message))
         elif isinstance(message, StartReserved):
             self._start_reserved(message)
+        elif isinstance(message, PrefillReserved):
+            self._prefill_reserved(message)
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
                 self._compiling.pop(request_id, None)
@@ -192,6 +198,12 @@ class CoreLoop:
             self._send(Rejected(message.request_id, error.field, error.message))
             return
         self._send(self._step_outputs(outputs))
+
+    def _prefill_reserved(self, message: PrefillReserved) -> None:
+        try:
+            self.core.prefill_reserved(message.request_id)
+        except InvalidRequestError as error:
+            self._send(Rejected(message.request_id, error.field, error.message))
 
     def _admit_compiled(self) -> bool:
         """Admit the guided requests whose grammar is ready (or reject them); True if any."""

@@ -23,7 +23,7 @@ from shared.kv_transfer.types import KVSendParams
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class ProtocolError(RuntimeError):
@@ -70,6 +70,11 @@ class StartReserved(msgspec.Struct, tag=True, frozen=True):
     first_logprobs: SampledLogprobs | None = None
 
 
+class PrefillReserved(msgspec.Struct, tag=True, frozen=True):
+    """Decode role: compute the reservation's prompt here instead of receiving its KV."""
+    request_id: str
+
+
 class ReleaseKV(msgspec.Struct, tag=True, frozen=True):
     """Free a reservation that will not be decoded; CallResult.released says if there was one.
     With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
@@ -106,8 +111,8 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
-ServiceMessage = (AddRequest | ReserveKV | StartReserved | ReleaseKV | SendCached | AbortRequests | FinishRequests
-                  | Query | Shutdown)
+ServiceMessage = (AddRequest | ReserveKV | StartReserved | PrefillReserved | ReleaseKV | SendCached | AbortRequests
+                  | FinishRequests | Query | Shutdown)
 
 
 # ---- core -> service -------------------------------------------------------------------------
@@ -134,7 +139,8 @@ class StepOutputs(msgspec.Struct, tag=True, omit_defaults=True):
 
 
 class Rejected(msgspec.Struct, tag=True, frozen=True):
-    """An AddRequest or StartReserved the core refused (InvalidRequestError naming `field`)."""
+    """An AddRequest, StartReserved or PrefillReserved the core refused (InvalidRequestError
+    naming `field`)."""
     request_id: str
     field: str
     message: str

@@ -68,7 +68,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., num_resumed_output_tokens: _Optional[int] = ..., peer_source: _Optional[_Union[PeerSource, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds", "num_peer_prompt_tokens")
+    __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds", "finish_reason", "stop_string", "stop_token_id", "final_text", "num_peer_prompt_tokens")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,10 @@ class PrefillResponse(_message.Message):
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    FINAL_TEXT_FIELD_NUMBER: _ClassVar[int]
     NUM_PEER_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     first_logprobs: _generation_pb2.PositionLogprobs
@@ -84,8 +88,38 @@ class PrefillResponse(_message.Message):
     num_cached_prompt_tokens: int
     kv_bytes_sent: int
     kv_transfer_seconds: float
+    finish_reason: _generation_pb2.FinishReason
+    stop_string: str
+    stop_token_id: int
+    final_text: str
     num_peer_prompt_tokens: int
-    def __init__(self, first_token_id: _Optional[int] = ..., first_logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.PositionLogprobs, _Mapping]]] = ..., num_computed_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., num_peer_prompt_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, first_token_id: _Optional[int] = ..., first_logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.PositionLogprobs, _Mapping]]] = ..., num_computed_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., final_text: _Optional[str] = ..., num_peer_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ("token_id", "logprobs", "text", "prompt_logprobs")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprobs: _generation_pb2.PositionLogprobs
+    text: str
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.PositionLogprobs]
+    def __init__(self, token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_generation_pb2.PositionLogprobs, _Mapping]] = ..., text: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.PositionLogprobs, _Mapping]]] = ...) -> None: ...
+
+class PrefillEvent(_message.Message):
+    __slots__ = ("first_token", "done")
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    first_token: FirstToken
+    done: PrefillResponse
+    def __init__(self, first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., done: _Optional[_Union[PrefillResponse, _Mapping]] = ...) -> None: ...
+
+class LocalPrefillRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "num_resumed_output_tokens")
@@ -170,7 +204,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InstanceStatus(_message.Message):
-    __slots__ = ("instance_id", "role", "num_waiting", "num_running", "num_reserved", "num_free_blocks", "num_total_blocks", "num_prompt_tokens_computed", "num_cached_prompt_tokens", "num_generation_tokens", "num_requests_finished", "num_lease_expiries", "kv_bytes_transferred", "kv_transfer_seconds", "num_held")
+    __slots__ = ("instance_id", "role", "num_waiting", "num_running", "num_reserved", "num_free_blocks", "num_total_blocks", "num_prompt_tokens_computed", "num_cached_prompt_tokens", "num_generation_tokens", "num_requests_finished", "num_lease_expiries", "kv_bytes_transferred", "kv_transfer_seconds", "num_held", "num_local_prefills", "num_local_prefills_refused")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +220,8 @@ class InstanceStatus(_message.Message):
     KV_BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NUM_HELD_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCAL_PREFILLS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCAL_PREFILLS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: str
     num_waiting: int
@@ -201,4 +237,6 @@ class InstanceStatus(_message.Message):
     kv_bytes_transferred: int
     kv_transfer_seconds: float
     num_held: int
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_prompt_tokens_computed: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_generation_tokens: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., num_lease_expiries: _Optional[int] = ..., kv_bytes_transferred: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., num_held: _Optional[int] = ...) -> None: ...
+    num_local_prefills: int
+    num_local_prefills_refused: int
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_reserved: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_prompt_tokens_computed: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., num_generation_tokens: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., num_lease_expiries: _Optional[int] = ..., kv_bytes_transferred: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., num_held: _Optional[int] = ..., num_local_prefills: _Optional[int] = ..., num_local_prefills_refused: _Optional[int] = ...) -> None: ...

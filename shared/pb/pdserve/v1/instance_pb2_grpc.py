@@ -40,6 +40,11 @@ class InstanceStub:
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_instance__pb2.PrefillResponse.FromString,
                 _registered_method=True)
+        self.StreamPrefill = channel.unary_stream(
+                '/pdserve.v1.Instance/StreamPrefill',
+                request_serializer=pdserve_dot_v1_dot_instance__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_instance__pb2.PrefillEvent.FromString,
+                _registered_method=True)
         self.Reserve = channel.unary_unary(
                 '/pdserve.v1.Instance/Reserve',
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.ReserveRequest.SerializeToString,
@@ -48,6 +53,11 @@ class InstanceStub:
         self.Decode = channel.unary_stream(
                 '/pdserve.v1.Instance/Decode',
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.PrefillLocally = channel.unary_stream(
+                '/pdserve.v1.Instance/PrefillLocally',
+                request_serializer=pdserve_dot_v1_dot_instance__pb2.LocalPrefillRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Release = channel.unary_unary(
@@ -88,6 +98,15 @@ class InstanceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamPrefill(self, request, context):
+        """Prefill role, streamed (the gateway's path): the first message carries the first token
+        as soon as it is sampled, before its KV transfer ends, so that the client has it while
+        the KV travels; the last message is the outcome, as Prefill answers it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Reserve(self, request, context):
         """Decode role: reserve blocks for a prompt under a lease, or refuse at once with
         RESOURCE_EXHAUSTED so the gateway can pick another instance.
@@ -98,6 +117,16 @@ class InstanceServicer:
 
     def Decode(self, request, context):
         """Decode role: the KV has arrived; decode from the first token and stream the tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrefillLocally(self, request, context):
+        """Decode role (conditional disaggregation): compute a reservation's prompt here, in this
+        engine's steps after the running decodes' tokens (chunked), instead of receiving its KV,
+        then decode; streams like Decode, the first token included. RESOURCE_EXHAUSTED, with the
+        reservation kept for a prefill elsewhere, when the local-prefill budget has no room.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +177,11 @@ def add_InstanceServicer_to_server(servicer, server):
                     request_deserializer=pdserve_dot_v1_dot_instance__pb2.PrefillRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_instance__pb2.PrefillResponse.SerializeToString,
             ),
+            'StreamPrefill': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamPrefill,
+                    request_deserializer=pdserve_dot_v1_dot_instance__pb2.PrefillRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_instance__pb2.PrefillEvent.SerializeToString,
+            ),
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
                     request_deserializer=pdserve_dot_v1_dot_instance__pb2.ReserveRequest.FromString,
@@ -156,6 +190,11 @@ def add_InstanceServicer_to_server(servicer, server):
             'Decode': grpc.unary_stream_rpc_method_handler(
                     servicer.Decode,
                     request_deserializer=pdserve_dot_v1_dot_instance__pb2.DecodeRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
+            ),
+            'PrefillLocally': grpc.unary_stream_rpc_method_handler(
+                    servicer.PrefillLocally,
+                    request_deserializer=pdserve_dot_v1_dot_instance__pb2.LocalPrefillRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
@@ -222,6 +261,33 @@ class Instance:
             _registered_method=True)
 
     @staticmethod
+    def StreamPrefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdserve.v1.Instance/StreamPrefill',
+            pdserve_dot_v1_dot_instance__pb2.PrefillRequest.SerializeToString,
+            pdserve_dot_v1_dot_instance__pb2.PrefillEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Reserve(request,
             target,
             options=(),
@@ -264,6 +330,33 @@ class Instance:
             target,
             '/pdserve.v1.Instance/Decode',
             pdserve_dot_v1_dot_instance__pb2.DecodeRequest.SerializeToString,
+            pdserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefillLocally(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdserve.v1.Instance/PrefillLocally',
+            pdserve_dot_v1_dot_instance__pb2.LocalPrefillRequest.SerializeToString,
             pdserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,146 @@
+"""Reservations on decode instances: Reserve (best instance first, refusals and failures
+noted), Release (in the background when the answer may have been lost), lease renewal while
+the prompt waits for or runs on a prefill instance, and the health check that tells a lost
+decode instance (DecodeLost) from a failed prefill instance."""
+
+import asyncio
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from shared.pb.pdserve.v1 import instance_pb2
+
+from services.gateway.deadline import Deadline
+from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
+from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
+from services.gateway.request_prep import SubRequest
+from services.gateway.router import Candidate, no_pair_reason, pairable_decodes, rank
+
+logger = logging.getLogger(__name__)
+
+# A Reserve that failed this way may have been granted without the answer reaching us.
+UNANSWERED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                              grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN})
+
+
+# How long a health check may take to tell a dead decode instance from a failed prefill.
+HEALTH_PROBE_TIMEOUT_S = 1.0
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class Reservation:
+    decode: Candidate
+    reply: instance_pb2.ReserveResponse
+
+
+class DecodeLost(Exception):
+    """The decode instance holding the reservation (or running the stream) is gone."""
+
+    def __init__(self, decode: Candidate, why: str, reason: str):
+        super().__init__(f"decode instance {decode.instance_id} lost ({reason}): {why}")
+        self.decode = decode
+        self.why = why
+        self.reason = reason  # "failure" (unreachable) or "drain" (answers NOT_SERVING)
+
+
+async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                  deadline: Deadline, excluded: Collection[str] = ()) -> Reservation:
+    """The first decode instance (best first, none of `excluded`, only those some prefill
+    instance can pair with) that grants a reservation."""
+    choice = rank(pairable_decodes(candidates), "decode", excluded=excluded)
+    ctx.stats.record_route("decode", choice.reason)
+    if not choice.ranked:
+        remaining = [c for c in candidates if c.instance_id not in excluded]
+        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no decode instance to reserve on: "
+                                                        f"{no_pair_reason(remaining)}")
+    message = instance_pb2.ReserveRequest(
+        request_id=sub.request_id, prompt_token_ids=sub.prompt_token_ids,
+        sampling=sub.sampling_proto(), lease_ms=max(1, round(ctx.lease_s * 1000)))
+    if sub.resumed_token_ids:
+        message.num_resumed_output_tokens = len(sub.resumed_token_ids)
+    if sub.parent.cache_salt:
+        message.cache_salt = sub.parent.cache_salt
+    num_refused = 0
+    for decode in choice.ranked:
+        try:
+            reply = await ctx.channels.stub(decode.grpc_address).Reserve(
+                message, timeout=deadline.remaining(CONTROL_CALL_TIMEOUT_S))
+            return Reservation(decode, reply)
+        except asyncio.CancelledError:
+            release_unanswered(ctx, decode, sub.request_id)
+            raise
+        except grpc.aio.AioRpcError as error:
+            if error.code() in UNANSWERED_CODES:
+                release_unanswered(ctx, decode, sub.request_id)
+            num_refused += _note_reserve_failure(ctx, sub, decode, error)
+    if num_refused:
+        raise no_capacity(num_refused)
+    raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                       f"none of the {len(choice.ranked)} decode instances could be reached")
+
+
+def release_unanswered(ctx: RelayContext, decode: Candidate, request_id: str) -> None:
+    """A Reserve whose answer never came may still have been granted: release it now, in the
+    background (NOT_FOUND is fine), rather than leave it to its lease."""
+    ctx.spawn(release_at(ctx, decode, request_id, quiet=True), f"release-{request_id}")
+
+
+def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
+                          error: grpc.aio.AioRpcError) -> int:
+    """1 if the instance refused for lack of room, 0 if it failed; raises for other errors."""
+    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        ctx.stats.num_decode_refusals += 1
+        logger.info("request %s: decode %s refused: %s", sub.request_id, decode.instance_id,
+                    error.details())
+        return 1
+    if is_failover(error):
+        ctx.stats.num_decode_failovers += 1
+        ctx.view.mark_failed(decode.instance_id)
+        logger.warning("request %s: Reserve on %s failed (%s); trying another", sub.request_id,
+                       decode.instance_id, error.code().name)
+        return 0
+    raise from_rpc_error(error, f"decode instance {decode.instance_id}")
+
+
+async def check_decode_alive(ctx: RelayContext, reservation: Reservation, why: str) -> None:
+    """Raise DecodeLost unless the reservation's decode instance still answers SERVING."""
+    status = await ctx.channels.health(reservation.decode.grpc_address, HEALTH_PROBE_TIMEOUT_S)
+    if status != SERVING:
+        raise DecodeLost(reservation.decode, why, "failure" if status is None else "drain")
+
+
+async def release(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
+    """Give a reservation back (best effort; its lease frees it anyway)."""
+    await release_at(ctx, reservation.decode, request_id)
+
+
+async def release_at(ctx: RelayContext, decode: Candidate, request_id: str, quiet: bool = False) -> None:
+    """Release `request_id` on `decode`; `quiet`: it may not exist (a Reserve left unanswered)."""
+    ctx.stats.num_releases += 1
+    try:
+        await ctx.channels.stub(decode.grpc_address).Release(
+            instance_pb2.ReleaseRequest(request_id=request_id), timeout=CONTROL_CALL_TIMEOUT_S)
+    except grpc.aio.AioRpcError as error:
+        if quiet and error.code() == grpc.StatusCode.NOT_FOUND:
+            return
+        logger.warning("request %s: Release on %s failed (%s); its lease will free it", request_id,
+                       decode.instance_id, error.code().name)
+
+
+async def renew_until_cancelled(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
+    """Renew the lease every third of its length; the caller cancels this once prefill returns.
+    A failed renewal is logged and retried next period (the lease may still be long enough)."""
+    message = instance_pb2.RenewRequest(request_id=request_id, lease_ms=max(1, round(ctx.lease_s * 1000)))
+    stub = ctx.channels.stub(reservation.decode.grpc_address)
+    while True:
+        await asyncio.sleep(ctx.lease_s / 3)
+        try:
+            await stub.Renew(message, timeout=CONTROL_CALL_TIMEOUT_S)
+            ctx.stats.num_lease_renewals += 1
+        except grpc.aio.AioRpcError as error:
+            logger.warning("request %s: Renew on %s failed (%s: %s)", request_id, reservation.decode.instance_id,
+                           error.code().name, error.details())
