@@ -1,7 +1,10 @@
-"""`python -m services.launcher.probe ADDRESS [--service NAME]`: gRPC health probe.
+"""`python -m services.launcher.probe [ADDRESS] [--service NAME]`: gRPC health probe.
 
 Exits 0 when the standard health service at ADDRESS reports SERVING for NAME (default ""),
-1 otherwise. Container health checks (deploy/compose) use it. When the container serves TLS
+1 otherwise. Container health checks (deploy/compose) use it. Without ADDRESS it probes the
+port the service wrote to its ready file (`--ready-file`, default `$PDSERVE_READY_FILE`) on
+127.0.0.1: services on ephemeral ports (`PDSERVE_GRPC_PORT=0`, host networking) are probed
+too, and a missing ready file means "not up yet". When the container serves TLS
 (PDSERVE_TLS_CERT_FILE set), the probe speaks TLS, trusting PDSERVE_TLS_CA_FILE (or
 PDSERVE_INSTANCE_TLS_CA_FILE on the gateway) and presenting the container's own certificate,
 which mutual-TLS instances accept (`pdserve certs` makes certificates good for both ends).
@@ -10,19 +13,43 @@ which mutual-TLS instances accept (`pdserve certs` makes certificates good for b
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import grpc
 
-from services.launcher.readiness import is_serving
+from services.launcher.errors import StackError
+from services.launcher.readiness import grpc_address_of, is_serving, read_ready_file
+
+PROBE_HOST = "127.0.0.1"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.launcher.probe")
-    parser.add_argument("address", help="host:port of a pdserve gRPC service")
+    parser.add_argument("address", nargs="?", help="host:port of a pdserve gRPC service "
+                                                   "(default: the port in --ready-file, on 127.0.0.1)")
+    parser.add_argument("--ready-file", default=os.environ.get("PDSERVE_READY_FILE", ""),
+                        help="the service's ready file (default: $PDSERVE_READY_FILE)")
     parser.add_argument("--service", default="", help='health service name (default: "")')
     parser.add_argument("--timeout-s", type=float, default=3.0)
     args = parser.parse_args(argv)
-    return 0 if is_serving(args.address, args.service, args.timeout_s, probe_credentials(os.environ)) else 1
+    if not args.address and not args.ready_file:
+        parser.error("give ADDRESS or --ready-file (or set PDSERVE_READY_FILE)")
+    address = args.address or address_in_ready_file(Path(args.ready_file))
+    if address is None:
+        return 1
+    return 0 if is_serving(address, args.service, args.timeout_s, probe_credentials(os.environ)) else 1
+
+
+def address_in_ready_file(path: Path) -> str | None:
+    """127.0.0.1 and the port the ready file announces; None while there is none."""
+    ready = read_ready_file(path)
+    if ready is None:
+        return None
+    try:
+        port = grpc_address_of(ready).rsplit(":", 1)[1]
+    except (StackError, IndexError):
+        return None
+    return f"{PROBE_HOST}:{port}"
 
 
 def probe_credentials(environ) -> grpc.ChannelCredentials | None:
