@@ -111,6 +111,7 @@ build() {
     [[ -n "${build_id}" ]] || build_id="$(git rev-parse --short HEAD 2>/dev/null || echo dev)"
     log "building ${tag} (build ${build_id}) on ${BASE_IMAGE}; log: ${WORK_DIR}/build.log"
     local started=${SECONDS}
+    : >"${WORK_DIR}/build.log"
     run_logged "${WORK_DIR}/build.log" docker build --pull=false -f deploy/compose/Dockerfile -t "${tag}" \
         --build-arg BASE_IMAGE="${BASE_IMAGE}" --build-arg PIP_FILES="${WORK_DIR}/pip-files" \
         --build-arg PDSERVE_BUILD_ID="${build_id}" "${build_args[@]}" .

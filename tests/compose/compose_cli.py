@@ -9,9 +9,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = (REPO_ROOT / "deploy" / "compose" / "docker-compose.yml",
                  Path(__file__).resolve().parent / "docker-compose.host.yml")
+RESOLVED_DIR = REPO_ROOT / "build" / "compose-test"
 
 
 class CommandFailed(RuntimeError):
@@ -23,6 +26,22 @@ def run(command: list[str], env: dict[str, str] | None = None, timeout_s: float 
     if result.returncode != 0:
         raise CommandFailed(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return result.stdout
+
+
+def resolved_config(env: dict[str, str]) -> dict:
+    """The shipped file with the host-networking overlay, as docker-compose resolves them."""
+    command = ["docker-compose"] + [arg for path in COMPOSE_FILES for arg in ("-f", str(path))] + ["config"]
+    return yaml.safe_load(run(command, env, timeout_s=60))
+
+
+def host_network_config(config: dict) -> dict:
+    """`config` without the published ports of services on the host's network: Docker refuses
+    them there (the ports the services bind are the host's own), and an overlay can only add
+    to a list, never remove from it."""
+    for service in config["services"].values():
+        if service.get("network_mode") == "host":
+            service.pop("ports", None)
+    return config
 
 
 @dataclass(frozen=True)
@@ -44,10 +63,11 @@ class ComposeProject:
         self.env = {**os.environ, **variables}
 
     def compose(self, *args: str, timeout_s: float = 600.0, **variables: str) -> str:
-        command = ["docker-compose", "-p", self.name]
-        for path in COMPOSE_FILES:
-            command += ["-f", str(path)]
-        return run([*command, *args], {**self.env, **variables}, timeout_s)
+        env = {**self.env, **variables}
+        resolved = RESOLVED_DIR / f"{self.name}.yml"
+        resolved.parent.mkdir(parents=True, exist_ok=True)
+        resolved.write_text(yaml.safe_dump(host_network_config(resolved_config(env)), sort_keys=False))
+        return run(["docker-compose", "-p", self.name, "-f", str(resolved), *args], env, timeout_s)
 
     def up(self, *services: str, scale: dict[str, int] | None = None, no_recreate: bool = True,
            no_deps: bool = False, **variables: str) -> None:
