@@ -11,6 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from services.planner.docker_engine import DockerEngine
+
+ENGINE = DockerEngine()  # the Engine API: far cheaper to poll than a docker CLI process per call
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = (REPO_ROOT / "deploy" / "compose" / "docker-compose.yml",
                  Path(__file__).resolve().parent / "docker-compose.host.yml")
@@ -83,11 +86,10 @@ class ComposeProject:
 
     def containers(self, service: str | None = None, all_states: bool = False) -> list[Container]:
         """The project's containers (running ones unless `all_states`), oldest number first."""
-        filters = ["--filter", f"label=com.docker.compose.project={self.name}"]
+        labels = {"com.docker.compose.project": self.name}
         if service:
-            filters += ["--filter", f"label=com.docker.compose.service={service}"]
-        ids = run(["docker", "ps", "-q", *(["-a"] if all_states else []), *filters]).split()
-        found = [inspect(container_id) for container_id in ids]
+            labels["com.docker.compose.service"] = service
+        found = [inspect(listed["Id"]) for listed in ENGINE.containers(labels, all_states)]
         return sorted(found, key=lambda c: (c.service, c.number))
 
     def running(self, service: str) -> list[Container]:
@@ -98,7 +100,7 @@ class ComposeProject:
 
 
 def inspect(container_id: str) -> Container:
-    data = json.loads(run(["docker", "inspect", container_id]))[0]
+    data = ENGINE.inspect(container_id)
     labels = data["Config"]["Labels"] or {}
     state = data["State"]
     return Container(id=data["Id"][:12], name=data["Name"].lstrip("/"),
@@ -150,12 +152,12 @@ def ready_info(container: Container) -> dict | None:
 
 def probe(container: Container) -> bool:
     """The container's own health probe answers SERVING."""
-    return subprocess.run(["docker", "exec", container.id, "python", "-m", "services.launcher.probe"],
+    return subprocess.run(["docker", "exec", container.id, "python", "-m", "services.common.health_probe"],
                           capture_output=True).returncode == 0
 
 
 def main_pid(container: Container) -> int:
-    return int(run(["docker", "inspect", "-f", "{{.State.Pid}}", container.id]).strip())
+    return int(ENGINE.inspect(container.id)["State"]["Pid"])
 
 
 def image_size_bytes(tag: str) -> int:

@@ -38,6 +38,7 @@ import grpc  # noqa: E402
 import openai  # noqa: E402
 
 from shared.cluster.keys import ClusterNamespace  # noqa: E402
+from services.planner.docker_engine import DockerEngineError  # noqa: E402
 from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
 from tests.compose import compose_cli as cli  # noqa: E402
 from tests.compose.cluster import ClusterView  # noqa: E402
@@ -113,7 +114,7 @@ class Scenario:
         return self.cluster.counts() == self.scale
 
     def wait_ready(self, what: str) -> float:
-        return wait_until(self.is_ready, READY_TIMEOUT_S, f"{what}: {self.scale} healthy and registered")
+        return wait_until(self.is_ready, READY_TIMEOUT_S, f"{what}: {self.scale} healthy and registered", 1.0)
 
     def up(self, **variables: str) -> float:
         started = time.monotonic()
@@ -375,9 +376,12 @@ class Scenario:
                 try:
                     getattr(self, method)(result)
                 except (StepFailed, cli.CommandFailed, subprocess.CalledProcessError, grpc.RpcError,
-                        openai.OpenAIError, AssertionError) as error:
+                        openai.OpenAIError, AssertionError, DockerEngineError) as error:
                     result.misses.append(f"{type(error).__name__}: {error}")
                     self.dump_logs()
+                    break
+                except KeyboardInterrupt:
+                    result.misses.append("interrupted")
                     break
                 finally:
                     print("   " + format_row(result), flush=True)

@@ -1,14 +1,16 @@
-"""The container health probe (`python -m services.launcher.probe`): given an address it asks
+"""The container health probe (`python -m services.common.health_probe`): given an address it asks
 that one; without, it reads the port from the service's ready file and asks 127.0.0.1, so a
 service on an ephemeral port (host networking, PDSERVE_GRPC_PORT=0) is probed too."""
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import pytest
 
 from services.common.grpc_server import instance_grpc_server
-from services.launcher.probe import main as probe
+from services.common.health_probe import main as probe
 from tests.unit.gateway_fakes import FakeInstance
 
 
@@ -53,3 +55,13 @@ def test_neither_an_address_nor_a_ready_file_is_a_usage_error(monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         probe([])
     assert exit_info.value.code == 2
+
+
+def test_the_probe_imports_nothing_heavy():
+    """Docker runs it every few seconds in every container, with a timeout: grpc only, no
+    launcher, Redis, torch or transformers (those took seconds on a busy machine)."""
+    code = ("import sys, services.common.health_probe; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'redis', 'transformers', "
+            "'shared'} or m.startswith('services.launcher')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
