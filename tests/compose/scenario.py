@@ -240,7 +240,7 @@ class Scenario:
             victim = self.busiest("prefill")
             result.seconds["docker_stop_drain"] = cli.stop(victim)
             exit_code = cli.inspect(victim.id).exit_code
-            result.notes.append(f"{victim.name} exited {exit_code} after its drain")
+            result.notes.append(f"{victim.name} exited {exit_code}; {shutdown_timeline(cli.logs(victim, tail=400))}")
             if exit_code != 0:
                 result.misses.append(f"{victim.name} exited {exit_code} (killed before its drain ended?)")
             started = time.monotonic()
@@ -402,6 +402,27 @@ class Scenario:
                 self.project.down()
             except cli.CommandFailed as error:
                 print(f"cleanup: {error}", file=sys.stderr)
+
+
+SHUTDOWN_STEPS = (("shutting down", "SIGTERM"), ("drained: no accepted work left", "accepted work done"),
+                  ("drain timeout", "drain timeout, work handed back"), (" stopped", "stopped"))
+
+
+def shutdown_timeline(log_text: str) -> str:
+    """When the last shutdown's steps were logged, in seconds after its "shutting down"."""
+    events = []
+    for line in log_text.splitlines():
+        if not is_json_object(line):
+            continue
+        entry = json.loads(line)
+        for text, name in SHUTDOWN_STEPS:
+            if text in entry.get("message", "") and entry.get("logger", "").startswith("services."):
+                events = [] if name == "SIGTERM" else events
+                events.append((name, datetime.fromisoformat(entry["ts"].replace("Z", "+00:00"))))
+    if not events:
+        return "no shutdown lines in its log"
+    start = events[0][1]
+    return ", ".join(f"{name} at {(at - start).total_seconds():.1f} s" for name, at in events)
 
 
 def is_json_object(line: str) -> bool:
