@@ -12,8 +12,8 @@ their torch implementation.
 Where `$PDSERVE_PREBUILT_KERNELS` names a folder (the container image sets it; it has no
 compiler), the library comes from there instead: `python -m shared.native.prebuild` filled it
 with builds for generic CPU targets (shared/native/targets.py), and the best one this CPU runs
-is used. A prebuilt library is found by its source's and flags' digest, so one built from
-another version of the source is never loaded.
+is used. A prebuilt library is found by the digest of its source, the headers beside it and
+its flags, so one built from another version of the source is never loaded.
 """
 
 import hashlib
@@ -67,8 +67,8 @@ def shared_library(source: Path) -> Path | None:
 
 
 def prebuilt_name(source: Path, target: Target) -> str:
-    """`<stem>-<target>-<digest of the source and the flags>.so`."""
-    digest = hashlib.sha256(source.read_bytes())
+    """`<stem>-<target>-<digest of the source, its headers and the flags>.so`."""
+    digest = _source_digest(source)
     digest.update(" ".join(compile_flags(target.flags)).encode())
     return f"{source.stem}-{target.name}-{digest.hexdigest()[:16]}.so"
 
@@ -106,11 +106,16 @@ def _compile(compiler: str, source: Path, target: Path, flags: tuple[str, ...] =
     logger.info("Built %s", target)
 
 
-def _build_key(source: Path, compiler: str) -> str:
+def _source_digest(source: Path):
     digest = hashlib.sha256(source.read_bytes())
     for header in sorted(source.parent.glob("*.h")):  # what the source may include
         digest.update(header.name.encode())
         digest.update(header.read_bytes())
+    return digest
+
+
+def _build_key(source: Path, compiler: str) -> str:
+    digest = _source_digest(source)
     digest.update(" ".join(COMPILE_FLAGS).encode())
     digest.update(_compiler_version(compiler).encode())
     digest.update(_cpu_flags().encode())

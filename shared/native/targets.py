@@ -3,8 +3,8 @@
 A machine with a C++ compiler builds each kernel for its own CPU (`-march=native`, see
 shared/native/build.py). An image without a compiler (deploy/compose/Dockerfile) carries the
 kernels prebuilt for a few generic targets instead, one per code path the kernels have
-(portable C++, AVX2, AVX-512, AVX-512 with BF16 dot products); at load time the best target
-whose instructions this CPU has is chosen from its /proc/cpuinfo flags.
+(portable C++, AVX2, AVX-512, AVX-512 with BF16 dot products, AMX tiles); at load time the
+best target whose instructions this CPU has is chosen from its /proc/cpuinfo flags.
 """
 
 import platform
@@ -25,6 +25,8 @@ _X86_64_V4_FLAGS = _X86_64_V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx51
 # Best first. The psABI levels (x86-64, -v3, -v4) are what GCC >= 11 and Clang >= 12 call them.
 TARGETS_BY_MACHINE: dict[str, tuple[Target, ...]] = {
     "x86_64": (
+        Target("x86-64-v4-amx", ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+               _X86_64_V4_FLAGS | {"avx512_bf16", "amx_tile", "amx_bf16"}),
         Target("x86-64-v4-bf16", ("-march=x86-64-v4", "-mavx512bf16"), _X86_64_V4_FLAGS | {"avx512_bf16"}),
         Target("x86-64-v4", ("-march=x86-64-v4",), _X86_64_V4_FLAGS),
         Target("x86-64-v3", ("-march=x86-64-v3",), _X86_64_V3_FLAGS),
