@@ -28,7 +28,8 @@ def arg_default(name: str) -> str | None:
 def test_base_image_and_torch_source_are_build_arguments_with_defaults_for_anywhere():
     assert arg_default("BASE_IMAGE") == "python:3.11-slim-bookworm"
     assert arg_default("TORCH_INDEX_URL").startswith("https://") and arg_default("TORCH_INDEX_URL").endswith("/whl/cpu")
-    assert DOCKERFILE.count("FROM ${BASE_IMAGE}") == 2
+    stages = re.findall(r"^FROM (\S+)", DOCKERFILE, re.M)
+    assert stages == ["${BASE_IMAGE}"] * 3, "every stage on the one base (requirements, build, image)"
     for name in ("PIP_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT", "PIP_CONSTRAINT"):
         assert arg_default(name) is None, f"{name}: unset by default, so pip keeps its own default"
 
