@@ -16,6 +16,9 @@ BENCH_ARGS ?=
 UP_ARGS ?=
 GATEWAY_PORT ?= 50051
 SOAK_MINUTES ?= 30
+# `make image` / `make test-compose`: the image's tag, and flags for the compose scenario.
+IMAGE ?= pdserve:latest
+COMPOSE_ARGS ?=
 
 # Tests never depend on `proto`: the drift test checks the committed stubs, and
 # regenerating them before testing would hide drift.
@@ -26,13 +29,15 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
 	@echo "make test           all tests: unit first, then e2e"
 	@echo "make test-unit      fast unit tests only"
 	@echo "make test-e2e       end-to-end tests with the real SmolLM2 model"
+	@echo "make image          the container image $(IMAGE) from a local Debian base (installs and starts Docker)"
+	@echo "make test-compose   the compose stack in containers: scale, kill, stop, rolling upgrade (COMPOSE_ARGS=...)"
 	@echo "make run            local stack: redis + prefill + decode + gateway on 127.0.0.1:$(GATEWAY_PORT) (UP_ARGS=...)"
 	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
@@ -64,6 +69,17 @@ test-unit: setup
 
 test-e2e: setup
 	@$(call run_pytest,$(wildcard tests/e2e))
+
+# The service image, built here without any image registry (scripts/image.sh): Docker from
+# Debian's packages, a Debian base made with debootstrap (once), pip configured as on this machine.
+image: setup
+	@bash scripts/image.sh build $(IMAGE)
+
+# Not part of `make test` (it takes several minutes): the compose stack in containers on host
+# networking, faults and a rolling upgrade under load; the summary goes to docs/compose/.
+test-compose: image
+	@bash scripts/image.sh redis
+	$(PYTHON) -m tests.compose.scenario --image $(IMAGE) --out docs/compose $(COMPOSE_ARGS)
 
 # The default SmolLM2 model, every service on loopback, Ctrl-C stops everything.
 run: setup

@@ -1,5 +1,5 @@
-"""The --ready-file: JSON a launcher waits for to learn where an instance listens (gRPC, UCX,
-/metrics)."""
+"""The --ready-file: JSON a launcher (or a container's health probe) reads to learn where a
+service listens (gRPC, UCX, /metrics)."""
 
 import json
 import os
@@ -17,3 +17,24 @@ def write_ready_file(path: str, grpc_address: str, ucx_address: str, instance_id
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(content) + "\n")
     os.replace(temporary, target)
+
+
+def read_ready_file(path: Path) -> dict | None:
+    """The ready file's JSON object, or None while it is missing or half-written."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def grpc_address_in(ready: dict, default_host: str = "127.0.0.1") -> str | None:
+    """The bound gRPC address ("host:port") a ready file announces (`grpc_address`, or
+    `address`, or `host` + `grpc_port`/`port`); None when it names none."""
+    for key in ("grpc_address", "address"):
+        if isinstance(ready.get(key), str) and ready[key]:
+            return ready[key]
+    for key in ("grpc_port", "port"):
+        if isinstance(ready.get(key), int) and ready[key] > 0:
+            return f"{ready.get('host') or default_host}:{ready[key]}"
+    return None

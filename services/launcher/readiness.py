@@ -5,57 +5,23 @@ the bound gRPC address from it (`grpc_address`, or `address`, or `host` + `grpc_
 then polls grpc.health.v1.Health/Check until the service reports SERVING.
 """
 
-import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from services.common.health_probe import is_serving
+from services.common.ready_file import grpc_address_in, read_ready_file
 from services.launcher.child import ChildProcess
 from services.launcher.errors import StackAborted, StackError
 
 POLL_INTERVAL_S = 0.1
 
 
-def read_ready_file(path: Path) -> dict | None:
-    """The ready file's JSON object, or None while it is missing or half-written."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def grpc_address_of(ready: dict, default_host: str = "127.0.0.1") -> str:
     """The bound gRPC address ("host:port") a ready file announces."""
-    for key in ("grpc_address", "address"):
-        if isinstance(ready.get(key), str) and ready[key]:
-            return ready[key]
-    for key in ("grpc_port", "port"):
-        if isinstance(ready.get(key), int) and ready[key] > 0:
-            return f"{ready.get('host') or default_host}:{ready[key]}"
-    raise StackError(f"ready file has no gRPC address: {ready!r}")
-
-
-def health_status(address: str, service: str = "", timeout_s: float = 1.0,
-                  credentials: grpc.ChannelCredentials | None = None) -> int | None:
-    """The health service's status for `service`, or None when unreachable/unimplemented.
-    With `credentials`, over TLS."""
-    channel = grpc.insecure_channel(address) if credentials is None else grpc.secure_channel(address, credentials)
-    with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
-        except grpc.RpcError:
-            return None
-    return reply.status
-
-
-def is_serving(address: str, service: str = "", timeout_s: float = 1.0,
-               credentials: grpc.ChannelCredentials | None = None) -> bool:
-    return health_status(address, service, timeout_s, credentials) == health_pb2.HealthCheckResponse.SERVING
+    address = grpc_address_in(ready, default_host)
+    if address is None:
+        raise StackError(f"ready file has no gRPC address: {ready!r}")
+    return address
 
 
 def wait_until_ready(child: ChildProcess, deadline: float,

@@ -1,7 +1,8 @@
 """`pdserve serve planner` (`python -m services.planner`): run the planner until SIGINT or
 SIGTERM. It reads the gateways' /metrics and the instances' Redis heartbeats, decides the
 prefill and decode replica counts separately, exports them on --metrics-port, and applies
-them with --actuator (log: decide and export only; kubernetes: scale two Deployments)."""
+them with --actuator (log: decide and export only; kubernetes: scale two Deployments; docker:
+start and stop containers of two Docker Compose services)."""
 
 import argparse
 import asyncio
@@ -55,11 +56,17 @@ class PlannerServiceSettings(ServiceSettings):
                     "(repeatable; the variable is space separated; none: no hits assumed)")
     metrics_host: str = Field("127.0.0.1", description="address of the planner's /metrics")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="Prometheus /metrics port (0 = a free one; -1 = none)")
-    actuator: Literal["log", "kubernetes"] = Field("log", description="log: decide and export only; "
-                                                                      "kubernetes: scale two Deployments")
+    actuator: Literal["log", "kubernetes", "docker"] = Field(
+        "log", description="log: decide and export only; kubernetes: scale two Deployments; docker: start and "
+                           "stop containers of two Docker Compose services (needs the Docker socket)")
     k8s_namespace: str = Field("pdserve", description="namespace of the Deployments")
     k8s_prefill_deployment: str = Field("pdserve-prefill", description="the prefill Deployment")
     k8s_decode_deployment: str = Field("pdserve-decode", description="the decode Deployment")
+    docker_socket: str = Field("/var/run/docker.sock", description="the Docker Engine API's Unix socket")
+    docker_project: str = Field("", description="the compose project ('': the one of the container the "
+                                                "planner runs in)")
+    docker_prefill_service: str = Field("prefill", description="the prefill compose service")
+    docker_decode_service: str = Field("decode", description="the decode compose service")
     log_level: str = Field("INFO", validation_alias="PDSERVE_LOG_LEVEL", description="Python logging level")
     log_format: Literal[LOG_FORMATS] = Field("text", validation_alias="PDSERVE_LOG_FORMAT",
                                              description="log lines as text or one JSON object each")
@@ -97,7 +104,24 @@ def build_actuator(settings: PlannerServiceSettings, config: PlannerConfig) -> A
         from services.planner.k8s_actuator import KubernetesActuator
         return KubernetesActuator.in_cluster(settings.k8s_namespace, {"prefill": settings.k8s_prefill_deployment,
                                                                   "decode": settings.k8s_decode_deployment})
+    if settings.actuator == "docker":
+        return docker_actuator(settings)
     return LogActuator(config.prefill.min_replicas, config.decode.min_replicas)
+
+
+def docker_actuator(settings: PlannerServiceSettings) -> Actuator:
+    """Raises ConfigurationError when the socket cannot be reached or the project not found."""
+    from services.planner.docker_actuator import DockerActuator
+    from services.planner.docker_engine import DockerEngineError
+
+    try:
+        return DockerActuator.for_this_container(settings.docker_socket, settings.docker_project, {
+            "prefill": settings.docker_prefill_service, "decode": settings.docker_decode_service})
+    except OSError as error:
+        raise ConfigurationError("docker_socket", f"cannot reach the Docker engine at {settings.docker_socket}: "
+                                                  f"{error}") from None
+    except DockerEngineError as error:
+        raise ConfigurationError("docker_project", str(error)) from None
 
 
 async def serve(settings: PlannerServiceSettings, config: PlannerConfig) -> int:
@@ -130,4 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"planner: error: {flag_name(error.field)}: {error.message}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
-    return asyncio.run(serve(settings, config))
+    try:
+        return asyncio.run(serve(settings, config))
+    except ConfigurationError as error:
+        print(f"planner: error: {flag_name(error.field)}: {error.message}", file=sys.stderr)
+        return 2

@@ -24,6 +24,7 @@ from shared.executor.step_message import WorkerRequests, decode_step
 from shared.executor.worker_reply import WorkerReply, encode_reply
 from shared.executor.worker_startup import WorkerStartup
 from shared.kv_cache.layout import KVCacheLayout
+from shared.logging_setup import configure_child_logging
 from shared.parallel.groups import ParallelGroups, create_groups
 from shared.parallel.shard_loader import load_model_shard
 
@@ -34,8 +35,7 @@ def run_worker(args: WorkerStartup) -> NoReturn:
     """Serve steps until shutdown, then end the process: status 0 after a shutdown or with the
     engine gone, 1 after a failure (logged). It skips the interpreter's teardown (seconds of
     freeing torch's state on a busy machine): the OS reclaims the mappings and sockets."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s rank{args.rank} %(levelname)s %(name)s: %(message)s")
+    configure_child_logging(f"rank{args.rank}")
     status = 0
     try:
         _serve(args)

@@ -1,6 +1,10 @@
-"""`configure_logging`: what every entry point (pdserve CLI, gateway, instances) calls once."""
+"""`configure_logging`: what every entry point (pdserve CLI, gateway, instances) calls once;
+`configure_child_logging`: what a process they start (engine core, parallel worker) calls, to
+log the same way (level, format, context) with its own component name added."""
 
+import json
 import logging
+import os
 import sys
 from collections.abc import Mapping
 
@@ -9,6 +13,8 @@ from shared.logging_setup.context import ContextFilter
 from shared.logging_setup.json_formatter import JsonFormatter
 
 LOG_FORMATS = ("text", "json")
+# How the parent process logs (JSON: level, format, context), inherited by its children.
+CHILD_LOGGING_ENV_VAR = "PDSERVE_LOG_INHERITED"
 
 
 class _TextFormatter(logging.Formatter):
@@ -51,3 +57,17 @@ def configure_logging(level: str = "INFO", log_format: str = "text",
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    os.environ[CHILD_LOGGING_ENV_VAR] = json.dumps({"level": level, "format": log_format,
+                                                    "context": dict(context or {})})
+
+
+def configure_child_logging(component: str) -> None:
+    """Log as the parent process does, every line naming `component` too; text at INFO when the
+    parent configured nothing (or something unreadable)."""
+    try:
+        inherited = json.loads(os.environ.get(CHILD_LOGGING_ENV_VAR) or "{}")
+        level, log_format = inherited.get("level", "INFO"), inherited.get("format", "text")
+        context = {**inherited.get("context", {}), "component": component}
+        configure_logging(level, log_format, context)
+    except (ValueError, TypeError, AttributeError, ConfigurationError):
+        configure_logging("INFO", "text", {"component": component})

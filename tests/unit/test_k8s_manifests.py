@@ -45,7 +45,8 @@ def test_pools_have_health_probes_drain_grace_and_a_pdb(role, port):
     [container] = pod["containers"]
     assert container["readinessProbe"]["grpc"] == {"port": port, "service": "pdserve.v1.Instance"}
     env = {item["name"]: item.get("value") for item in container["env"]}
-    assert pod["terminationGracePeriodSeconds"] > float(env["PDSERVE_SHUTDOWN_GRACE_S"])
+    drain_s = float(env["PDSERVE_DRAIN_TIMEOUT_S"]) + float(env["PDSERVE_SHUTDOWN_GRACE_S"])
+    assert pod["terminationGracePeriodSeconds"] > drain_s
     assert "preStop" in container["lifecycle"] and container["resources"]["requests"]
     assert by_kind("PodDisruptionBudget")[f"pdserve-{role}"]["spec"]["selector"] == deployment["spec"]["selector"]
 

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-import traceback
 
 import zmq
 
@@ -21,6 +20,7 @@ from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, C
 from shared.engine.introspection import engine_info
 from shared.engine.engine_core import EngineCore
 from shared.isolation import describe_error
+from shared.logging_setup import configure_child_logging
 from shared.memory.idle_trim import HeapTrimmer
 
 logger = logging.getLogger("shared.engine.core_process")
@@ -70,17 +70,16 @@ def main() -> int:
     # Ctrl-C in a terminal reaches the whole process group: the service decides when the core
     # stops (Shutdown after its drain), not the keyboard.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=os.environ.get("PDSERVE_CORE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s engine-core[%(process)d] %(levelname)s %(name)s: %(message)s")
+    configure_child_logging(f"engine-core[{os.getpid()}]")
     try:
         startup = decode_startup(sys.stdin.buffer.read())
     except ProtocolError as error:
-        print(f"engine core: {error}", file=sys.stderr)
+        logger.error("engine core: %s", error)
         return 2
     try:
         serve(startup)
     except Exception:  # noqa: BLE001 - reported above; the exit status tells the service
-        traceback.print_exc()
+        logger.exception("engine core failed")
         return 1
     return 0
 
