@@ -12,6 +12,7 @@ its HTTP API answers, yields its base URL (`http://host:port`) and stops it:
   pdserve-pinned      1 prefill on the first CPU, 1 decode on the second, 1 thread each
   pdserve-pinned-gateway  the same, with the gateway and Redis on the prefill's CPU
   pdserve-unpinned    1 prefill + 1 decode, both over every CPU, one thread per CPU each
+                      (`--cpu-layout shared`)
   pdserve-colocated   one colocated instance over every CPU, one thread per CPU
 """
 
@@ -142,7 +143,7 @@ def pdserve_stack_config(layout: str, options: ServerOptions, run_dir: Path, num
         return StackConfig(prefill_cpus=every_cpu[:1], decode_cpus=every_cpu[1:2], gateway_cpus=every_cpu[:1],
                            num_threads=1, **common)
     if layout == "pdserve-unpinned":
-        return StackConfig(prefill_cpus=every_cpu, decode_cpus=every_cpu, num_threads=num_cpus, **common)
+        return StackConfig(cpu_layout="shared", num_threads=num_cpus, **common)
     if layout == "pdserve-colocated":
         return StackConfig(colocated=True, num_decode=1, num_threads=num_cpus, **common)
     raise ValueError(f"unknown pdserve layout {layout!r} (use one of {', '.join(PDSERVE_LAYOUTS)})")

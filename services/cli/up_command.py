@@ -16,6 +16,7 @@ from services.common.settings_base import ServiceSettings
 from services.common.settings_flags import ONE_VALUE, add_config_flag, add_settings_flags, settings_from_args
 
 DTYPE_CHOICES = ("bfloat16", "float32")
+CPU_LAYOUTS = ("auto", "disjoint", "shared")  # as services.launcher.config (a test holds them equal)
 CpuList = Annotated[tuple[int, ...] | None, NoDecode]
 
 
@@ -56,6 +57,11 @@ class UpSettings(ServiceSettings):
     gateway_cpus: CpuList = Field(None, description="pin the gateway and the stack's redis-server to these CPU "
                                                     "ids, e.g. the prefill's to keep decode cores for decoding "
                                                     "(none: not pinned)", json_schema_extra=ONE_VALUE)
+    cpu_layout: Literal[CPU_LAYOUTS] = Field(
+        "auto", validation_alias="PDSERVE_CPU_LAYOUT",
+        description="instances without CPU lists: disjoint (each its own CPUs), shared (all over every CPU, "
+                    "threads adapting to load) or auto (shared where bf16 matmuls run in hardware, "
+                    "disjoint elsewhere; docs/performance.md)")
     tensor_parallel_size: int = Field(1, validation_alias="PDSERVE_TENSOR_PARALLEL_SIZE",
                                       description="ranks sharing each layer, per instance")
     pipeline_parallel_size: int = Field(1, validation_alias="PDSERVE_PIPELINE_PARALLEL_SIZE",
@@ -157,6 +163,7 @@ def config_from_args(args: argparse.Namespace):
         gateway_port=settings.gateway_port, redis_url=settings.redis_url, run_dir=settings.run_dir,
         ready_timeout_s=settings.ready_timeout, stop_grace_s=settings.stop_grace, extra_args=extra_args,
         prefill_cpus=settings.prefill_cpus, decode_cpus=settings.decode_cpus, gateway_cpus=settings.gateway_cpus,
+        cpu_layout=settings.cpu_layout,
     )
 
 

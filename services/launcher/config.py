@@ -11,6 +11,7 @@ from services.launcher.supervisor import RestartPolicy
 DEFAULT_GATEWAY_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
+CPU_LAYOUTS = ("auto", "disjoint", "shared")
 
 
 @dataclass
@@ -57,6 +58,10 @@ class StackConfig:
     decode_cpus: tuple[int, ...] | None = None
     # CPU ids the gateway and the stack's redis-server are pinned to (None: not pinned).
     gateway_cpus: tuple[int, ...] | None = None
+    # How instances without CPU lists share the host (services/launcher/cpu_plan.py): "disjoint"
+    # (each its own CPUs), "shared" (all over every CPU) or "auto" (shared on CPUs with bf16
+    # hardware, disjoint elsewhere: measured, docs/performance.md).
+    cpu_layout: str = "auto"
     # How `supervise` restarts children that die (backoff, crash-loop limit).
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     # Deployment name the restart board is published under (as the services' --deployment).
@@ -69,6 +74,8 @@ class StackConfig:
             raise ConfigurationError("num_prefill", f"must be >= 1 without --colocated, got {self.num_prefill}")
         if not 0 <= self.gateway_port <= 65535:
             raise ConfigurationError("gateway_port", f"must be in 0..65535, got {self.gateway_port}")
+        if self.cpu_layout not in CPU_LAYOUTS:
+            raise ConfigurationError("cpu_layout", f"must be one of {', '.join(CPU_LAYOUTS)}, got {self.cpu_layout!r}")
         if self.gateway_http_port > 65535:
             raise ConfigurationError("gateway_http_port", f"must be <= 65535, got {self.gateway_http_port}")
 

@@ -12,6 +12,9 @@ out) float over every CPU with the thread count the whole stack would split to.
 from dataclasses import dataclass
 
 from services.launcher.config import StackConfig
+from shared.native.cpu_matmul import cpu_flags
+
+BF16_HARDWARE_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,22 @@ def plan_instance_cpus(config: StackConfig, names_and_roles: list[tuple[str, str
                 for name, role in names_and_roles}
     if len(available) < len(names_and_roles) or not names_and_roles:
         return {name: InstanceCpus(None, config.num_threads or 1) for name, _ in names_and_roles}
+    if resolve_cpu_layout(config.cpu_layout) == "shared":
+        every = tuple(available)
+        return {name: InstanceCpus(every, config.num_threads or len(every)) for name, _ in names_and_roles}
     plan = {}
     slices = _split(available, len(names_and_roles))
     for (name, _), cpus in zip(names_and_roles, slices):
         plan[name] = InstanceCpus(tuple(cpus), config.num_threads or len(cpus))
     return plan
+
+
+def resolve_cpu_layout(layout: str, flags: frozenset[str] | None = None) -> str:
+    """"disjoint" or "shared"; "auto" is shared where bf16 matmuls run in hardware."""
+    if layout != "auto":
+        return layout
+    flags = cpu_flags() if flags is None else flags
+    return "shared" if any(flag in flags for flag in BF16_HARDWARE_FLAGS) else "disjoint"
 
 
 def cpus_for_new_instance(config: StackConfig, role: str, num_instances: int, available: list[int]) -> InstanceCpus:

@@ -6,7 +6,8 @@ import pytest
 
 from services.launcher.commands import instance_argv
 from services.launcher.config import StackConfig
-from services.launcher.cpu_plan import InstanceCpus, cpus_for_new_instance, plan_instance_cpus
+from services.launcher.cpu_plan import InstanceCpus, cpus_for_new_instance, plan_instance_cpus, resolve_cpu_layout
+from shared.errors import ConfigurationError
 from shared.model import cpu_budget as budget
 
 
@@ -69,8 +70,8 @@ def test_omp_environment_bounds_spinning_unless_told_otherwise():
     assert budget.omp_environment(1, {"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_NUM_THREADS": "1"}
 
 
-def plan(num_prefill=1, num_decode=1, cpus=(0, 1, 2, 3, 4), **kwargs):
-    config = StackConfig(num_prefill=num_prefill, num_decode=num_decode, **kwargs)
+def plan(num_prefill=1, num_decode=1, cpus=(0, 1, 2, 3, 4), cpu_layout="disjoint", **kwargs):
+    config = StackConfig(num_prefill=num_prefill, num_decode=num_decode, cpu_layout=cpu_layout, **kwargs)
     return plan_instance_cpus(config, config.instance_roles(), list(cpus))
 
 
@@ -78,6 +79,39 @@ def test_instances_get_disjoint_cores_and_one_thread_per_core():
     assert plan(num_prefill=1, num_decode=2) == {
         "prefill-0": InstanceCpus((0, 1), 2), "decode-0": InstanceCpus((2, 3), 2), "decode-1": InstanceCpus((4,), 1)}
     assert plan(cpus=(0, 1)) == {"prefill-0": InstanceCpus((0,), 1), "decode-0": InstanceCpus((1,), 1)}
+
+
+def test_shared_layout_runs_every_instance_over_every_core():
+    assert plan(cpus=(0, 1), cpu_layout="shared") == {"prefill-0": InstanceCpus((0, 1), 2),
+                                                      "decode-0": InstanceCpus((0, 1), 2)}
+    assert plan(cpus=(0, 1), cpu_layout="shared", num_threads=1)["decode-0"] == InstanceCpus((0, 1), 1)
+    assert plan(cpus=(0, 1), cpu_layout="shared", prefill_cpus=(0,), decode_cpus=(1,)) == plan(
+        cpus=(0, 1), prefill_cpus=(0,), decode_cpus=(1,))  # explicit lists win over the layout
+
+
+def test_auto_layout_shares_cores_only_where_bf16_matmuls_run_in_hardware():
+    assert resolve_cpu_layout("auto", frozenset({"avx512f", "avx512_bf16", "amx_bf16"})) == "shared"
+    assert resolve_cpu_layout("auto", frozenset({"avx512f", "avx512_bf16"})) == "shared"
+    assert resolve_cpu_layout("auto", frozenset({"avx2", "avx512f", "avx512_vnni"})) == "disjoint"
+    assert resolve_cpu_layout("disjoint", frozenset({"amx_bf16"})) == "disjoint"
+    assert resolve_cpu_layout("shared", frozenset()) == "shared"
+
+
+def test_an_unknown_cpu_layout_is_refused_naming_the_setting():
+    with pytest.raises(ConfigurationError, match="cpu_layout"):
+        StackConfig(cpu_layout="pinned")
+
+
+def test_up_cpu_layout_flag_reaches_the_stack_config():
+    from services.cli import up_command
+    from services.cli.main import build_parser
+    from services.launcher.config import CPU_LAYOUTS
+    assert up_command.CPU_LAYOUTS == CPU_LAYOUTS
+    parse = build_parser().parse_args
+    assert up_command.config_from_args(parse(["up"])).cpu_layout == "auto"
+    assert up_command.config_from_args(parse(["up", "--cpu-layout", "shared"])).cpu_layout == "shared"
+    with pytest.raises(SystemExit):
+        parse(["up", "--cpu-layout", "pinned"])
 
 
 def test_fewer_cores_than_instances_float_with_one_thread_each():
