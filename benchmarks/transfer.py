@@ -265,6 +265,9 @@ def main() -> None:
         asyncio.run(run_receiver_service())
         return
     if args.tls is None:  # one fresh process pair per setting
+        from benchmarks.machine import print_machine
+
+        print_machine(probe_onednn=False)
         for tls in TLS_CHOICES:
             subprocess.run([sys.executable, __file__, "--tls", tls, "--iterations", str(args.iterations),
                             "--statistic", args.statistic, "--chunk-bytes", str(args.chunk_bytes),
