@@ -96,10 +96,11 @@ def _as_json(namespace, instances, leases) -> dict:
 
 def print_table(namespace, instances, leases) -> None:
     print(f"deployment {namespace.deployment}, model {namespace.model}: {len(instances)} live instances")
-    header = ("INSTANCE", "ROLE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS", "CACHE")
+    header = ("INSTANCE", "ROLE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS", "CACHE", "VERSION")
     rows = [(info.instance_id, info.role, info.grpc_address, info.ucx_address or "-",
              str(load.queue_depth), str(load.num_running_requests),
-             f"{load.num_free_blocks}/{load.num_total_blocks}", _cache_summary(info.cache)) for info, load in instances]
+             f"{load.num_free_blocks}/{load.num_total_blocks}", _cache_summary(info.cache), _version_summary(info))
+            for info, load in instances]
     _print_rows(header, rows)
     print(f"\n{len(leases)} block leases")
     if leases:
@@ -136,6 +137,12 @@ def _cache_summary(cache) -> str:
     if cache is None:
         return "-"
     return f"{cache.block_size}/{cache.prefix_hash_algo}/{cache.dtype}/tp{cache.tensor_parallel_size}"
+
+
+def _version_summary(info) -> str:
+    """e.g. "0.1.0/kv2" (pdserve version, KV wire protocol version; "kv?" when not registered)."""
+    protocol = f"kv{info.kv_protocol_version}" if info.kv_protocol_version else "kv?"
+    return f"{info.pdserve_version or '?'}/{protocol}"
 
 
 def print_board(board: dict[str, dict]) -> None:

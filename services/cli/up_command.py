@@ -72,6 +72,11 @@ class UpSettings(ServiceSettings):
                                  description="the planner's profile JSON from `pdserve profile` (needed "
                                              "with --autoscale)")
     planner_metrics_port: int = Field(0, description="the planner's /metrics port (0: a free one; -1: none)")
+    otlp_traces_endpoint: str = Field("", validation_alias="PDSERVE_OTLP_TRACES_ENDPOINT",
+                                      description="every service exports OpenTelemetry traces over OTLP/gRPC "
+                                                  "to this collector ('' = tracing off)")
+    otlp_traces_sample_ratio: float = Field(1.0, ge=0, le=1, validation_alias="PDSERVE_OTLP_TRACES_SAMPLE_RATIO",
+                                            description="share of new traces recorded")
 
     @field_validator("prefill_cpus", "decode_cpus", "gateway_cpus", mode="before")
     @classmethod
@@ -164,6 +169,8 @@ def config_from_args(args: argparse.Namespace):
         ready_timeout_s=settings.ready_timeout, stop_grace_s=settings.stop_grace, extra_args=extra_args,
         prefill_cpus=settings.prefill_cpus, decode_cpus=settings.decode_cpus, gateway_cpus=settings.gateway_cpus,
         cpu_layout=settings.cpu_layout,
+        otlp_traces_endpoint=settings.otlp_traces_endpoint,
+        otlp_traces_sample_ratio=settings.otlp_traces_sample_ratio,
     )
 
 

@@ -11,10 +11,12 @@ from collections.abc import Callable, Sequence
 
 from shared.logging_setup import configure_logging as configure_log_output
 from shared.errors import ConfigurationError
+from shared.tracing import shutdown_tracing
 from services.common.flags import flag_name, parse_settings
 from services.common.role import RoleHandlers
 from services.common.runtime import InstanceRuntime, new_instance_id
 from services.common.settings import InstanceSettings
+from services.common.tracing_setup import start_tracing
 from services.common.ucx import reset_ucx
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ def run_instance(prog: str, roles: Sequence[str], build_handlers: BuildHandlers,
     settings = settings.model_copy(update={"instance_id": settings.instance_id or new_instance_id(settings.role)})
     configure_logging(settings)
     try:
+        start_tracing(settings, settings.role, settings.instance_id)
         asyncio.run(serve_until_signalled(settings, build_handlers))
     except ConfigurationError as error:
         logger.error("%s instance cannot start: %s: %s", settings.role, flag_name(error.field), error.message)
@@ -41,6 +44,7 @@ def run_instance(prog: str, roles: Sequence[str], build_handlers: BuildHandlers,
         logger.exception("%s instance failed", settings.role)
         return 1
     finally:
+        shutdown_tracing()
         reset_ucx()
     return 0
 

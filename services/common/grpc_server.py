@@ -21,6 +21,7 @@ from shared.pb.pdserve.v1 import instance_pb2, instance_pb2_grpc
 
 from services.common.grpc_limits import message_size_options
 from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.tracing_interceptors import server_interceptors
 from services.common.reflection import enable_reflection
 
 logger = logging.getLogger(__name__)
@@ -105,4 +106,4 @@ def instance_grpc_server(servicer: instance_pb2_grpc.InstanceServicer, host: str
     return GrpcServer(INSTANCE_SERVICE_NAME, lambda server: instance_pb2_grpc.add_InstanceServicer_to_server(
                           servicer, server),
                       host, port, credentials, port_setting="grpc_port", options=message_size_options(),
-                      interceptors=[MalformedRequestInterceptor()])
+                      interceptors=[*server_interceptors(), MalformedRequestInterceptor()])

@@ -25,7 +25,7 @@ from shared.logging_setup import LOG_FORMATS
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
-from services.common.settings_base import ServiceSettings
+from services.common.tracing_setup import TracingSettings
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ENGINE_CORE_PLACES = ("process", "thread")
@@ -41,7 +41,7 @@ def _setting(default, help_text: str, **constraints):
     return Field(default=default, description=help_text, **constraints)
 
 
-class InstanceSettings(ServiceSettings):
+class InstanceSettings(TracingSettings):
     role: Literal[ROLES] = _setting("decode", "instance role: prefill, decode or colocated")
     model: str = _setting("", "HF folder or .gguf file ('' = the packaged SmolLM2 model)")
     served_model_name: str = _setting("", "model name in the Redis keys ('' = the model folder's name; "

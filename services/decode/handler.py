@@ -24,6 +24,7 @@ from shared.cluster.leases import LeaseTable
 from shared.engine.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
+from shared.tracing import span
 from shared.wire.handback import handed_back_message
 from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
@@ -94,7 +95,8 @@ class DecodeHandler(RoleHandler):
         if request.first_token_id >= vocab_size:
             raise InvalidRequestError("first_token_id", f"{request.first_token_id} is outside the vocabulary "
                                                         f"[0, {vocab_size})")
-        await self.book.take(request.request_id)
+        with span("decode.wait_kv"):
+            await self.book.take(request.request_id)
         first_logprobs = logprobs_from_proto(request.first_logprobs) if request.HasField("first_logprobs") else None
         stream = self.engine.generate_reserved(request.request_id, request.first_token_id, first_logprobs)
         async for message in self._relay(request.request_id, stream, with_prompt_logprobs=False):
@@ -123,14 +125,17 @@ class DecodeHandler(RoleHandler):
                      with_prompt_logprobs: bool) -> AsyncIterator[generation_pb2.GenerateResponse]:
         """A started reservation's outputs as messages (prompt logprobs once, when asked for)."""
         self._decoding.add(request_id)
+        num_tokens = 0
         try:
-            async with contextlib.aclosing(stream) as outputs:
-                async for output in outputs:
-                    self._raise_if_handed_back(request_id, output)
-                    messages = request_output_to_protos(output, with_prompt_logprobs=with_prompt_logprobs)
-                    with_prompt_logprobs = with_prompt_logprobs and not messages
-                    for message in messages:
-                        yield message
+            with span("decode.engine", {"pdserve.request_id": request_id}) as engine_span:
+                async with contextlib.aclosing(stream) as outputs:
+                    async for output in outputs:
+                        self._raise_if_handed_back(request_id, output)
+                        num_tokens = _note_output(engine_span, output, num_tokens)
+                        messages = request_output_to_protos(output, with_prompt_logprobs=with_prompt_logprobs)
+                        with_prompt_logprobs = with_prompt_logprobs and not messages
+                        for message in messages:
+                            yield message
         finally:
             self._decoding.discard(request_id)
 
@@ -163,3 +168,16 @@ class DecodeHandler(RoleHandler):
                 await self.book.expire_leases()
             except Exception:  # noqa: BLE001 - keep expiring; the next tick retries
                 logger.exception("lease expiry failed")
+
+
+def _note_output(engine_span, output, num_tokens: int) -> int:
+    """The decode span's first token and finish (reason, token counts); the tokens so far."""
+    completion = output.outputs[0]
+    if not num_tokens and completion.token_ids:
+        engine_span.add_event("first_token")
+    num_tokens = len(completion.token_ids)
+    if output.finished:
+        engine_span.set_attributes({"pdserve.finish_reason": completion.finish_reason or "none",
+                                    "pdserve.num_generated_tokens": num_tokens,
+                                    "pdserve.num_prompt_tokens": len(output.prompt_token_ids)})
+    return num_tokens

@@ -22,6 +22,7 @@ import grpc
 from shared.cluster.leases import LeaseTable
 from shared.engine.client import EngineClient, EngineDeadError, GenerateRequest, KVReservation, KVTransferFailedError
 from shared.errors import InvalidRequestError
+from shared.tracing import NULL_SPAN, record_failure, start_span
 from services.common.errors import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ class PendingTransfer:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     num_failed_transfers: int = 0
     watcher: asyncio.Task | None = None
+    # Tracing: from Reserve until Decode takes it (or it is released, or its lease expires).
+    span: object = NULL_SPAN
 
     @property
     def request_id(self) -> str:
@@ -103,6 +106,7 @@ class ReservationBook:
         if pending.watcher is not None:
             pending.watcher.cancel()
         self.leases.release(pending.request_id)
+        _end_span(pending, "taken")
         return pending
 
     def _pending_or_not_found(self, request_id: str) -> PendingTransfer:
@@ -112,11 +116,12 @@ class ReservationBook:
                                                           "released, expired, or already decoding)")
         return pending
 
-    async def release(self, request_id: str) -> bool:
+    async def release(self, request_id: str, why: str = "released") -> bool:
         """Free a reservation's blocks; False if there is none."""
         pending = self._pending.pop(request_id, None)
         if pending is None:
             return False
+        _end_span(pending, why)
         if pending.watcher is not None:
             pending.watcher.cancel()
         self.leases.release(request_id)
@@ -134,7 +139,7 @@ class ReservationBook:
         """Release every reservation whose lease has run out; returns how many."""
         num_expired = 0
         for record in self.leases.expired():
-            if await self.release(record.request_id):
+            if await self.release(record.request_id, why="lease_expired"):
                 num_expired += 1
                 logger.warning("lease of %s expired: %d blocks freed", record.request_id, len(record.block_ids))
         self.num_lease_expiries += num_expired
@@ -151,10 +156,15 @@ class ReservationBook:
             if pending.watcher is not None:
                 pending.watcher.cancel()
             self.leases.release(request_id)
+            _end_span(pending, "engine_died")
         self._pending.clear()
 
     def _track(self, reservation: KVReservation, num_prompt_tokens: int, lease_s: float) -> None:
-        pending = PendingTransfer(reservation, num_prompt_tokens)
+        pending = PendingTransfer(reservation, num_prompt_tokens, span=start_span(
+            "decode.reservation", attributes={"pdserve.request_id": reservation.request_id,
+                                              "pdserve.num_blocks": len(reservation.block_ids),
+                                              "pdserve.num_cached_prompt_tokens": reservation.num_cached_tokens,
+                                              "pdserve.lease_s": lease_s}))
         self.leases.grant(reservation.request_id, pending.dst_block_ids, lease_s)
         pending.watcher = asyncio.get_running_loop().create_task(self._watch(pending))
         self._pending[reservation.request_id] = pending
@@ -169,7 +179,24 @@ class ReservationBook:
                 return  # the reservation died with the engine core (see forget_all)
             except KVTransferFailedError as error:
                 pending.num_failed_transfers += 1
+                pending.span.add_event("kv_transfer_failed", {"pdserve.failure": "kv_transfer",
+                                                              "message": str(error)[:300]})
                 logger.warning("KV transfer for %s failed (%s); waiting for a retry", pending.request_id, error)
                 continue
             pending.arrived.set()
+            pending.span.add_event("kv_received", {"pdserve.num_failed_transfers": pending.num_failed_transfers})
             return
+
+
+def _end_span(pending: PendingTransfer, outcome: str) -> None:
+    """End the reservation's span: taken by Decode, released, lease expired (a failure of its
+    own kind, told apart from a failed transfer), or gone with the engine core."""
+    reservation_span = pending.span
+    reservation_span.set_attribute("pdserve.reservation.outcome", outcome)
+    if outcome == "lease_expired":
+        record_failure(reservation_span, "DEADLINE_EXCEEDED", "the reservation's lease expired before Decode took it",
+                       **{"pdserve.failure": "lease_expiry",
+                          "pdserve.num_failed_transfers": pending.num_failed_transfers})
+    elif outcome == "engine_died":
+        record_failure(reservation_span, "UNAVAILABLE", "the engine core died", **{"pdserve.failure": "engine"})
+    reservation_span.end()

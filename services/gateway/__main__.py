@@ -8,8 +8,10 @@ from collections.abc import Sequence
 
 from shared.errors import ConfigurationError
 from shared.logging_setup import configure_logging
+from shared.tracing import shutdown_tracing
 
 from services.common.settings_flags import flag_name
+from services.common.tracing_setup import start_tracing
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings, parse_settings
 
@@ -44,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse_settings(argv)
         configure_logging(settings.log_level, settings.log_format, {"role": "gateway"})
-        return asyncio.run(serve(settings))
+        start_tracing(settings, "gateway")
+        try:
+            return asyncio.run(serve(settings))
+        finally:
+            shutdown_tracing()
     except ConfigurationError as error:
         print(f"gateway: error: {flag_name(error.field)}: {error.message}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from shared.pb.pdserve.v1 import instance_pb2_grpc
 
 from services.common.grpc_limits import message_size_options
+from services.common.tracing_interceptors import client_interceptors
 
 CHANNEL_OPTIONS = (
     *message_size_options(),  # the instances' servers use the same limits
@@ -25,9 +26,11 @@ class InstanceChannels:
     def stub(self, address: str) -> instance_pb2_grpc.InstanceStub:
         if address not in self._stubs:
             if self._credentials is None:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
+                                                    interceptors=client_interceptors())
             else:
-                channel = grpc.aio.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
+                channel = grpc.aio.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS,
+                                                  interceptors=client_interceptors())
             self._channels[address] = channel
             self._stubs[address] = instance_pb2_grpc.InstanceStub(channel)
         return self._stubs[address]

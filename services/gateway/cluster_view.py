@@ -97,7 +97,8 @@ class ClusterView:
                 prefix_blocks=prefix_blocks, tier_blocks=tier_blocks,
                 free_blocks=load.num_free_blocks, total_blocks=load.num_total_blocks,
                 num_running=load.num_running_requests, queue_depth=load.queue_depth,
-                is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now, cache=info.cache))
+                is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now, cache=info.cache,
+                kv_protocol_version=info.kv_protocol_version, pdserve_version=info.pdserve_version))
         return candidates
 
     async def _overlap(self, prompt: PromptHashes, listing: Listing) -> tuple[dict[str, int], dict[str, int]]:

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2
+from shared.tracing import add_event, record_failure, span
 
 from services.gateway.deadline import Deadline
 from services.gateway.decode_calls import DecodeStart, LocalPrefillRefused, decode_stream, local_prefill_stream
@@ -53,17 +54,21 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
     streamed: list[int] = []
     while True:
         attempt = continuation(sub, streamed) if streamed else sub
-        reservation = await reserve(ctx, attempt, candidates, deadline, excluded=lost)
-        try:
-            async with contextlib.aclosing(_on_reservation(ctx, attempt, candidates, reservation,
-                                                           deadline)) as messages:
-                async for message in messages:
-                    streamed.extend(message.token_ids)
-                    yield message
-            return
-        except DecodeLost as loss:
-            _note_loss(ctx, sub, loss, lost, len(streamed))
-            candidates = await ctx.view.candidates(sub.parent.hashes)  # restarts, new ones
+        with span("gateway.attempt", {"pdserve.attempt": len(lost), "pdserve.num_resumed_tokens": len(streamed),
+                                      "pdserve.completion_index": sub.index}) as attempt_span:
+            reservation = await reserve(ctx, attempt, candidates, deadline, excluded=lost)
+            attempt_span.set_attribute("pdserve.decode_instance", reservation.decode.instance_id)
+            try:
+                async with contextlib.aclosing(_on_reservation(ctx, attempt, candidates, reservation,
+                                                               deadline)) as messages:
+                    async for message in messages:
+                        streamed.extend(message.token_ids)
+                        yield message
+                return
+            except DecodeLost as loss:
+                record_failure(attempt_span, "UNAVAILABLE", str(loss), **{"pdserve.loss_reason": loss.reason})
+                _note_loss(ctx, sub, loss, lost, len(streamed))
+        candidates = await ctx.view.candidates(sub.parent.hashes)  # restarts, new ones
         if is_complete(sub, streamed):
             yield final_message(sub, streamed)
             return
@@ -76,6 +81,8 @@ def _note_loss(ctx: RelayContext, sub: SubRequest, loss: DecodeLost, lost: dict[
     ctx.stats.num_decode_failovers += 1
     if num_streamed:
         ctx.stats.migrations[loss.reason] += 1
+        add_event("migration", {"pdserve.from_instance": loss.decode.instance_id, "pdserve.loss_reason": loss.reason,
+                                "pdserve.num_streamed_tokens": num_streamed})
     logger.warning("request %s: %s; %s on another decode instance", sub.request_id, loss,
                    f"migrating after {num_streamed} tokens" if num_streamed else "reserving")
 
@@ -86,9 +93,11 @@ async def _on_reservation(ctx: RelayContext, sub: SubRequest, candidates: list[C
     placement = _placement(ctx, sub, candidates, reservation)
     if placement.is_local:
         try:
-            async with contextlib.aclosing(local_prefill_stream(ctx, sub, reservation, deadline)) as messages:
-                async for message in messages:
-                    yield message
+            with span("gateway.local_prefill", {"pdserve.decode_instance": reservation.decode.instance_id},
+                      kind="client"):
+                async with contextlib.aclosing(local_prefill_stream(ctx, sub, reservation, deadline)) as messages:
+                    async for message in messages:
+                        yield message
             return
         except LocalPrefillRefused as refusal:
             logger.info("request %s: decode %s refused the local prefill (%s); prefilling on the pool",
@@ -142,9 +151,10 @@ async def _prefill_then_decode(ctx: RelayContext, sub: SubRequest, candidates: l
             return
         decode_started = True
         start = _decode_start(done, relayed)
-        async with contextlib.aclosing(decode_stream(ctx, sub, reservation, start, deadline)) as messages:
-            async for message in messages:
-                yield message
+        with span("gateway.decode", {"pdserve.decode_instance": reservation.decode.instance_id}, kind="client"):
+            async with contextlib.aclosing(decode_stream(ctx, sub, reservation, start, deadline)) as messages:
+                async for message in messages:
+                    yield message
     finally:
         if not decode_started:
             ctx.spawn(release(ctx, reservation, sub.request_id), f"release-{sub.request_id}")

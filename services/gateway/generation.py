@@ -19,6 +19,7 @@ import grpc
 
 from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
+from shared.tracing import record_failure, span
 
 from services.gateway.deadline import client_deadline
 from services.gateway.errors import GatewayError, from_exception
@@ -57,12 +58,25 @@ async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequ
     """Relay one request; `time_remaining` is the client's deadline (None: the default);
     `is_prompt_only`: the caller drops the generated token (see PreparedRequest)."""
     model, relay = require_ready(state)
+    with span("gateway.request") as request_span:
+        async with contextlib.aclosing(_traced_stream(state, model, relay, message, time_remaining,
+                                                      is_prompt_only, request_span)) as stream:
+            async for response in stream:
+                yield response
+
+
+async def _traced_stream(state: GatewayState, model: ServedModel, relay: RelayContext,
+                         message: gateway_pb2.GenerateRequest, time_remaining: float | None, is_prompt_only: bool,
+                         request_span) -> AsyncIterator[generation_pb2.GenerateResponse]:
     relay.stats.num_requests += 1
     request_id = message.request_id or "(unnamed)"
     try:
-        prepared = replace(prepare_request(message, model, state.limits), is_prompt_only=is_prompt_only)
+        with span("gateway.tokenize"):
+            prepared = replace(prepare_request(message, model, state.limits), is_prompt_only=is_prompt_only)
         request_id = prepared.request_id
         bind_request_id(request_id)
+        request_span.set_attributes({"pdserve.request_id": request_id, "pdserve.n": prepared.n,
+                                     "pdserve.num_prompt_tokens": len(prepared.prompt_token_ids)})
         timer = RequestTimer(state.metrics, model.name, request_id)
         logger.info("request %s received: %d prompt tokens, n=%d", request_id, len(prepared.prompt_token_ids),
                     prepared.n, extra={"request_id": request_id, "num_prompt_tokens": len(prepared.prompt_token_ids)})
@@ -70,23 +84,31 @@ async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequ
         stream = relay_request(relay, prepared, deadline)
         async with contextlib.aclosing(stream):
             async for response in stream:
+                has_first_token = timer.first_token_at is not None
                 timer.on_message(response)
+                if not has_first_token and timer.first_token_at is not None:
+                    request_span.add_event("first_token")
                 yield response
         relay.stats.num_completed += 1
         timer.finish(len(prepared.prompt_token_ids))
+        request_span.set_attributes({"pdserve.finish_reason": ",".join(sorted(set(timer.finish_reasons))) or "none",
+                                     "pdserve.num_generated_tokens": timer.num_generated_tokens})
     except GatewayError as error:
         relay.stats.record_failure(error.code.name)
+        record_failure(request_span, error.code.name, error.message)
         logger.info("request %s failed: %s %s", request_id, error.code.name, error.message[:300],
                     extra={"request_id": request_id, "status": error.code.name})
         raise
     except (asyncio.CancelledError, GeneratorExit):
         relay.stats.num_cancelled += 1
+        request_span.add_event("cancelled")
         logger.info("request %s cancelled by the client (or its deadline)", request_id,
                     extra={"request_id": request_id, "status": grpc.StatusCode.CANCELLED.name})
         raise
     except Exception as error:
         answer = from_exception(error)
         relay.stats.record_failure(answer.code.name)
+        record_failure(request_span, answer.code.name, answer.message)
         logger.exception("request %s failed in the gateway", request_id,
                          extra={"request_id": request_id, "status": answer.code.name})
         raise answer from error

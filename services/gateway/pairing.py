@@ -1,5 +1,7 @@
 """Which prefill and decode instances may work together: only those whose registered cache
-settings agree (shared.cluster.cache_settings.PAIRED_FIELDS), since a prefill instance writes
+settings agree (shared.cluster.cache_settings.PAIRED_FIELDS) and whose KV wire protocol
+versions agree (shared.cluster.versions: during a rolling upgrade, old and new instances of
+different protocols run side by side and are never paired), since a prefill instance writes
 its KV straight into the decode instance's blocks. A pair that differs would miss the prefix
 cache silently or fail its KV transfer late; the gateway never forms one.
 
@@ -13,22 +15,44 @@ from dataclasses import dataclass, field
 
 from shared.cluster.cache_settings import cache_mismatches, paired_key
 from shared.cluster.instances import InstanceInfo, InstanceLoad
-from shared.engine.client import CacheSettings
+from shared.cluster.versions import UNREGISTERED_PROTOCOL
 
 logger = logging.getLogger(__name__)
 
 
-def can_pair(prefill_cache: CacheSettings | None, decode_cache: CacheSettings | None) -> bool:
-    """True when KV computed under `prefill_cache` can be used under `decode_cache`."""
-    key = paired_key(prefill_cache)
-    return key is not None and key == paired_key(decode_cache)
+def can_pair(prefill, decode) -> bool:
+    """True when KV that `prefill` computes can be used by `decode` (each an InstanceInfo or a
+    Candidate: their cache settings and KV protocol versions agree)."""
+    key = pairing_key(prefill)
+    return key is not None and key == pairing_key(decode)
 
 
-def describe_mismatch(prefill_id: str, prefill_cache: CacheSettings | None, decode_id: str,
-                      decode_cache: CacheSettings | None) -> str:
-    """e.g. "prefill p0 and decode d0 differ in cache settings (block_size 16 != 32)"."""
-    return (f"prefill {prefill_id} and decode {decode_id} differ in cache settings "
-            f"({', '.join(cache_mismatches(prefill_cache, decode_cache))})")
+def pairing_key(instance) -> tuple | None:
+    """Equal for two instances exactly when they can pair; None for one that registered no
+    cache settings or no KV protocol version."""
+    key = paired_key(instance.cache)
+    if key is None or instance.kv_protocol_version == UNREGISTERED_PROTOCOL:
+        return None
+    return (*key, instance.kv_protocol_version)
+
+
+def describe_mismatch(prefill, decode) -> str:
+    """e.g. "prefill p0 and decode d0 differ in cache settings (block_size 16 != 32)", or
+    "... differ in KV protocol version (2 != 3; pdserve 0.1.0 != 0.2.0)"."""
+    reasons = []
+    cache_reasons = cache_mismatches(prefill.cache, decode.cache)
+    if cache_reasons:
+        reasons.append(f"cache settings ({', '.join(cache_reasons)})")
+    if prefill.kv_protocol_version != decode.kv_protocol_version or (
+            prefill.kv_protocol_version == UNREGISTERED_PROTOCOL):
+        reasons.append(f"KV protocol version ({_protocol(prefill)} != {_protocol(decode)}; "
+                       f"pdserve {prefill.pdserve_version or '?'} != {decode.pdserve_version or '?'})")
+    return f"prefill {prefill.instance_id} and decode {decode.instance_id} differ in {' and '.join(reasons)}"
+
+
+def _protocol(instance) -> str:
+    version = instance.kv_protocol_version
+    return "unregistered" if version == UNREGISTERED_PROTOCOL else str(version)
 
 
 @dataclass
@@ -42,11 +66,10 @@ class PairingMonitor:
         prefills = [info for info in infos if info.role == "prefill"]
         decodes = [info for info in infos if info.role == "decode"]
         incompatible = {(p.instance_id, d.instance_id): (p, d) for p in prefills for d in decodes
-                        if not can_pair(p.cache, d.cache)}
+                        if not can_pair(p, d)}
         for key in sorted(incompatible.keys() - self._reported):
             prefill, decode = incompatible[key]
-            logger.warning("%s: never paired", describe_mismatch(prefill.instance_id, prefill.cache,
-                                                                 decode.instance_id, decode.cache))
+            logger.warning("%s: never paired", describe_mismatch(prefill, decode))
             self.num_pairs_reported += 1
         self._reported = set(incompatible)  # a pair that leaves and returns is logged again
         self.num_incompatible_pairs = len(incompatible)

@@ -19,7 +19,7 @@ def best_holder(target: Candidate, candidates: Iterable[Candidate]) -> Candidate
     `target` holds locally; ties go to the least loaded. None when nobody holds more."""
     holders = [c for c in candidates
                if c.instance_id != target.instance_id and not c.is_suspect and c.prefix_blocks > target.local_blocks
-               and can_pair(c.cache, target.cache)]
+               and can_pair(c, target)]
     if not holders:
         return None
     return min(holders, key=lambda c: (-c.prefix_blocks, c.queue_depth + c.num_running, c.instance_id))

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from shared.pb.pdserve.v1 import instance_pb2
+from shared.tracing import record_failure, span
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error
@@ -44,21 +45,36 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
         ctx.stats.num_prefill_retries += attempt > 0
         target = choice.ranked[0]
         add_peer_source(message, target, candidates)  # peer reuse: who holds more of the prompt
-        call = ctx.channels.stub(target.grpc_address).StreamPrefill(message, timeout=deadline.remaining())
-        try:
-            async for event in call:
-                yield event
-            return
-        except grpc.aio.AioRpcError as error:
-            await _note_failure(ctx, sub, reservation, target, error, failed)
-        finally:
-            if not call.done():
-                call.cancel()
+        with span("gateway.prefill", {"pdserve.prefill_instance": target.instance_id, "pdserve.attempt": attempt,
+                                      "pdserve.route_reason": choice.reason if attempt == 0 else "retry",
+                                      "pdserve.candidates": [c.instance_id for c in choice.ranked]},
+                  kind="client") as attempt_span:
+            call = ctx.channels.stub(target.grpc_address).StreamPrefill(message, timeout=deadline.remaining())
+            try:
+                async for event in call:
+                    if event.HasField("done"):
+                        attempt_span.set_attributes(_outcome_attributes(event.done))
+                    else:
+                        attempt_span.add_event("first_token")
+                    yield event
+                return
+            except grpc.aio.AioRpcError as error:
+                record_failure(attempt_span, error.code().name, error.details() or "")
+                await _note_failure(ctx, sub, reservation, target, error, failed)
+            finally:
+                if not call.done():
+                    call.cancel()
     if not failed and reservation is not None:
         raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no live prefill instance can pair with decode "
                                                         f"{reservation.decode.instance_id}")
     raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                        f"prefill failed on every instance tried: {failed or 'none live'}")
+
+
+def _outcome_attributes(done: instance_pb2.PrefillResponse) -> dict[str, int | float]:
+    return {"pdserve.num_computed_prompt_tokens": done.num_computed_prompt_tokens,
+            "pdserve.num_cached_prompt_tokens": done.num_cached_prompt_tokens,
+            "pdserve.kv_bytes": done.kv_bytes_sent, "pdserve.kv_transfer_seconds": done.kv_transfer_seconds}
 
 
 async def _note_failure(ctx: RelayContext, sub: SubRequest, reservation: Reservation | None, target: Candidate,

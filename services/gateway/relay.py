@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from shared.pb.pdserve.v1 import generation_pb2
+from shared.tracing import span
 
 from services.gateway import router
 from services.gateway.colocated import run_colocated
@@ -27,8 +28,11 @@ logger = logging.getLogger(__name__)
 
 async def relay_request(ctx: RelayContext, request: PreparedRequest,
                         deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
-    candidates = await ctx.view.candidates(request.hashes)
-    route = router.plan_route(candidates, ctx.prefer_colocated)
+    with span("gateway.route") as route_span:
+        candidates = await ctx.view.candidates(request.hashes)
+        route = router.plan_route(candidates, ctx.prefer_colocated)
+        route_span.set_attributes({"pdserve.route": route or "none",
+                                   "pdserve.candidates": [c.instance_id for c in candidates]})
     if route is None:
         raise no_instances(router.no_pair_reason(candidates))
     logger.info("request %s routed: %d prompt tokens, n=%d, %s route", request.request_id,

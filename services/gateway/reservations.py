@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from shared.pb.pdserve.v1 import instance_pb2
+from shared.tracing import add_event, span
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
@@ -53,6 +54,17 @@ async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
     instance can pair with) that grants a reservation."""
     choice = rank(pairable_decodes(candidates), "decode", excluded=excluded)
     ctx.stats.record_route("decode", choice.reason)
+    with span("gateway.reserve", {"pdserve.candidates": [c.instance_id for c in choice.ranked],
+                                  "pdserve.route_reason": choice.reason}) as reserve_span:
+        reservation = await _reserve_on_first(ctx, sub, candidates, choice, deadline, excluded)
+        reserve_span.set_attributes({"pdserve.decode_instance": reservation.decode.instance_id,
+                                     "pdserve.num_blocks": len(reservation.reply.block_ids),
+                                     "pdserve.num_cached_prompt_tokens": reservation.reply.num_cached_prompt_tokens})
+        return reservation
+
+
+async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate], choice,
+                            deadline: Deadline, excluded: Collection[str]) -> Reservation:
     if not choice.ranked:
         remaining = [c for c in candidates if c.instance_id not in excluded]
         raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no decode instance to reserve on: "
@@ -76,6 +88,9 @@ async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
         except grpc.aio.AioRpcError as error:
             if error.code() in UNANSWERED_CODES:
                 release_unanswered(ctx, decode, sub.request_id)
+            add_event("reserve_failed", {"pdserve.instance": decode.instance_id,
+                                         "rpc.grpc.status_code": error.code().name,
+                                         "message": (error.details() or "")[:300]})
             num_refused += _note_reserve_failure(ctx, sub, decode, error)
     if num_refused:
         raise no_capacity(num_refused)

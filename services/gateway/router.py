@@ -9,16 +9,17 @@ docs/kv_tiers.md), so a pool hit still wins a tie against the same run in a tier
 breaks remaining ties, so decisions are deterministic. Instances that already failed for
 this request are excluded; instances that failed recently for any request ("suspect") go
 last. `plan_route` decides between the disaggregated pair and a colocated instance. A prefill
-and a decode instance form a pair only when their cache settings agree (services.gateway.pairing).
+and a decode instance form a pair only when their cache settings and KV protocol versions agree
+(services.gateway.pairing).
 """
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from shared.cluster.cache_settings import paired_key
+from shared.cluster.versions import KV_PROTOCOL_VERSION
 from shared.engine.client import CacheSettings
 
-from services.gateway.pairing import can_pair, describe_mismatch
+from services.gateway.pairing import can_pair, describe_mismatch, pairing_key
 
 DISAGGREGATED = "disaggregated"
 TIER_BLOCK_WEIGHT = 0.9
@@ -38,6 +39,8 @@ class Candidate:
     queue_depth: int = 0
     is_suspect: bool = False
     cache: CacheSettings | None = None  # as registered; None: an instance that registered none
+    kv_protocol_version: int = KV_PROTOCOL_VERSION  # as registered (shared.cluster.versions)
+    pdserve_version: str = ""
 
 
     @property
@@ -96,13 +99,13 @@ def _reason(ranked: list[Candidate]) -> str:
 def pairable_decodes(candidates: Iterable[Candidate]) -> list[Candidate]:
     """Decode instances that some live prefill instance can feed."""
     candidates = list(candidates)
-    prefill_keys = {paired_key(c.cache) for c in candidates if c.role == "prefill"} - {None}
-    return [c for c in candidates if c.role == "decode" and paired_key(c.cache) in prefill_keys]
+    prefill_keys = {pairing_key(c) for c in candidates if c.role == "prefill"} - {None}
+    return [c for c in candidates if c.role == "decode" and pairing_key(c) in prefill_keys]
 
 
 def prefills_for(decode: Candidate, candidates: Iterable[Candidate]) -> list[Candidate]:
     """Prefill instances whose KV `decode` can take."""
-    return [c for c in candidates if c.role == "prefill" and can_pair(c.cache, decode.cache)]
+    return [c for c in candidates if c.role == "prefill" and can_pair(c, decode)]
 
 
 def plan_route(candidates: Iterable[Candidate], prefer_colocated: bool = False) -> str | None:
@@ -131,5 +134,5 @@ def no_pair_reason(candidates: Iterable[Candidate]) -> str:
         return f"no live {' or '.join(missing)} instance"
     prefill = min((c for c in candidates if c.role == "prefill"), key=lambda c: c.instance_id)
     decode = min((c for c in candidates if c.role == "decode"), key=lambda c: c.instance_id)
-    mismatch = describe_mismatch(prefill.instance_id, prefill.cache, decode.instance_id, decode.cache)
+    mismatch = describe_mismatch(prefill, decode)
     return f"no prefill and decode instance can pair: {mismatch}"

@@ -28,6 +28,7 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from services.common.grpc_limits import message_size_options
 from services.common.grpc_server import GrpcServer
 from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.tracing_interceptors import server_interceptors
 from services.gateway.access_interceptor import AccessInterceptor
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
@@ -62,7 +63,8 @@ class GatewayServer:
         self.state.metrics = self.metrics
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any
         self.access = access_control(settings)
-        interceptors = [MalformedRequestInterceptor(settings.request_read_timeout_s), AccessInterceptor(self.access)]
+        interceptors = [*server_interceptors(), MalformedRequestInterceptor(settings.request_read_timeout_s),
+                        AccessInterceptor(self.access)]
         servicer = GatewayServicer(self.state)
         self.grpc = GrpcServer(GATEWAY_SERVICE_NAME, lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(
                                    servicer, server),

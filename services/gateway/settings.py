@@ -19,6 +19,7 @@ from shared.logging_setup import LOG_FORMATS
 
 from services.common.settings_flags import add_config_flag, add_settings_flags
 from services.common.settings_flags import settings_from_args as load_from_args
+from services.common.tracing_setup import TracingSettings
 from services.gateway.limits import RequestLimits
 from services.gateway.placement import PlacementPolicy
 from services.gateway.placement_profile import load_profile, placement_policy
@@ -37,7 +38,7 @@ def _setting(default, help_text: str, **constraints):
     return Field(default=default, description=help_text, **constraints)
 
 
-class GatewaySettings(RequestLimits):
+class GatewaySettings(RequestLimits, TracingSettings):
     model: str | None = _setting(None, "HF folder, .gguf file or model name (none: the bundled "
                                        "SmolLM2-135M-Instruct)")
     host: str = _setting("127.0.0.1", "address to bind")

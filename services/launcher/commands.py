@@ -24,6 +24,14 @@ def _model_args(config: StackConfig) -> list[str]:
     return ["--model", config.model] if config.model else []
 
 
+def tracing_argv(config: StackConfig) -> list[str]:
+    """The tracing flags every child gets (none while tracing is off)."""
+    if not config.otlp_traces_endpoint:
+        return []
+    return [f"--otlp-traces-endpoint={config.otlp_traces_endpoint}",
+            f"--otlp-traces-sample-ratio={config.otlp_traces_sample_ratio}"]
+
+
 def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
                   ready_file: Path, num_threads: int | None = None) -> list[str]:
     """`python -m services.prefill|services.decode ...` for one engine instance (ports 0,
@@ -43,7 +51,7 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
         argv += ["--num-threads", str(num_threads)]
     if config.deterministic:
         argv.append("--deterministic")
-    return argv + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
+    return argv + tracing_argv(config) + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
 
 
 def gateway_argv(config: StackConfig, redis_url: str, ready_file: Path) -> list[str]:
@@ -55,7 +63,7 @@ def gateway_argv(config: StackConfig, redis_url: str, ready_file: Path) -> list[
         f"--http-port={config.gateway_http_port}", "--metrics-port", "0", "--redis-url", redis_url,
         "--ready-file", str(ready_file), *_model_args(config),
     ]
-    return argv + config.extra_args.get("gateway", [])
+    return argv + tracing_argv(config) + config.extra_args.get("gateway", [])
 
 
 def child_env(config: StackConfig) -> dict[str, str]:

@@ -66,6 +66,9 @@ class StackConfig:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     # Deployment name the restart board is published under (as the services' --deployment).
     deployment: str = "default"
+    # Every child exports OpenTelemetry traces here (--otlp-traces-endpoint; '' = off).
+    otlp_traces_endpoint: str = ""
+    otlp_traces_sample_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:

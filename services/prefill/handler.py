@@ -30,6 +30,7 @@ from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.sampling.params import SamplingParams
+from shared.tracing import record_failure, span
 from shared.transfer.address import parse_address
 from shared.wire.outputs import logprobs_to_proto
 from shared.wire.sampling import sampling_from_proto
@@ -125,7 +126,9 @@ class PrefillHandler(RoleHandler):
         """The first token as soon as it is sampled (unless it only comes with the final output:
         nothing to send), then the outcome."""
         check_transfer_request(request, self.engine.info.cache.block_size)
-        num_pulled = await self.peers.pull(request)
+        with span("prefill.peer_pull") as pull_span:
+            num_pulled = await self.peers.pull(request)
+            pull_span.set_attribute("pdserve.num_pulled_tokens", num_pulled)
         params = sampling_from_proto(request.sampling)
         num_resumed = request.num_resumed_output_tokens
         generate = GenerateRequest(
@@ -134,17 +137,24 @@ class PrefillHandler(RoleHandler):
             request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
         text, first_sent, output = FirstTokenText(params), False, None
         started, first_token_s = time.perf_counter(), None
-        try:
-            async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
-                async for output in outputs:
-                    if not first_sent and not output.finished and output.outputs[0].token_ids:
-                        first_sent, first_token_s = True, time.perf_counter() - started
-                        message = first_token_message(output, text.first(output.outputs[0].delta_text))
-                        if with_first_token:
-                            yield pb.PrefillEvent(first_token=message)
-        except KVTransferFailedError as error:
-            raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
-                                                        f"{request.decode_ucx_address} failed: {error}") from error
+        with span("prefill.engine", {"pdserve.request_id": request.request_id,
+                                     "pdserve.num_prompt_tokens": len(request.prompt_token_ids)}) as engine_span:
+            try:
+                async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
+                    async for output in outputs:
+                        if not first_sent and not output.finished and output.outputs[0].token_ids:
+                            first_sent, first_token_s = True, time.perf_counter() - started
+                            engine_span.add_event("first_token")
+                            message = first_token_message(output, text.first(output.outputs[0].delta_text))
+                            if with_first_token:
+                                yield pb.PrefillEvent(first_token=message)
+            except KVTransferFailedError as error:
+                record_failure(engine_span, "ABORTED", f"KV transfer failed: {error}",
+                               **{"pdserve.failure": "kv_transfer"})
+                raise ServiceError(grpc.StatusCode.ABORTED, f"KV transfer of {request.request_id!r} to "
+                                                            f"{request.decode_ucx_address} failed: {error}") from error
+            if output is not None:
+                engine_span.set_attributes(_send_attributes(request, output))
         check_not_aborted(request, output)
         self.peers.record_prompt(len(request.prompt_token_ids) - output.num_cached_tokens,
                                  first_token_s or time.perf_counter() - started)
@@ -165,6 +175,17 @@ class PrefillHandler(RoleHandler):
             if end is not None:
                 add_ending(response, end)
         return response
+
+
+def _send_attributes(request: pb.PrefillRequest, output: RequestOutput) -> dict[str, object]:
+    """The prompt's outcome on the prefill side: cached tokens, and the KV send's bytes,
+    blocks, duration and outcome."""
+    sent = output.kv_transfer or NOTHING_SENT
+    outcome = "none" if is_prompt_only(request) else "failed" if output.kv_transfer_error else "sent"
+    return {"pdserve.num_cached_prompt_tokens": output.num_cached_tokens,
+            "pdserve.kv_send.outcome": outcome, "pdserve.kv_send.bytes": sent.num_bytes,
+            "pdserve.kv_send.blocks": max(0, len(request.dst_block_ids) - request.num_skip_blocks),
+            "pdserve.kv_send.seconds": sent.seconds}
 
 
 def check_not_aborted(request: pb.PrefillRequest, output: RequestOutput | None) -> None:

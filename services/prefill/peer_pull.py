@@ -29,6 +29,7 @@ from shared.kv_tier.stats import TierCounters
 from shared.pb.pdserve.v1 import instance_pb2 as pb, instance_pb2_grpc
 from shared.sampling.params import SamplingParams
 from services.common.grpc_limits import message_size_options
+from services.common.tracing_interceptors import client_interceptors
 from services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
@@ -147,8 +148,11 @@ class PeerPuller:
     def _stub(self, address: str) -> instance_pb2_grpc.InstanceStub:
         if address not in self._stubs:
             options = message_size_options()
-            channel = (grpc.aio.insecure_channel(address, options=options) if self._credentials is None
-                       else grpc.aio.secure_channel(address, self._credentials, options=options))
+            interceptors = client_interceptors()
+            channel = (grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+                       if self._credentials is None
+                       else grpc.aio.secure_channel(address, self._credentials, options=options,
+                                                    interceptors=interceptors))
             self._channels.append(channel)
             self._stubs[address] = instance_pb2_grpc.InstanceStub(channel)
         return self._stubs[address]

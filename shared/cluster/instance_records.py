@@ -1,5 +1,5 @@
-"""What an engine instance tells the cluster about itself: identity and cache settings
-(InstanceInfo) and current load (InstanceLoad), plus their flat Redis-hash encoding (plain
+"""What an engine instance tells the cluster about itself: identity, cache settings and
+versions (InstanceInfo) and current load (InstanceLoad), plus their flat Redis-hash encoding (plain
 string fields; the cache settings as `cache_*` fields, shared.cluster.cache_settings).
 
 InstanceRegistry writes and reads these; gateways use them to pick instances.
@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 
 from shared.cluster.cache_settings import decode_cache_settings, encode_cache_settings, validate_cache_settings
 from shared.cluster.keys import validate_name
+from shared.cluster.versions import KV_PROTOCOL_VERSION, PDSERVE_VERSION, UNREGISTERED_PROTOCOL
 from shared.engine.client import CacheSettings
 from shared.errors import InvalidRequestError
 
@@ -35,6 +36,10 @@ class InstanceInfo:
     cache: CacheSettings | None = None
     # Its host's KV tiers in the prefix index ("": none; absent from older records).
     kv_tier_id: str = ""
+    # Rolling upgrades (shared.cluster.versions): gateways pair only equal KV protocol versions;
+    # a record without one (an older release) reads as UNREGISTERED_PROTOCOL and pairs with nobody.
+    pdserve_version: str = PDSERVE_VERSION
+    kv_protocol_version: int = KV_PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         validate_name("instance_id", self.instance_id)
@@ -48,6 +53,11 @@ class InstanceInfo:
             validate_cache_settings(self.cache)
         if self.kv_tier_id:
             validate_name("kv_tier_id", self.kv_tier_id)
+        if not isinstance(self.pdserve_version, str):
+            raise InvalidRequestError("pdserve_version", f"must be a string, got {self.pdserve_version!r}")
+        if (isinstance(self.kv_protocol_version, bool) or not isinstance(self.kv_protocol_version, int)
+                or self.kv_protocol_version < 0):
+            raise InvalidRequestError("kv_protocol_version", f"must be an int >= 0, got {self.kv_protocol_version!r}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ class InstanceLoad:
             )
 
 
-_OPTIONAL_FIELDS = ("cache", "kv_tier_id")
+_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version")
 _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
 
@@ -81,6 +91,8 @@ def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
     encoded.update((name, str(value)) for name, value in asdict(load).items())
     if info.kv_tier_id:
         encoded["kv_tier_id"] = info.kv_tier_id
+    encoded["pdserve_version"] = info.pdserve_version
+    encoded["kv_protocol_version"] = str(info.kv_protocol_version)
     if info.cache is not None:
         encoded.update(encode_cache_settings(info.cache))
     return encoded
@@ -89,6 +101,8 @@ def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
 def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, InstanceLoad]:
     """Inverse of encode_instance. Raises KeyError/ValueError on a malformed hash."""
     info = InstanceInfo(**{name: hash_fields[name] for name in _IDENTITY_FIELDS},
-                        cache=decode_cache_settings(hash_fields), kv_tier_id=hash_fields.get("kv_tier_id", ""))
+                        cache=decode_cache_settings(hash_fields), kv_tier_id=hash_fields.get("kv_tier_id", ""),
+                        pdserve_version=hash_fields.get("pdserve_version", ""),
+                        kv_protocol_version=int(hash_fields.get("kv_protocol_version", UNREGISTERED_PROTOCOL)))
     load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in fields(InstanceLoad)})
     return info, load

@@ -10,6 +10,7 @@ import itertools
 import logging
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from shared.config import EngineConfig
@@ -96,6 +97,8 @@ class EngineCore:
         self._sends_started_in_step: set[str] = set()
         # Outcomes of KV received for requests waiting for it, not yet drained (request id, error).
         self._kv_arrivals: list[tuple[str, str | None]] = []
+        # Called with each step's scheduler and runner outputs once applied (request tracing).
+        self.step_listener: Callable[[SchedulerOutput, ModelRunnerOutput], None] | None = None
 
     def shutdown(self) -> None:
         """Release the KV connector and the executor (stops worker processes, if any)."""
@@ -366,6 +369,8 @@ class EngineCore:
     def _apply(self, scheduler_output: SchedulerOutput, failed: dict[str, str],
                runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         self.tiers.applied(scheduler_output)
+        if self.step_listener is not None:
+            self.step_listener(scheduler_output, runner_output)
         failed_requests = self._fail_requests({**failed, **runner_output.failed})
         updated = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids,
                                                     runner_output.verified)

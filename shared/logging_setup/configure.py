@@ -18,7 +18,8 @@ CHILD_LOGGING_ENV_VAR = "PDSERVE_LOG_INHERITED"
 
 
 class _TextFormatter(logging.Formatter):
-    """The plain format, with ` [request_id]` after the logger name when a line has one."""
+    """The plain format, with ` [request_id]` after the logger name when a line has one
+    (` [request_id trace=<trace id>]` inside a traced request)."""
 
     def __init__(self, prefix: str):
         super().__init__(f"%(asctime)s %(levelname)s {prefix}%(name)s%(request_tag)s: %(message)s")
@@ -27,7 +28,9 @@ class _TextFormatter(logging.Formatter):
         # A copy: other handlers (a JSON one, pytest's) format the same record after this one.
         tagged = logging.makeLogRecord(record.__dict__)
         request_id = getattr(record, "request_id", None)
-        tagged.request_tag = f" [{request_id}]" if request_id else ""
+        trace_id = getattr(record, "trace_id", None)
+        tags = " ".join(filter(None, (request_id, f"trace={trace_id}" if trace_id else None)))
+        tagged.request_tag = f" [{tags}]" if tags else ""
         return super().format(tagged)
 
 

@@ -19,8 +19,8 @@ from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.chunks import num_rows
 from shared.transfer.errors import KVTransferError
+from shared.transfer.protocol import FORMAT_VERSION
 
-FORMAT_VERSION = 2  # 2: payload in chunks with per-chunk CRC-32 trailers (1: one message, one CRC)
 _WIRE_DTYPES = {
     torch.float32: pb.KV_DTYPE_FLOAT32,
     torch.float16: pb.KV_DTYPE_FLOAT16,

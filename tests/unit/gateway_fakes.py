@@ -65,10 +65,12 @@ class Behaviour:
 
 
 class FakeInstance(instance_pb2_grpc.InstanceServicer):
-    def __init__(self, instance_id: str, role: str, behaviour: Behaviour | None = None, **cache_changes):
+    def __init__(self, instance_id: str, role: str, behaviour: Behaviour | None = None,
+                 versions: dict[str, object] | None = None, **cache_changes):
         self.instance_id = instance_id
         self.role = role
         self.behaviour = behaviour or Behaviour()
+        self.versions = versions or {}  # registered pdserve_version / kv_protocol_version (default: current)
         self.cache_changes = cache_changes  # registered cache settings that differ from the usual
         self.block_size = cache_changes.get("block_size", FAKE_BLOCK_SIZE)
         self.calls: list[tuple[str, object]] = []  # (method, request message)
@@ -212,7 +214,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
 async def register(registry: InstanceRegistry, fake: FakeInstance, model: str,
                    load: InstanceLoad = InstanceLoad(0, 0, 50, 100)) -> None:
     info = InstanceInfo(fake.instance_id, fake.role, fake.address, f"ucx-{fake.instance_id}", model,
-                        cache=fake_cache_settings(model, **fake.cache_changes))
+                        cache=fake_cache_settings(model, **fake.cache_changes), **fake.versions)
     await registry.register(info, load)
 
 

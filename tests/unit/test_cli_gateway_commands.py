@@ -11,6 +11,7 @@ from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistr
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.leases import LeaseTable
+from shared.cluster.versions import KV_PROTOCOL_VERSION, PDSERVE_VERSION
 from tests.helpers.redis_server import connect_async
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.gateway_fakes import Behaviour, FakeInstance, fake_cache_settings
@@ -66,14 +67,17 @@ def test_status_lists_instances_and_leases(redis_server, capsys):
     table = capsys.readouterr().out
     assert "2 live instances" in table and "1 block leases" in table
     rows = [line.split() for line in table.splitlines()]
-    assert ["d0", "decode", "127.0.0.1:7001", "127.0.0.1:9001", "2", "3", "40/64", "16/sha256/bfloat16/tp1"] in rows
-    assert ["p0", "prefill", "127.0.0.1:7002", "-", "1", "0", "64/64", "-"] in rows  # registered no settings
+    version = f"{PDSERVE_VERSION}/kv{KV_PROTOCOL_VERSION}"  # pdserve and KV wire protocol versions
+    assert ["d0", "decode", "127.0.0.1:7001", "127.0.0.1:9001", "2", "3", "40/64", "16/sha256/bfloat16/tp1",
+            version] in rows
+    assert ["p0", "prefill", "127.0.0.1:7002", "-", "1", "0", "64/64", "-", version] in rows  # no cache settings
     assert "req-9" in table
     args = build_parser().parse_args(base + ["--json"])
     assert args.run(args) == 0
     status = json.loads(capsys.readouterr().out)
     assert [i["instance_id"] for i in status["instances"]] == ["d0", "p0"]
     assert status["instances"][0]["cache"]["block_size"] == 16 and status["instances"][1]["cache"] is None
+    assert status["instances"][0]["kv_protocol_version"] == KV_PROTOCOL_VERSION
     assert status["leases"][0]["block_ids"] == [4, 5, 6]
 
 

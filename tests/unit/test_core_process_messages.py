@@ -34,6 +34,11 @@ SERVICE_MESSAGES = [
                                                  guided=GuidedDecodingParams(regex="[0-9]+")),
                cache_salt="tenant", num_resumed_output_tokens=1, kv_send=SEND),
     ReserveKV(3, "r4", [1, 2, 3], SamplingParams(max_tokens=4), "tenant", 0),
+    # A traced request carries its caller's W3C trace context (shared.tracing).
+    ReserveKV(5, "r6", [1, 2], SamplingParams(max_tokens=2), None, 0,
+              {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+    AddRequest("r7", [4], SamplingParams(), trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                                                                           "00f067aa0ba902b7-01", "tracestate": "a=1"}),
     StartReserved("r4", 17, SampledLogprobs(-0.25, [(17, -0.25)])),
     PrefillReserved("r5"),
     ReleaseKV(4, "r4"),

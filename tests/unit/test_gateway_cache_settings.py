@@ -10,6 +10,7 @@ import logging
 import grpc
 import pytest
 
+from shared.cluster.versions import KV_PROTOCOL_VERSION, PDSERVE_VERSION, UNREGISTERED_PROTOCOL
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.gateway_fakes import Behaviour, FakeInstance
@@ -89,4 +90,53 @@ def test_the_prefill_skips_the_blocks_the_decode_instance_says_it_holds(redis_se
             await gate.add(p0, d0)
             await collect(gate.stub.Generate(generate_request()))
             assert p0.requests_of("StreamPrefill")[0].num_skip_blocks == 1
+    run(scenario)
+
+
+def test_instances_of_two_kv_protocol_versions_run_side_by_side_and_are_never_paired(  # noqa: F811
+        redis_server, model, caplog):
+    """A rolling upgrade: old (protocol 1, pdserve 0.0.9) and new instances of both roles are
+    live at once; each request goes to a same-version pair, mixed pairs are logged once and
+    counted, and an instance that registered no protocol (an older release) pairs with nobody."""
+    caplog.set_level(logging.WARNING, logger="services.gateway.pairing")
+    old = {"kv_protocol_version": 1, "pdserve_version": "0.0.9"}
+
+    async def scenario():
+        async with gateway(redis_server.url, model, metrics_port=0) as gate:
+            # The old ones sort first by instance id, so the router would pick them first.
+            p_old, d_old = FakeInstance("p0-old", "prefill", versions=old), FakeInstance("d0-old", "decode", versions=old)
+            p_new, d_new = FakeInstance("p1-new", "prefill"), FakeInstance("d1-new", "decode")
+            await gate.add(p_old, d_old, p_new, d_new)
+            for request_id in ("r1", "r2", "r3"):
+                request = generate_request(max_tokens=3)
+                request.request_id = request_id
+                assert [t for m in await collect(gate.stub.Generate(request)) for t in m.token_ids] == [42, 43, 44]
+            pairs = {(p.instance_id, d.instance_id) for p in (p_old, p_new) for d in (d_old, d_new)
+                     for call, message in d.calls if call == "Decode"
+                     if any(name == "StreamPrefill" and m.request_id == message.request_id for name, m in p.calls)}
+            assert pairs <= {("p0-old", "d0-old"), ("p1-new", "d1-new")} and pairs
+            samples = await asyncio.to_thread(scrape, gate.server.metrics_address)
+            assert value(samples, "pdserve:gateway_live_incompatible_pairs") == 2
+            assert value(samples, "pdserve:gateway_incompatible_pairs_total") == 2
+        warnings = sorted(pairing_warnings(caplog))
+        assert warnings == [
+            f"prefill p0-old and decode d1-new differ in KV protocol version (1 != {KV_PROTOCOL_VERSION}; "
+            f"pdserve 0.0.9 != {PDSERVE_VERSION}): never paired",
+            f"prefill p1-new and decode d0-old differ in KV protocol version ({KV_PROTOCOL_VERSION} != 1; "
+            f"pdserve {PDSERVE_VERSION} != 0.0.9): never paired"]
+    run(scenario)
+
+
+def test_an_instance_without_a_registered_protocol_pairs_with_nobody(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with gateway(redis_server.url, model) as gate:
+            p0 = FakeInstance("p0", "prefill", versions={"kv_protocol_version": UNREGISTERED_PROTOCOL,
+                                                         "pdserve_version": ""})
+            d0 = FakeInstance("d0", "decode")
+            await gate.add(p0, d0)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(gate.stub.Generate(generate_request()))
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "differ in KV protocol version (unregistered != " in caught.value.details()
+            assert (p0.methods(), d0.methods()) == ([], [])
     run(scenario)

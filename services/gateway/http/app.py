@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from shared.errors import InvalidRequestError
 from shared.metrics.registry import CONTENT_TYPE_LATEST, render
+from shared.tracing import is_enabled as tracing_is_enabled
 
 from services.gateway.errors import GatewayError
 from services.gateway.generation import GatewayState, require_ready
@@ -31,6 +32,7 @@ from services.gateway.http.prompt_tokens import echoed, tokenized
 from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
+from services.gateway.http.tracing_middleware import TracingMiddleware
 from services.gateway.http.unicode_check import check_encodable
 
 OWNER = "pdserve"
@@ -114,7 +116,9 @@ def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl 
     app = FastAPI(title="pdserve gateway", summary="OpenAI-compatible API of the pdserve gateway")
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_request_bytes)
-    app.add_middleware(AccessMiddleware, access=access or AccessControl())  # outermost: runs first
+    app.add_middleware(AccessMiddleware, access=access or AccessControl())
+    if tracing_is_enabled():  # outermost: a refused request is traced too
+        app.add_middleware(TracingMiddleware)
     app.add_api_route("/v1/completions", endpoints.create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", endpoints.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])

@@ -37,6 +37,7 @@ from shared.engine.output_processor import OutputProcessor
 from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.executor.base import SampledLogprobs
+from shared.tracing import inject_context
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class CoreProcessClient:
         self._check_alive()
         self._check_request(request)
         message = AddRequest(request.request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                             request.num_resumed_output_tokens, request.kv_send)
+                             request.num_resumed_output_tokens, request.kv_send, inject_context())
         async for output in self._stream(request, message):
             yield output
 
@@ -234,10 +235,11 @@ class CoreProcessClient:
         if request_id in self._reservations or request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved or running")
         self._reservations[request_id] = ReservationWait(request=request)
+        trace_context = inject_context()
         try:
             result = await self._call(lambda call_id: ReserveKV(
                 call_id, request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                request.num_resumed_output_tokens))
+                request.num_resumed_output_tokens, trace_context))
         except BaseException:
             self._reservations.pop(request_id, None)
             if self.is_alive:  # cancelled while the core reserved: free what it may have made

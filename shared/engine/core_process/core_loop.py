@@ -22,6 +22,7 @@ import zmq
 
 from shared.core.request import RequestStatus
 from shared.engine.client import KVReservation
+from shared.engine.core_process.request_spans import RequestSpans
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests, KVArrival,
                                                  PrefillReserved, Query, Rejected, ReleaseKV, ReserveKV, SendCached,
                                                  ServiceMessage, Shutdown, StartReserved, StepOutputs,
@@ -30,6 +31,7 @@ from shared.engine.engine_core import EngineCore
 from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
 from shared.errors import InvalidRequestError
+from shared.tracing import is_enabled as tracing_is_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,10 @@ class CoreLoop:
             core.connector.set_wakeup(self.wakeup.wake)
         self.kv_transfer_address = engine_info(core).kv_transfer_address
         self._compiling: dict[str, tuple[Future, AddRequest]] = {}
+        # Each request's spans while tracing is on (None: off, nothing is tracked).
+        self.spans = RequestSpans() if tracing_is_enabled() else None
+        if self.spans is not None:
+            core.step_listener = self.spans.on_step_applied
         self._is_stopping = False
         self._last_status_time = float("-inf")
 
@@ -117,6 +123,8 @@ class CoreLoop:
         changed = self._wait_and_handle_messages(timeout)
         changed = self._admit_compiled() or changed
         self._send_transfers_ended()
+        if self.spans is not None:
+            self.spans.on_step_start()
         outputs = self.core.step()  # applies finished KV transfers first; no-op when idle
         arrivals = self._kv_arrivals()
         if outputs or arrivals or changed or is_stepping:
@@ -139,6 +147,9 @@ class CoreLoop:
 
     def _step_outputs(self, outputs: list, arrivals: list[KVArrival] | None = None) -> StepOutputs:
         """The outputs with the load, and the status when due or when the core went idle."""
+        if self.spans is not None:
+            self.spans.on_outputs(outputs)
+            self.spans.on_kv_arrivals(arrivals or ())
         now = time.monotonic()
         is_idle = self.core.scheduler.num_unfinished == 0
         status = None
@@ -164,6 +175,8 @@ class CoreLoop:
 
     def _handle(self, message: ServiceMessage) -> None:
         if isinstance(message, AddRequest):
+            if self.spans is not None:
+                self.spans.on_arrival(message.request_id, message.trace_context, "generate", message.kv_send)
             if message.params.guided is not None:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
@@ -178,6 +191,8 @@ class CoreLoop:
             for request_id in message.request_ids:
                 self._compiling.pop(request_id, None)
                 self.core.abort_request(request_id)
+                if self.spans is not None:
+                    self.spans.on_released(request_id, "abort")
         elif isinstance(message, FinishRequests):
             status = RequestStatus.FINISHED_STOPPED if message.reason == "stop" else RequestStatus.FINISHED_ERROR
             self.core.finish_requests(message.child_ids, status, message.error)
@@ -189,7 +204,12 @@ class CoreLoop:
             self.core.add_request(message.request_id, message.prompt_token_ids, message.params, message.cache_salt,
                                   message.num_resumed_output_tokens, message.kv_send)
         except InvalidRequestError as error:
-            self._send(Rejected(message.request_id, error.field, error.message))
+            self._reject(message.request_id, error.field, error.message)
+
+    def _reject(self, request_id: str, field: str, message: str) -> None:
+        if self.spans is not None:
+            self.spans.on_released(request_id, "rejected")
+        self._send(Rejected(request_id, field, message))
 
     def _start_reserved(self, message: StartReserved) -> None:
         try:
@@ -211,12 +231,14 @@ class CoreLoop:
         for request_id in ready:
             future, message = self._compiling.pop(request_id)
             error = future.exception()
+            if self.spans is not None:
+                self.spans.on_compiled(request_id, None if error is None else str(error))
             if error is None:
                 self._add(message)
             elif isinstance(error, InvalidRequestError):
-                self._send(Rejected(request_id, error.field, error.message))
+                self._reject(request_id, error.field, error.message)
             else:
-                self._send(Rejected(request_id, "guided", f"compiling the constraint failed: {error}"))
+                self._reject(request_id, "guided", f"compiling the constraint failed: {error}")
         return bool(ready)
 
     def _answer(self, call: ReserveKV | ReleaseKV | SendCached | Query) -> CallResult:
@@ -224,6 +246,8 @@ class CoreLoop:
             if isinstance(call, ReserveKV):
                 return CallResult(call.call_id, reservation=self._reserve(call))
             if isinstance(call, ReleaseKV):
+                if self.spans is not None:
+                    self.spans.on_released(call.request_id, "released")
                 return CallResult(call.call_id, released=self.core.release_reserved(call.request_id,
                                                                                    call.keep_arrived))
             if isinstance(call, SendCached):
@@ -235,8 +259,15 @@ class CoreLoop:
             return CallResult(call.call_id, error_kind="capacity", error=str(error))
 
     def _reserve(self, call: ReserveKV) -> KVReservation:
-        reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id, call.cache_salt,
-                                                call.num_resumed_output_tokens)
+        if self.spans is not None:
+            self.spans.on_arrival(call.request_id, call.trace_context, "reservation")
+        try:
+            reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id,
+                                                    call.cache_salt, call.num_resumed_output_tokens)
+        except BaseException:
+            if self.spans is not None:
+                self.spans.on_released(call.request_id, "refused")
+            raise
         return KVReservation(call.request_id, tuple(reservation.block_ids), reservation.num_cached_tokens,
                              reservation.num_skip_blocks, self.kv_transfer_address, reservation.transfer_token)
 

@@ -21,6 +21,7 @@ from shared.engine.introspection import engine_info
 from shared.engine.engine_core import EngineCore
 from shared.isolation import describe_error
 from shared.logging_setup import configure_child_logging
+from shared.tracing import configure_child_tracing, shutdown_tracing
 from shared.memory.idle_trim import HeapTrimmer
 
 logger = logging.getLogger("shared.engine.core_process")
@@ -71,6 +72,7 @@ def main() -> int:
     # stops (Shutdown after its drain), not the keyboard.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_child_logging(f"engine-core[{os.getpid()}]")
+    configure_child_tracing("pdserve-engine-core")
     try:
         startup = decode_startup(sys.stdin.buffer.read())
     except ProtocolError as error:
@@ -81,6 +83,8 @@ def main() -> int:
     except Exception:  # noqa: BLE001 - reported above; the exit status tells the service
         logger.exception("engine core failed")
         return 1
+    finally:
+        shutdown_tracing()  # exports the spans still buffered
     return 0
 
 

@@ -23,7 +23,7 @@ from shared.kv_transfer.types import KVSendParams
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 class ProtocolError(RuntimeError):
@@ -50,6 +50,8 @@ class AddRequest(msgspec.Struct, tag=True, frozen=True):
     num_resumed_output_tokens: int = 0
     # Prefill role: where the KV connector ships the prompt's KV once computed.
     kv_send: KVSendParams | None = None
+    # The caller's trace context (W3C traceparent/tracestate) while tracing is on.
+    trace_context: dict[str, str] | None = None
 
 
 class ReserveKV(msgspec.Struct, tag=True, frozen=True):
@@ -61,6 +63,7 @@ class ReserveKV(msgspec.Struct, tag=True, frozen=True):
     params: SamplingParams
     cache_salt: str | None = None
     num_resumed_output_tokens: int = 0
+    trace_context: dict[str, str] | None = None
 
 
 class StartReserved(msgspec.Struct, tag=True, frozen=True):
