@@ -18,6 +18,7 @@ from shared.executor.base import SampledLogprobs
 from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.types import (KVConnectorRole, KVConnectorStats, KVSendParams, KVTransferConfig,
                                       KVTransferResult)
+from shared.lora import LoRAConfig, LoRARequest
 from shared.sampling.params import SamplingParams
 
 LOAD = EngineLoad(num_waiting=1, num_running=2, num_reserved=0, num_free_blocks=7, num_total_blocks=64)
@@ -34,6 +35,8 @@ SERVICE_MESSAGES = [
                                                  guided=GuidedDecodingParams(regex="[0-9]+")),
                cache_salt="tenant", num_resumed_output_tokens=1, kv_send=SEND),
     ReserveKV(3, "r4", [1, 2, 3], SamplingParams(max_tokens=4), "tenant", 0),
+    AddRequest("r6", [5, 6], SamplingParams(), lora_request=LoRARequest("sql", 2, "/adapters/sql")),
+    ReserveKV(5, "r7", [1, 2, 3], SamplingParams(max_tokens=4), lora_request=LoRARequest("sql", 2, "/adapters/sql")),
     StartReserved("r4", 17, SampledLogprobs(-0.25, [(17, -0.25)])),
     PrefillReserved("r5"),
     ReleaseKV(4, "r4"),
@@ -73,6 +76,7 @@ def test_core_messages_round_trip(message):
 def test_startup_round_trips_the_engine_config():
     config = EngineConfig(model="/models/tiny", dtype="float32", num_threads=2,
                           cache=CacheConfig(block_size=4, num_blocks=64),
+                          lora=LoRAConfig(enable_lora=True, max_loras=2, max_lora_rank=8),
                           kv_transfer=KVTransferConfig("shared.transfer.ucx_connector:UCXConnector",
                                                        KVConnectorRole.CONSUMER, port=0))
     startup = CoreStartup(PROTOCOL_VERSION, config, "ipc:///tmp/x/requests", "ipc:///tmp/x/outputs",

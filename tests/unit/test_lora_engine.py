@@ -6,11 +6,15 @@ transformers. pdserve never merges: it adds each adapter's delta to its own rows
 mixes adapters and the base model. Every test checks that all KV blocks are free at its end.
 """
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from shared.engine import LLM, LoRARequest, SamplingParams
+from shared.engine.client import GenerateRequest
+from shared.engine.core_process.client import CoreProcessClient
+from shared.engine.llm import engine_config_from_kwargs
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from tests.helpers.greedy_compare import assert_greedy_agrees
@@ -195,3 +199,30 @@ def test_bf16_packed_model_applies_adapters(tiny_llama_folder, adapters, referen
     assert outputs[0].token_ids != outputs[1].token_ids
     assert_greedy_agrees(plain, PROMPTS[0], outputs[1].token_ids, base.token_ids)
     assert_pool_is_whole(llm)
+
+
+def test_the_engine_core_process_serves_adapters_beside_the_base(tiny_llama_folder, adapters, references):
+    """Through the typed engine API that services use (the core in a child process)."""
+    config = engine_config_from_kwargs(str(tiny_llama_folder), dtype="float32", block_size=4, num_blocks=64,
+                                       enable_lora=True, max_lora_rank=16)
+    cases = [(None, 0), ("attn-r4", 0), ("all-r8-rslora", 1), ("attn-r4", 2)]
+
+    async def generate(client, index, name, prompt_index):
+        request = GenerateRequest(f"r{index}", tuple(PROMPTS[prompt_index]), GREEDY,
+                                  lora_request=adapters[name] if name else None)
+        return [output async for output in client.generate(request)][-1].token_ids
+
+    async def main():
+        client = CoreProcessClient(config)
+        await client.start()
+        try:
+            results = await asyncio.gather(*(generate(client, index, *case) for index, case in enumerate(cases)))
+            assert list(results) == [references[name][p] for name, p in cases]
+            bad = GenerateRequest("bad", (1, 2, 3), GREEDY, lora_request=LoRARequest("gone", 9, "/nowhere"))
+            with pytest.raises(InvalidRequestError, match="not a folder"):
+                [output async for output in client.generate(bad)]
+            status = await client.status()
+            assert status.load.num_free_blocks == status.load.num_total_blocks
+        finally:
+            await client.stop()
+    asyncio.run(main())

@@ -187,7 +187,7 @@ class CoreLoop:
     def _add(self, message: AddRequest) -> None:
         try:
             self.core.add_request(message.request_id, message.prompt_token_ids, message.params, message.cache_salt,
-                                  message.num_resumed_output_tokens, message.kv_send)
+                                  message.num_resumed_output_tokens, message.kv_send, message.lora_request)
         except InvalidRequestError as error:
             self._send(Rejected(message.request_id, error.field, error.message))
 
@@ -236,7 +236,7 @@ class CoreLoop:
 
     def _reserve(self, call: ReserveKV) -> KVReservation:
         reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id, call.cache_salt,
-                                                call.num_resumed_output_tokens)
+                                                call.num_resumed_output_tokens, call.lora_request)
         return KVReservation(call.request_id, tuple(reservation.block_ids), reservation.num_cached_tokens,
                              reservation.num_skip_blocks, self.kv_transfer_address, reservation.transfer_token)
 

@@ -20,10 +20,11 @@ from shared.engine.client import (CachedSend, EngineInfo, EngineLoad, EngineMemo
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
+from shared.lora.request import LoRARequest
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 class ProtocolError(RuntimeError):
@@ -50,6 +51,8 @@ class AddRequest(msgspec.Struct, tag=True, frozen=True):
     num_resumed_output_tokens: int = 0
     # Prefill role: where the KV connector ships the prompt's KV once computed.
     kv_send: KVSendParams | None = None
+    # The LoRA adapter it runs with (None: the base model).
+    lora_request: LoRARequest | None = None
 
 
 class ReserveKV(msgspec.Struct, tag=True, frozen=True):
@@ -61,6 +64,7 @@ class ReserveKV(msgspec.Struct, tag=True, frozen=True):
     params: SamplingParams
     cache_salt: str | None = None
     num_resumed_output_tokens: int = 0
+    lora_request: LoRARequest | None = None
 
 
 class StartReserved(msgspec.Struct, tag=True, frozen=True):
