@@ -53,7 +53,8 @@ def build_engine_parts(config: EngineConfig):
     adapters = None
     if lora is not None:
         step = StepAdapters()
-        adapters = AdapterSlots(attach_lora(model, step, lora.max_loras), step, lora, device, dtype)
+        triton_max_rank = lora.max_lora_rank if device.type == "cuda" else 0  # the GPU runs Triton kernels
+        adapters = AdapterSlots(attach_lora(model, step, lora.max_loras, triton_max_rank), step, lora, device, dtype)
     if config.deterministic:
         make_batch_invariant(model, config.scheduler.max_num_batched_tokens)
     tokenizer = load_tokenizer_if_present(folder)

@@ -49,7 +49,7 @@ class AdapterSlots:
                          key=lambda item: (not (item.is_decode or item.draft_token_ids), _adapter_id(item.lora_request)))
         slot_of = self._assign_slots({lora_id: request for lora_id, request in wanted.items()
                                       if lora_id not in unreadable})
-        self.step.segments = _segments(ordered, slot_of)
+        self.step.set(_segments(ordered, slot_of))
         return ordered
 
     def _read_all(self, wanted: dict[int, LoRARequest]) -> dict[int, str]:
@@ -63,7 +63,7 @@ class AdapterSlots:
         return errors
 
     def clear(self) -> None:
-        self.step.segments = []
+        self.step.set([])
 
     def forget(self, lora_int_id: int) -> None:
         """An adapter was unloaded: drop its weights and free its slot."""

@@ -12,7 +12,7 @@ class LoRAConfig:
     # Most distinct adapters in one engine step (requests for others wait for a later step).
     max_loras: int = 4
     # Largest adapter rank accepted; adapters of higher rank are refused at admission.
-    max_lora_rank: int = 64
+    max_lora_rank: int = 16
     # Adapters kept loaded in memory (least recently used ones are dropped and read from disk
     # again when needed); at least max_loras. None: 2 * max_loras.
     max_cpu_loras: int | None = None

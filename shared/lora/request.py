@@ -1,8 +1,18 @@
 """`LoRARequest`: which adapter a request runs with, as vLLM's offline API names it."""
 
+import re
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequestError
+
+# What an adapter may be called when served as a model (the OpenAI `model` field).
+ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9._:/@\-]{1,128}")
+
+
+def validate_adapter_name(name: object, field: str = "lora_name") -> str:
+    if not isinstance(name, str) or not ADAPTER_NAME_PATTERN.fullmatch(name):
+        raise InvalidRequestError(field, f"must be 1-128 characters of [A-Za-z0-9._:/@-], got {str(name)[:140]!r}")
+    return name
 
 
 @dataclass(frozen=True)

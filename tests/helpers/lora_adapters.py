@@ -3,7 +3,9 @@
 `save_peft_adapter` wraps a base model folder with peft, gives every LoRA matrix random,
 non-zero values (peft's `init_lora_weights=False`: A and B both random, so the adapter changes
 the output), and saves it in peft's format (`adapter_config.json`, `adapter_model.safetensors`).
-`merged_greedy` is the reference: peft's merged model (W + scaling * B A), greedy, fp32.
+`merged_greedy` is the reference: peft's merged model (W + scaling * B A), greedy, fp32; on a
+real model (where two tokens may be nearly tied) `assert_merged_choices` checks each generated
+token under teacher forcing instead, as tests/e2e/test_engine_vs_transformers.py does.
 """
 
 from dataclasses import dataclass, field
@@ -41,13 +43,33 @@ def save_peft_adapter(base_folder: Path, folder: Path, spec: AdapterSpec) -> Pat
     return folder
 
 
-def merged_greedy(base_folder: Path, adapter_folder: Path | None, prompts: list[list[int]],
-                  num_new: int) -> list[list[int]]:
-    """Greedy continuations by transformers on the base model with the adapter merged in."""
+# Logit margin under which two tokens count as tied (fp32 sums in another order may flip them).
+NEAR_TIE = 1e-3
+
+
+def merged_model(base_folder: Path, adapter_folder: Path | None):
+    """The base model (fp32) with the adapter merged into its weights by peft."""
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
     if adapter_folder is not None:
         model = PeftModel.from_pretrained(model, adapter_folder).merge_and_unload()
-    model.eval()
+    return model.eval()
+
+
+def assert_merged_choices(model, prompt: list[int], generated: list[int]) -> None:
+    """Each generated token is the merged model's argmax given the same prefix, or a near-tie."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1:-1]
+    for step, (row, token_id) in enumerate(zip(logits, generated)):
+        best = int(row.argmax())
+        if best != token_id:
+            margin = float(row[best] - row[token_id])
+            assert margin < NEAR_TIE, f"step {step}: pdserve chose {token_id}, the merged model {best} by {margin}"
+
+
+def merged_greedy(base_folder: Path, adapter_folder: Path | None, prompts: list[list[int]],
+                  num_new: int) -> list[list[int]]:
+    """Greedy continuations by transformers on the base model with the adapter merged in."""
+    model = merged_model(base_folder, adapter_folder)
     results = []
     with torch.no_grad():
         for prompt in prompts:

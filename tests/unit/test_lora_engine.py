@@ -7,6 +7,7 @@ mixes adapters and the base model. Every test checks that all KV blocks are free
 """
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,18 @@ import pytest
 from shared.engine import LLM, LoRARequest, SamplingParams
 from shared.engine.client import GenerateRequest
 from shared.engine.core_process.client import CoreProcessClient
+from shared.core.kv_cache_manager import KVCacheManager
+from shared.core.request import Request
+from shared.core.scheduler import Scheduler
+from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.llm import engine_config_from_kwargs
 from shared.errors import ConfigurationError, InvalidRequestError
+from shared.guided import GuidedDecodingParams as Guided
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
+from shared.kv_cache.block_pool import BlockPool
 from tests.helpers.greedy_compare import assert_greedy_agrees
 from tests.helpers.lora_adapters import AdapterSpec, merged_greedy, save_peft_adapter
+from tests.unit.guided_vocab import EOS_TOKEN_ID, decode, tiny_grammar_cache
 
 PROMPTS = [
     [5, 17, 92, 3, 44, 101, 7, 8, 9, 200, 31, 64, 12, 77, 150, 2, 99],
@@ -226,3 +234,53 @@ def test_the_engine_core_process_serves_adapters_beside_the_base(tiny_llama_fold
         finally:
             await client.stop()
     asyncio.run(main())
+
+
+def test_guided_requests_with_adapters_follow_their_constraints(tiny_llama_folder, adapters):
+    """The grammar's mask applies to an adapter's logits as to the base model's."""
+    llm = make_llm(tiny_llama_folder)
+    llm.engine.guided.use_grammar_cache(tiny_grammar_cache())
+    constraints = [Guided(regex=r"20[0-9]{2}-[01][0-9]"), Guided(choice=["yes", "no", "maybe"]),
+                   Guided(grammar='root ::= "(" ("ab")+ ")"')]
+    names = [*ADAPTERS, None]
+    cases = [(guided, name) for guided in constraints for name in names]
+    params = [SamplingParams(temperature=0, max_tokens=30, guided=guided) for guided, _ in cases]
+    outputs = llm.generate([PROMPTS[0]] * len(cases), params,
+                           lora_request=[adapters[name] if name else None for _, name in cases])
+    for (guided, _), output in zip(cases, outputs):
+        completion = output.outputs[0]
+        assert completion.finish_reason == "stop" and completion.token_ids[-1] == EOS_TOKEN_ID
+        text = decode(completion.token_ids)
+        if guided.choice is not None:
+            assert text in guided.choice
+        else:
+            assert re.fullmatch(guided.regex or r"\((ab)+\)", text), text
+    assert_pool_is_whole(llm)
+
+
+def test_the_scheduler_admits_requests_only_while_their_adapters_fit_max_loras():
+    """Running requests never use more than max_loras adapters; the next in line waits for one
+    to finish, and the requests behind it wait too (first come, first served)."""
+    kv = KVCacheManager(BlockPool(64), 4, True)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv, max_model_len=1024,
+                          max_loras=2)
+    lora = {index: LoRARequest(f"a{index}", index, f"/adapters/a{index}") for index in (1, 2, 3)}
+
+    def request(request_id: str, adapter: int | None, max_tokens: int) -> Request:
+        made = Request(request_id, [5, 6, 7], SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                       max_output_tokens=max_tokens)
+        made.lora_request = lora.get(adapter)
+        return made
+
+    for made in (request("one", 1, 1), request("two", 2, 3), request("three", 3, 2), request("base", None, 2)):
+        scheduler.add_request(made)
+    steps = []
+    while scheduler.num_unfinished:
+        output = scheduler.schedule()
+        steps.append({item.request_id for item in output.scheduled})
+        adapters = {item.lora_request.lora_int_id for item in output.scheduled if item.lora_request}
+        assert len(adapters) <= 2
+        scheduler.update_from_output(output, {item.request_id: 9 for item in output.scheduled})
+    assert steps[0] == {"one", "two"}  # "three" waits, first in line, and "base" behind it
+    assert steps[1] == {"two", "three", "base"}  # "one" finished: its slot went to "three"
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks
