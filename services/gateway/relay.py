@@ -10,13 +10,15 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+import grpc
+
 from shared.pb.pdserve.v1 import generation_pb2
 
 from services.gateway import router
 from services.gateway.colocated import run_colocated
 from services.gateway.deadline import Deadline
 from services.gateway.disaggregated import run_disaggregated
-from services.gateway.errors import no_instances
+from services.gateway.errors import GatewayError, no_instances
 from services.gateway.fanout import merge_streams
 from services.gateway.prompt_only import run_prompt_only
 from services.gateway.relay_context import RelayContext
@@ -28,6 +30,9 @@ logger = logging.getLogger(__name__)
 async def relay_request(ctx: RelayContext, request: PreparedRequest,
                         deadline: Deadline) -> AsyncIterator[generation_pb2.GenerateResponse]:
     candidates = await ctx.view.candidates(request.hashes)
+    if request.adapter is not None and not candidates:
+        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"model: no live instance serves the LoRA adapter "
+                                                        f"{request.adapter!r}")
     route = router.plan_route(candidates, ctx.prefer_colocated)
     if route is None:
         raise no_instances(router.no_pair_reason(candidates))

@@ -108,6 +108,7 @@ def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KV
 class PrefillHandler(RoleHandler):
     def __init__(self, runtime):
         self.engine = runtime.engine
+        self.adapters = runtime.adapters
         self.peers = PeerPuller(runtime)  # peer reuse: pulls a prefix another instance holds
 
     async def stop(self) -> None:
@@ -125,13 +126,17 @@ class PrefillHandler(RoleHandler):
         """The first token as soon as it is sampled (unless it only comes with the final output:
         nothing to send), then the outcome."""
         check_transfer_request(request, self.engine.info.cache.block_size)
+        lora_request = self.adapters.resolve(request)
+        if lora_request is not None:
+            request.ClearField("peer_source")  # peers hold base-model prefixes only
         num_pulled = await self.peers.pull(request)
         params = sampling_from_proto(request.sampling)
         num_resumed = request.num_resumed_output_tokens
         generate = GenerateRequest(
             f"{request.request_id}{ENGINE_ID_SUFFIX}", tuple(request.prompt_token_ids),
             prefill_params(params, num_resumed),
-            request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
+            request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request),
+            lora_request)
         text, first_sent, output = FirstTokenText(params), False, None
         started, first_token_s = time.perf_counter(), None
         try:
