@@ -29,7 +29,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -49,6 +49,7 @@ help:
 	@echo "make bench-guided   guided decoding: per-token mask cost, constrained vs free throughput (BENCH_ARGS=...)"
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
+	@echo "make bench-lora     multi-LoRA: output tok/s with 1, 4 and 16 adapters mixed vs the base model (BENCH_ARGS=...)"
 	@echo "make bench-faults   kills and SIGTERMs under streaming load: ok/failed/migrated, recovery, p99 (BENCH_ARGS=...)"
 	@echo "make bench-multiturn multi-turn chats: pdserve with/without KV tiers vs vllm serve, TTFT per turn (BENCH_ARGS=..., PDSERVE_VLLM_PYTHON)"
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
@@ -111,6 +112,9 @@ bench-guided: setup
 
 bench-spec: setup
 	$(PYTHON) -m benchmarks.spec_decode $(BENCH_ARGS)
+
+bench-lora: setup
+	$(PYTHON) -m benchmarks.lora $(BENCH_ARGS)
 
 bench-faults: setup
 	$(PYTHON) -m benchmarks.faults $(BENCH_ARGS)

@@ -6,6 +6,7 @@ from shared.core.scheduler_config import SchedulerConfig
 from shared.guided.limits import GuidedLimits
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_transfer.types import KVTransferConfig
+from shared.lora.config import LoRAConfig
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
@@ -57,3 +58,5 @@ class EngineConfig:
     kv_transfer: KVTransferConfig | None = None
     # KV tiers below the block pool: host shared memory and a local file (None: none).
     kv_tier: KVTierConfig | None = None
+    # LoRA adapters served beside the base model (shared.lora).
+    lora: LoRAConfig = field(default_factory=LoRAConfig)

@@ -13,7 +13,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.common.settings_base import ServiceSettings
-from services.common.settings_flags import ONE_VALUE, add_config_flag, add_settings_flags, settings_from_args
+from services.common.settings_flags import (MANY_VALUES, ONE_VALUE, add_config_flag, add_settings_flags,
+                                           settings_from_args)
 
 DTYPE_CHOICES = ("bfloat16", "float32")
 CPU_LAYOUTS = ("auto", "disjoint", "shared")  # as services.launcher.config (a test holds them equal)
@@ -66,6 +67,10 @@ class UpSettings(ServiceSettings):
                                       description="ranks sharing each layer, per instance")
     pipeline_parallel_size: int = Field(1, validation_alias="PDSERVE_PIPELINE_PARALLEL_SIZE",
                                         description="pipeline stages per instance")
+    lora_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), validation_alias="PDSERVE_LORA_MODULES", json_schema_extra=MANY_VALUES,
+        description="LoRA adapters every instance serves and the gateway accepts as `model`, each name=path of a "
+                    "peft folder (--max-loras, --max-lora-rank go with --instance-arg)")
     autoscale: bool = Field(False, description="run the planner: it sizes the prefill and decode pools "
                                                "separately within --min/--max-prefill/decode")
     profile: Path | None = Field(None, validation_alias="PDSERVE_PLANNER_PROFILE",
@@ -77,6 +82,13 @@ class UpSettings(ServiceSettings):
                                                   "to this collector ('' = tracing off)")
     otlp_traces_sample_ratio: float = Field(1.0, ge=0, le=1, validation_alias="PDSERVE_OTLP_TRACES_SAMPLE_RATIO",
                                             description="share of new traces recorded")
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value):
+        if isinstance(value, str):
+            return tuple(module.strip() for module in value.split(",") if module.strip())
+        return value
 
     @field_validator("prefill_cpus", "decode_cpus", "gateway_cpus", mode="before")
     @classmethod
@@ -157,8 +169,9 @@ def config_from_args(args: argparse.Namespace):
     from services.launcher.config import StackConfig
 
     settings = up_settings(args)
-    extra_args = {"gateway": args.gateway_args,
-                  "instance": _parallel_args(settings) + args.instance_args + _device_args(settings),
+    lora_args = ["--lora-modules", *settings.lora_modules] if settings.lora_modules else []
+    extra_args = {"gateway": lora_args + args.gateway_args,
+                  "instance": _parallel_args(settings) + lora_args + args.instance_args + _device_args(settings),
                   "prefill": args.prefill_args, "decode": args.decode_args,
                   "colocated": args.decode_args}
     return StackConfig(

@@ -22,7 +22,7 @@ from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
-from services.common.settings import InstanceSettings, parallel_config, speculative_config
+from services.common.settings import InstanceSettings, lora_config, parallel_config, speculative_config
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def engine_config(settings: InstanceSettings) -> EngineConfig:
                         deterministic=settings.deterministic,
                         cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
                         parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings),
-                        kv_tier=kv_tier_config(settings))
+                        kv_tier=kv_tier_config(settings), lora=lora_config(settings))
 
 
 def kv_tier_config(settings: InstanceSettings) -> KVTierConfig | None:

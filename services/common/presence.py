@@ -71,6 +71,18 @@ class ClusterPresence:
         logger.info("registering %s (%s) at %s in %s with cache settings %s", info.instance_id, info.role,
                     info.grpc_address, self.namespace.prefix, info.cache)
 
+    async def update_info(self, info: InstanceInfo, engine: EngineClient) -> None:
+        """Tell the cluster at once what changed (the LoRA adapters served); a heartbeat that
+        re-registers carries it too. Redis trouble is logged: the next beats write it."""
+        if self.heartbeater is None:
+            return
+        self.heartbeater.info = info
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await self.registry.update_info(info, instance_load(engine))
+        except Exception as error:  # noqa: BLE001 - the registration catches up on the next beats
+            logger.warning("updating the registration of %s failed (%r)", info.instance_id, error)
+
     async def _resync(self) -> None:
         """Republish the prefix index, then whatever the role handlers keep in Redis (leases)."""
         await self.publisher.republish()

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from shared.cluster.instances import InstanceInfo
 from shared.engine.client import EngineClient, EngineDeadError
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.hosts import host_port, is_wildcard
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from services.common.engine_restart import RestartBudget
@@ -39,7 +40,8 @@ from services.common.presence import ClusterPresence
 from services.common.ready_file import write_ready_file
 from services.common.role import RoleHandlers
 from services.common.servicer import InstanceServicer
-from services.common.settings import InstanceSettings
+from services.common.lora_adapters import AdapterTable
+from services.common.settings import InstanceSettings, lora_config, parse_lora_modules
 from services.common.status import status_to_proto
 from services.common.tls import instance_credentials
 
@@ -80,6 +82,8 @@ class InstanceRuntime:
         # Set once the engine failed as a whole and the instance left routing.
         self.failed = asyncio.Event()
         self.restart_budget = RestartBudget(settings.max_engine_restarts, settings.engine_restart_window_s)
+        # The LoRA adapters served, by name (--lora-modules, and loads at run time).
+        self.adapters = AdapterTable(lora_config(settings))
         self._background: set[asyncio.Task] = set()
 
     @property
@@ -92,6 +96,7 @@ class InstanceRuntime:
         port = await self.server.start()
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)
+        self._load_lora_modules()
         self.engine = await start_engine(self.settings)
         self._watch_engine_failure(asyncio.get_running_loop())
         model_name = self.settings.served_model_name or self.engine.info.cache.model_id
@@ -180,7 +185,30 @@ class InstanceRuntime:
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
                             self.presence.namespace.model, cache=self.engine.info.cache,
-                            kv_tier_id=self.engine.info.kv_tier_id)
+                            kv_tier_id=self.engine.info.kv_tier_id,
+                            lora_adapters=tuple(sorted(self.adapters.registered().items())))
+
+    def _load_lora_modules(self) -> None:
+        """The --lora-modules adapters, checked before the model loads (a bad one stops the start)."""
+        for name, path in parse_lora_modules(self.settings.lora_modules).items():
+            try:
+                self.adapters.load(name, path)
+            except InvalidRequestError as error:
+                raise ConfigurationError("lora_modules", f"{name}: {error.message}") from None
+
+    async def load_adapter(self, name: str, path: str) -> str:
+        """Serve another LoRA adapter from now on (and tell the cluster); returns its key."""
+        key = self.adapters.load(name, path)
+        await self._announce_adapters()
+        return key
+
+    async def unload_adapter(self, name: str) -> None:
+        self.adapters.unload(name)
+        await self._announce_adapters()
+
+    async def _announce_adapters(self) -> None:
+        if self.presence is not None and self.engine is not None and self.handlers is not None:
+            await self.presence.update_info(self.info(), self.engine)
 
     async def status(self) -> pb.InstanceStatus:
         status = status_to_proto(await self.engine.status())

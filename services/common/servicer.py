@@ -84,6 +84,23 @@ class InstanceServicer(instance_pb2_grpc.InstanceServicer):
         async with rpc_errors(context, "SendCachedBlocks", request.request_id):
             return await self._handler("peer", "SendCachedBlocks", True).send_cached_blocks(request)
 
+    async def LoadLoRAAdapter(self, request: pb.LoadLoRAAdapterRequest, context) -> pb.LoRAAdapterRef:
+        async with rpc_errors(context, "LoadLoRAAdapter", ""):
+            self._check_loaded()
+            key = await self.runtime.load_adapter(request.lora_name, request.lora_path)
+            return pb.LoRAAdapterRef(name=request.lora_name, key=key)
+
+    async def UnloadLoRAAdapter(self, request: pb.UnloadLoRAAdapterRequest,
+                                context) -> pb.UnloadLoRAAdapterResponse:
+        async with rpc_errors(context, "UnloadLoRAAdapter", ""):
+            self._check_loaded()
+            await self.runtime.unload_adapter(request.lora_name)
+            return pb.UnloadLoRAAdapterResponse()
+
+    def _check_loaded(self) -> None:
+        if self.runtime.handlers is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"instance {self.runtime.instance_id} is still loading")
+
     async def GetStatus(self, request: pb.StatusRequest, context) -> pb.InstanceStatus:
         async with rpc_errors(context, "GetStatus", ""):
             if self.runtime.handlers is None:

@@ -12,9 +12,10 @@ receiver port defaults to 0 (ephemeral); its address is registered in Redis. The
 log and the ready file).
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
@@ -22,9 +23,13 @@ from shared.engine.loading import DTYPES
 from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
+from shared.lora.config import LoRAConfig
+from shared.lora.request import validate_adapter_name
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
+from services.common.settings_base import ServiceSettings
+from services.common.settings_flags import MANY_VALUES
 from services.common.tracing_setup import TracingSettings
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
@@ -90,6 +95,17 @@ class InstanceSettings(TracingSettings):
     max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
     grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")
     grammar_cache_size: int = _setting(256, "compiled guided constraints kept (least recently used dropped)")
+    enable_lora: bool = _setting(False, "serve LoRA adapters (implied by --lora-modules; adapters can then be "
+                                        "loaded at run time)")
+    lora_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), json_schema_extra=MANY_VALUES,
+        description="LoRA adapters served as models, each name=path of a peft folder (adapter_config.json + "
+                    "adapter_model.safetensors); several after one flag or the flag repeated; the variable and "
+                    "the settings file list them comma separated")
+    max_loras: int = _setting(4, "most distinct LoRA adapters in one engine step", gt=0)
+    max_lora_rank: int = _setting(16, "highest LoRA adapter rank accepted", gt=0)
+    max_cpu_loras: int = _setting(0, "LoRA adapters kept loaded in memory, least recently used dropped "
+                                     "(0 = twice --max-loras)", ge=0)
     speculative_method: str = _setting("none", "speculative decoding: none, ngram (prompt lookup) or draft "
                                                "(a draft model); decode and colocated roles only")
     num_speculative_tokens: int = _setting(3, "tokens proposed per request and step (k)")
@@ -148,6 +164,14 @@ class InstanceSettings(TracingSettings):
     tls_key_file: str = _setting("", "the PEM private key of --tls-cert-file")
     tls_ca_file: str = _setting("", "accept only clients with a certificate this CA signed (mutual TLS)")
 
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value):
+        """PDSERVE_LORA_MODULES and the settings file may list them comma separated."""
+        if isinstance(value, str):
+            return tuple(module.strip() for module in value.split(",") if module.strip())
+        return value
+
     @model_validator(mode="after")
     def _check_together(self) -> "InstanceSettings":
         """Checks that involve several settings (one value alone is checked by its field)."""
@@ -160,6 +184,8 @@ class InstanceSettings(TracingSettings):
             raise ConfigurationError(error.field, error.message) from None
         speculative_config(self)
         parallel_config(self)
+        lora_config(self).validate()
+        parse_lora_modules(self.lora_modules)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigurationError("tls_cert_file", "tls_cert_file and tls_key_file go together")
         if self.tls_ca_file and not self.tls_cert_file:
@@ -180,6 +206,28 @@ class InstanceSettings(TracingSettings):
     def bound_grpc_port(self) -> int:
         """The port to bind: the flag, or the role's documented default."""
         return DEFAULT_GRPC_PORTS[self.role] if self.grpc_port == ROLE_DEFAULT_PORT else self.grpc_port
+
+
+def lora_config(settings: InstanceSettings) -> LoRAConfig:
+    return LoRAConfig(enable_lora=settings.enable_lora or bool(settings.lora_modules), max_loras=settings.max_loras,
+                      max_lora_rank=settings.max_lora_rank, max_cpu_loras=settings.max_cpu_loras or None)
+
+
+def parse_lora_modules(modules: tuple[str, ...]) -> dict[str, str]:
+    """`name=path` entries -> {name: path}; ConfigurationError naming lora_modules."""
+    parsed = {}
+    for module in modules:
+        name, sep, path = module.partition("=")
+        if not sep or not name or not path:
+            raise ConfigurationError("lora_modules", f"{module!r} is not name=path")
+        if name in parsed:
+            raise ConfigurationError("lora_modules", f"{name!r} is given twice")
+        try:
+            validate_adapter_name(name)
+        except InvalidRequestError as error:
+            raise ConfigurationError("lora_modules", error.message) from None
+        parsed[name] = path
+    return parsed
 
 
 def parallel_config(settings: InstanceSettings) -> ParallelConfig:

@@ -18,6 +18,9 @@ from services.common.settings_base import ServiceSettings, load_settings
 
 # json_schema_extra of a tuple setting given as one comma-separated value, not a repeated flag.
 ONE_VALUE = {"flag": "one value"}
+# json_schema_extra of a tuple setting whose flag takes several values, and may be repeated
+# (`--lora-modules a=/x b=/y --lora-modules c=/z`).
+MANY_VALUES = {"flag": "many values"}
 # The parsed namespace's attribute listing the settings classes with flags on that command line.
 CLASSES_DEST = "pdserve_settings_classes"
 CONFIG_FLAG_HELP = ("TOML settings file of `name = value` lines (names as the flags, with _ for -); "
@@ -43,6 +46,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[Servi
             continue
         info = settings_cls.model_fields[name]
         kind = _argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE, name.startswith("no_"))
+        if info.json_schema_extra == MANY_VALUES:
+            kind = {"action": "extend", "nargs": "+", "metavar": "VALUE"}
         if name in choices:
             kind["choices"] = list(choices[name])
         default = "none" if info.default is None else repr(info.default)

@@ -14,13 +14,15 @@ from services.common.role import RoleHandler
 class GenerateHandler(RoleHandler):
     def __init__(self, runtime):
         self.engine = runtime.engine
+        self.adapters = runtime.adapters
 
     async def generate(self, request: pb.InstanceGenerateRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
         if not request.request_id:
             raise InvalidRequestError("request_id", "must not be empty")
         salt = request.cache_salt if request.HasField("cache_salt") else None
         generate = GenerateRequest(request.request_id, tuple(request.prompt_token_ids),
-                                   sampling_from_proto(request.sampling), salt)
+                                   sampling_from_proto(request.sampling), salt,
+                                   lora_request=self.adapters.resolve(request))
         is_first = True  # every output carries the prompt logprobs so far: send them once
         async with contextlib.aclosing(self.engine.generate(generate)) as outputs:
             async for output in outputs:

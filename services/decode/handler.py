@@ -41,6 +41,7 @@ LEASE_CHECK_INTERVAL_S = 0.05
 class DecodeHandler(RoleHandler):
     def __init__(self, runtime):
         self.engine = runtime.engine
+        self.adapters = runtime.adapters
         self.default_lease_ms = runtime.settings.lease_ms
         leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
         runtime.presence.resync_hooks.append(leases.republish)
@@ -77,7 +78,8 @@ class DecodeHandler(RoleHandler):
         salt = request.cache_salt if request.HasField("cache_salt") else None
         lease_s = (request.lease_ms or self.default_lease_ms) / 1000
         generate = GenerateRequest(request.request_id, tuple(request.prompt_token_ids),
-                                   sampling_from_proto(request.sampling), salt, request.num_resumed_output_tokens)
+                                   sampling_from_proto(request.sampling), salt, request.num_resumed_output_tokens,
+                                   lora_request=self.adapters.resolve(request))
         reservation = await self.book.reserve(generate, lease_s)
         if caller_is_gone():
             await self.book.release(request.request_id)

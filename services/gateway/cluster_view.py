@@ -84,8 +84,12 @@ class ClusterView:
 
     async def candidates(self, prompt: PromptHashes) -> list[Candidate]:
         """Every live instance with the number of leading prompt blocks it holds, in its pool
-        and (beyond those) in its host's KV tiers."""
+        and (beyond those) in its host's KV tiers. For a LoRA adapter's request, only the
+        instances that serve the adapter (with the key most of them registered: the same
+        files), its key then set on `prompt`."""
         listing = await self.live()
+        if prompt.adapter is not None:
+            listing = _serving_adapter(listing, prompt)
         overlap, tier_overlap = await self._overlap(prompt, listing)
         now = self.clock()
         candidates = []
@@ -126,6 +130,10 @@ class ClusterView:
                 return {}, {}
         return overlap, tier_overlap
 
+    def refresh(self) -> None:
+        """List the instances again on the next call (their registrations changed)."""
+        self._listed_at = float("-inf")
+
     def mark_failed(self, instance_id: str) -> None:
         """An instance failed a call: try it last for a while, and re-list soon."""
         now = self.clock()
@@ -154,6 +162,20 @@ class ClusterView:
             return bool(await self.registry.redis.ping())
         except Exception:  # noqa: BLE001
             return False
+
+
+def _serving_adapter(listing: Listing, prompt: PromptHashes) -> Listing:
+    keys = [info.adapter_key(prompt.adapter) for info, _ in listing]
+    counts = {key: keys.count(key) for key in keys if key is not None}
+    if not counts:
+        return []
+    prompt.adapter_key = max(sorted(counts), key=counts.get)
+    return [(info, load) for (info, load), key in zip(listing, keys) if key == prompt.adapter_key]
+
+
+def live_adapters(listing: Listing) -> set[str]:
+    """Names of the LoRA adapters some live instance serves."""
+    return {name for info, _ in listing for name, _ in info.lora_adapters}
 
 
 def _merged(fresh: Listing, last: Listing) -> Listing:

@@ -29,6 +29,8 @@ async def run_colocated(ctx: RelayContext, sub: SubRequest, candidates: list[Can
         sampling=sub.sampling_proto())
     if sub.parent.cache_salt:
         request.cache_salt = sub.parent.cache_salt
+    if sub.parent.adapter is not None:
+        request.lora_adapter.CopyFrom(sub.parent.adapter_ref())
     num_refused = 0
     for target in choice.ranked:
         call = ctx.channels.stub(target.grpc_address).Generate(request, timeout=deadline.remaining())

@@ -35,9 +35,10 @@ def from_exception(error: Exception) -> GatewayError:
     return GatewayError(grpc.StatusCode.INTERNAL, "internal gateway error; see the gateway log")
 
 
-def model_not_found(requested: str, served: str) -> GatewayError:
+def model_not_found(requested: str, served: str, adapters: list[str] = ()) -> GatewayError:
+    also = f" and the LoRA adapters {', '.join(map(repr, adapters))}" if adapters else ""
     return GatewayError(grpc.StatusCode.NOT_FOUND,
-                        f"model: {bounded(requested, 256)!r} is not served here; this gateway serves {served!r}")
+                        f"model: {bounded(requested, 256)!r} is not served here; this gateway serves {served!r}{also}")
 
 
 def no_instances(why: str) -> GatewayError:

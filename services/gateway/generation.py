@@ -21,6 +21,7 @@ from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.tracing import record_failure, span
 
+from services.gateway.cluster_view import live_adapters
 from services.gateway.deadline import client_deadline
 from services.gateway.errors import GatewayError, from_exception
 from services.gateway.limits import RequestLimits
@@ -43,6 +44,15 @@ class GatewayState:
     relay: RelayContext | None = None
     metrics: GatewayMetrics | None = None  # set by GatewayServer
     limits: RequestLimits = RequestLimits()
+    # LoRA adapters the gateway was told of (--lora-modules), served by instances or not yet.
+    lora_modules: tuple[str, ...] = ()
+
+
+async def known_adapters(state: GatewayState) -> list[str]:
+    """The LoRA adapters a request's `model` may name: the configured ones and those some live
+    instance serves (a configured one no instance serves fails UNAVAILABLE, naming it)."""
+    _, relay = require_ready(state)
+    return sorted(set(state.lora_modules) | live_adapters(await relay.view.live()))
 
 
 def require_ready(state: GatewayState) -> tuple[ServedModel, RelayContext]:
@@ -71,8 +81,9 @@ async def _traced_stream(state: GatewayState, model: ServedModel, relay: RelayCo
     relay.stats.num_requests += 1
     request_id = message.request_id or "(unnamed)"
     try:
+        adapters = await known_adapters(state) if message.model and not model.accepts(message.model) else ()
         with span("gateway.tokenize"):
-            prepared = replace(prepare_request(message, model, state.limits), is_prompt_only=is_prompt_only)
+            prepared = replace(prepare_request(message, model, state.limits, adapters), is_prompt_only=is_prompt_only)
         request_id = prepared.request_id
         bind_request_id(request_id)
         request_span.set_attributes({"pdserve.request_id": request_id, "pdserve.n": prepared.n,

@@ -44,7 +44,8 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
         ctx.stats.record_route("prefill", choice.reason if attempt == 0 else "retry")
         ctx.stats.num_prefill_retries += attempt > 0
         target = choice.ranked[0]
-        add_peer_source(message, target, candidates)  # peer reuse: who holds more of the prompt
+        if sub.parent.adapter is None:  # peers send base-model prefixes only
+            add_peer_source(message, target, candidates)  # peer reuse: who holds more of the prompt
         with span("gateway.prefill", {"pdserve.prefill_instance": target.instance_id, "pdserve.attempt": attempt,
                                       "pdserve.route_reason": choice.reason if attempt == 0 else "retry",
                                       "pdserve.candidates": [c.instance_id for c in choice.ranked]},
@@ -133,4 +134,6 @@ def prefill_message(sub: SubRequest, reservation: Reservation | None) -> instanc
             message.transfer_token = reply.transfer_token
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
+    if sub.parent.adapter is not None:
+        message.lora_adapter.CopyFrom(sub.parent.adapter_ref())
     return message

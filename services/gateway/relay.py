@@ -10,6 +10,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+import grpc
+
 from shared.pb.pdserve.v1 import generation_pb2
 from shared.tracing import span
 
@@ -17,7 +19,7 @@ from services.gateway import router
 from services.gateway.colocated import run_colocated
 from services.gateway.deadline import Deadline
 from services.gateway.disaggregated import run_disaggregated
-from services.gateway.errors import no_instances
+from services.gateway.errors import GatewayError, no_instances
 from services.gateway.fanout import merge_streams
 from services.gateway.prompt_only import run_prompt_only
 from services.gateway.relay_context import RelayContext
@@ -33,6 +35,9 @@ async def relay_request(ctx: RelayContext, request: PreparedRequest,
         route = router.plan_route(candidates, ctx.prefer_colocated)
         route_span.set_attributes({"pdserve.route": route or "none",
                                    "pdserve.candidates": [c.instance_id for c in candidates]})
+    if request.adapter is not None and not candidates:
+        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"model: no live instance serves the LoRA adapter "
+                                                        f"{request.adapter!r}")
     if route is None:
         raise no_instances(router.no_pair_reason(candidates))
     logger.info("request %s routed: %d prompt tokens, n=%d, %s route", request.request_id,

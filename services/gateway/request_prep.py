@@ -7,10 +7,11 @@ field's name, or NOT_FOUND for a model this gateway does not serve.
 
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from shared.errors import InvalidRequestError
-from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
+from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2, instance_pb2
 from shared.sampling.params import SamplingParams
 from shared.tokenization import apply_chat_template, encode_prompt
 from shared.wire.sampling import sampling_from_proto, sampling_to_proto
@@ -36,6 +37,17 @@ class PreparedRequest:
     # Only the prompt matters (its logprobs, its usage): the generated token is dropped, and the
     # disaggregated route skips decode (services.gateway.prompt_only).
     is_prompt_only: bool = False
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter the request's `model` names (None: the base model)."""
+        return self.hashes.adapter
+
+    def adapter_ref(self) -> instance_pb2.LoRAAdapterRef | None:
+        """The adapter as the instances get it: its name and the key of the instances chosen."""
+        if self.hashes.adapter is None:
+            return None
+        return instance_pb2.LoRAAdapterRef(name=self.hashes.adapter, key=self.hashes.adapter_key or "")
 
     @property
     def n(self) -> int:
@@ -66,33 +78,41 @@ class SubRequest:
 
 
 def prepare_request(message: gateway_pb2.GenerateRequest, model: ServedModel,
-                    limits: RequestLimits = RequestLimits()) -> PreparedRequest:
-    """Raises GatewayError (INVALID_ARGUMENT naming the field, or NOT_FOUND)."""
-    check_model(message.model, model, limits)
+                    limits: RequestLimits = RequestLimits(), adapters: Collection[str] = ()) -> PreparedRequest:
+    """Raises GatewayError (INVALID_ARGUMENT naming the field, or NOT_FOUND). `adapters`: the
+    LoRA adapters the `model` field may name besides the base model."""
+    adapter = check_model(message.model, model, limits, adapters)
     try:
         check_generate_request(message, limits)
-        return _prepare(message, model, limits)
+        return _prepare(message, model, limits, adapter)
     except InvalidRequestError as error:
         raise invalid_argument(error) from error
 
 
-def check_model(requested: str, model: ServedModel, limits: RequestLimits = RequestLimits()) -> None:
+def check_model(requested: str, model: ServedModel, limits: RequestLimits = RequestLimits(),
+                adapters: Collection[str] = ()) -> str | None:
+    """The LoRA adapter `requested` names (None: the base model); NOT_FOUND naming it when it
+    is neither."""
     try:
         check_model_name(requested, limits)
     except InvalidRequestError as error:
         raise invalid_argument(error) from error
-    if not model.accepts(requested):
-        raise model_not_found(requested, model.name)
+    if model.accepts(requested):
+        return None
+    if requested in adapters:
+        return requested
+    raise model_not_found(requested, model.name, sorted(adapters))
 
 
-def _prepare(message: gateway_pb2.GenerateRequest, model: ServedModel, limits: RequestLimits) -> PreparedRequest:
+def _prepare(message: gateway_pb2.GenerateRequest, model: ServedModel, limits: RequestLimits,
+             adapter: str | None = None) -> PreparedRequest:
     request_id = validate_request_id(message.request_id)
     params = sampling_from_proto(message.sampling)
     params.validate(model.vocab_size)
     token_ids = prompt_token_ids(message, model)
     check_prompt_tokens(message.WhichOneof("prompt"), len(token_ids), limits)
     salt = validate_cache_salt(message.cache_salt if message.HasField("cache_salt") else None)
-    return PreparedRequest(request_id, token_ids, params, salt, PromptHashes(token_ids, salt))
+    return PreparedRequest(request_id, token_ids, params, salt, PromptHashes(token_ids, salt, adapter))
 
 
 def validate_request_id(request_id: str) -> str:
@@ -163,9 +183,10 @@ def split_request(request: PreparedRequest) -> list[SubRequest]:
 
 
 def tokenize_request(message: gateway_pb2.TokenizeRequest, model: ServedModel,
-                     limits: RequestLimits = RequestLimits()) -> list[int]:
-    """Token ids for the Tokenize RPC (the prompt byte limits apply, not the model's length)."""
-    check_model(message.model, model, limits)
+                     limits: RequestLimits = RequestLimits(), adapters: Collection[str] = ()) -> list[int]:
+    """Token ids for the Tokenize RPC (the prompt byte limits apply, not the model's length);
+    a LoRA adapter's name tokenizes as its base model."""
+    check_model(message.model, model, limits, adapters)
     try:
         kind = message.WhichOneof("prompt")
         if kind == "text":

@@ -76,6 +76,8 @@ async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list
         message.num_resumed_output_tokens = len(sub.resumed_token_ids)
     if sub.parent.cache_salt:
         message.cache_salt = sub.parent.cache_salt
+    if sub.parent.adapter is not None:
+        message.lora_adapter.CopyFrom(sub.parent.adapter_ref())
     num_refused = 0
     for decode in choice.ranked:
         try:

@@ -58,7 +58,8 @@ class GatewayServer:
         self.settings = settings
         self._load_model = load_model or (lambda: load_served_model(
             settings.model, settings.served_model_name, settings.max_model_len))
-        self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits)
+        self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits,
+                                  lora_modules=settings.lora_module_names)
         self.metrics = GatewayMetrics(self.state)
         self.state.metrics = self.metrics
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any

@@ -12,7 +12,8 @@ import grpc
 from shared.pb.pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.gateway.errors import GatewayError
-from services.gateway.generation import GatewayState, generate_stream
+from services.gateway.generation import GatewayState, generate_stream, known_adapters
+from services.gateway.lora_admin import load_adapter_everywhere, unload_adapter_everywhere
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import tokenize_request
 from services.gateway.served_model import ServedModel
@@ -38,13 +39,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def ListModels(self, request, context):
         model, _ = await self._ready(context)
+        adapters = [gateway_pb2.ModelCard(id=name, max_model_len=model.max_model_len, parent=model.name)
+                    for name in await known_adapters(self.state)]
         return gateway_pb2.ListModelsResponse(
-            models=[gateway_pb2.ModelCard(id=model.name, max_model_len=model.max_model_len)])
+            models=[gateway_pb2.ModelCard(id=model.name, max_model_len=model.max_model_len), *adapters])
+
+    async def LoadLoRAAdapter(self, request, context):
+        await self._ready(context)
+        try:
+            instance_ids = await load_adapter_everywhere(self.state.relay, request.lora_name, request.lora_path)
+        except GatewayError as error:
+            await context.abort(error.code, error.message)
+        return gateway_pb2.LoRAAdapterResponse(instance_ids=instance_ids)
+
+    async def UnloadLoRAAdapter(self, request, context):
+        await self._ready(context)
+        try:
+            instance_ids = await unload_adapter_everywhere(self.state.relay, request.lora_name)
+        except GatewayError as error:
+            await context.abort(error.code, error.message)
+        return gateway_pb2.LoRAAdapterResponse(instance_ids=instance_ids)
 
     async def Tokenize(self, request, context):
         model, _ = await self._ready(context)
         try:
-            token_ids = tokenize_request(request, model, self.state.limits)
+            token_ids = tokenize_request(request, model, self.state.limits, await known_adapters(self.state))
         except GatewayError as error:
             await context.abort(error.code, error.message)
         return gateway_pb2.TokenizeResponse(

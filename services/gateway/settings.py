@@ -14,10 +14,11 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from shared.cluster.keys import validate_name
+from shared.lora.request import validate_adapter_name
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
-from services.common.settings_flags import add_config_flag, add_settings_flags
+from services.common.settings_flags import MANY_VALUES, add_config_flag, add_settings_flags
 from services.common.settings_flags import settings_from_args as load_from_args
 from services.common.tracing_setup import TracingSettings
 from services.gateway.limits import RequestLimits
@@ -47,6 +48,11 @@ class GatewaySettings(RequestLimits, TracingSettings):
     deployment: str = _setting(DEFAULT_DEPLOYMENT, "deployment name in Redis keys")
     served_model_name: str | None = _setting(None, "model name clients use (none: the model folder's name)")
     max_model_len: int | None = _setting(None, "prompt + output limit (none: the model's own)", ge=2)
+    lora_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), json_schema_extra=MANY_VALUES,
+        description="LoRA adapters clients may name in `model`, as the instances' name=path (or just names); "
+                    "one no live instance serves fails UNAVAILABLE naming it, instead of NOT_FOUND; the "
+                    "variable and the settings file list them comma separated")
     default_deadline_s: float = _setting(300.0, "deadline of calls that carry none, seconds", gt=0)
     max_prefill_retries: int = _setting(2, "other prefill instances tried after one fails", ge=0)
     lease_s: float = _setting(30.0, "how long a decode reservation waits for its Decode call, seconds", gt=0)
@@ -104,6 +110,17 @@ class GatewaySettings(RequestLimits, TracingSettings):
                                                         "(mutual TLS)")
     instance_tls_key_file: str | None = _setting(None, "the PEM private key of --instance-tls-cert-file")
 
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value):
+        if isinstance(value, str):
+            return tuple(module.strip() for module in value.split(",") if module.strip())
+        return value
+
+    @property
+    def lora_module_names(self) -> tuple[str, ...]:
+        return tuple(module.partition("=")[0] for module in self.lora_modules)
+
     @field_validator("api_key", mode="before")
     @classmethod
     def _split_keys(cls, value):
@@ -118,6 +135,8 @@ class GatewaySettings(RequestLimits, TracingSettings):
             raise ConfigurationError("tool_call_parser", "is required with enable_auto_tool_choice")
         try:
             validate_name("deployment", self.deployment)
+            for name in self.lora_module_names:
+                validate_adapter_name(name, "lora_modules")
         except InvalidRequestError as error:
             raise ConfigurationError(error.field, error.message) from None
         if self.profile:

@@ -109,6 +109,7 @@ def prefill_response(request: pb.PrefillRequest, output: RequestOutput, sent: KV
 class PrefillHandler(RoleHandler):
     def __init__(self, runtime):
         self.engine = runtime.engine
+        self.adapters = runtime.adapters
         self.peers = PeerPuller(runtime)  # peer reuse: pulls a prefix another instance holds
 
     async def stop(self) -> None:
@@ -126,6 +127,9 @@ class PrefillHandler(RoleHandler):
         """The first token as soon as it is sampled (unless it only comes with the final output:
         nothing to send), then the outcome."""
         check_transfer_request(request, self.engine.info.cache.block_size)
+        lora_request = self.adapters.resolve(request)
+        if lora_request is not None:
+            request.ClearField("peer_source")  # peers hold base-model prefixes only
         with span("prefill.peer_pull") as pull_span:
             num_pulled = await self.peers.pull(request)
             pull_span.set_attribute("pdserve.num_pulled_tokens", num_pulled)
@@ -134,7 +138,8 @@ class PrefillHandler(RoleHandler):
         generate = GenerateRequest(
             f"{request.request_id}{ENGINE_ID_SUFFIX}", tuple(request.prompt_token_ids),
             prefill_params(params, num_resumed),
-            request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request))
+            request.cache_salt if request.HasField("cache_salt") else None, num_resumed, kv_send_params(request),
+            lora_request)
         text, first_sent, output = FirstTokenText(params), False, None
         started, first_token_s = time.perf_counter(), None
         with span("prefill.engine", {"pdserve.request_id": request.request_id,

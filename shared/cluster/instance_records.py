@@ -5,6 +5,7 @@ string fields; the cache settings as `cache_*` fields, shared.cluster.cache_sett
 InstanceRegistry writes and reads these; gateways use them to pick instances.
 """
 
+import json
 from dataclasses import asdict, dataclass, fields
 
 from shared.cluster.cache_settings import decode_cache_settings, encode_cache_settings, validate_cache_settings
@@ -40,6 +41,12 @@ class InstanceInfo:
     # a record without one (an older release) reads as UNREGISTERED_PROTOCOL and pairs with nobody.
     pdserve_version: str = PDSERVE_VERSION
     kv_protocol_version: int = KV_PROTOCOL_VERSION
+    # The LoRA adapters it serves: (name, key) pairs, the key part of their block hashes.
+    lora_adapters: tuple[tuple[str, str], ...] = ()
+
+    def adapter_key(self, name: str) -> str | None:
+        """The key of adapter `name` here, None when it does not serve it."""
+        return dict(self.lora_adapters).get(name)
 
     def __post_init__(self) -> None:
         validate_name("instance_id", self.instance_id)
@@ -81,7 +88,7 @@ class InstanceLoad:
             )
 
 
-_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version")
+_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters")
 _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
 
@@ -95,14 +102,17 @@ def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
     encoded["kv_protocol_version"] = str(info.kv_protocol_version)
     if info.cache is not None:
         encoded.update(encode_cache_settings(info.cache))
+    encoded["lora_adapters"] = json.dumps(dict(info.lora_adapters), sort_keys=True)
     return encoded
 
 
 def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, InstanceLoad]:
     """Inverse of encode_instance. Raises KeyError/ValueError on a malformed hash."""
+    adapters = json.loads(hash_fields.get("lora_adapters", "{}"))
     info = InstanceInfo(**{name: hash_fields[name] for name in _IDENTITY_FIELDS},
                         cache=decode_cache_settings(hash_fields), kv_tier_id=hash_fields.get("kv_tier_id", ""),
                         pdserve_version=hash_fields.get("pdserve_version", ""),
-                        kv_protocol_version=int(hash_fields.get("kv_protocol_version", UNREGISTERED_PROTOCOL)))
+                        kv_protocol_version=int(hash_fields.get("kv_protocol_version", UNREGISTERED_PROTOCOL)),
+                        lora_adapters=tuple(sorted((str(name), str(key)) for name, key in adapters.items())))
     load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in fields(InstanceLoad)})
     return info, load

@@ -49,6 +49,14 @@ class InstanceRegistry:
         self._registered_infos[info.instance_id] = info
         await self._write(info, load or InstanceLoad())
 
+    async def update_info(self, info: InstanceInfo, load: InstanceLoad) -> None:
+        """A registered instance changed what it tells the cluster (the LoRA adapters it
+        serves): write it now; heartbeats carry it from here on."""
+        if info.instance_id not in self._registered_infos:
+            raise InternalError(f"instance_id: {info.instance_id!r} was not registered through this registry")
+        self._registered_infos[info.instance_id] = info
+        await self._write(info, load)
+
     async def heartbeat(self, instance_id: str, load: InstanceLoad) -> bool:
         """Refresh TTL and load; return True if the key had vanished and was re-created."""
         info = self._registered_infos.get(instance_id)

@@ -51,7 +51,7 @@ class KVCacheManager:
 
     def update_block_hashes(self, request: Request) -> None:
         request.block_hashes = prompt_block_hashes(request.all_token_ids, self.hash_recipe, request.cache_salt,
-                                                   request.block_hashes)
+                                                   request.block_hashes, request.adapter_key)
 
     def find_cached_prefix(self, request: Request, max_blocks: int | None = None) -> list[KVBlock]:
         """The longest run of leading full blocks already in the prefix cache (or loaded into

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from shared.kv_cache.block_hash import BlockHash
 from shared.kv_transfer.types import KVSendParams
+from shared.lora.request import LoRARequest
 from shared.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class Request:
     max_output_tokens: int = 16
     # Extra prefix-cache keys (e.g. a tenant salt).
     cache_salt: str | None = None
+    # The LoRA adapter it runs with (None: the base model), and its block-hash key.
+    lora_request: LoRARequest | None = None
+    adapter_key: str | None = None
     # Prefill role: where the KV connector ships the prompt's KV once the request finished.
     kv_send: KVSendParams | None = None
     # For n > 1: the sibling whose computed prompt blocks this one shares.

@@ -4,7 +4,9 @@ One model for every kind of work: each request's computed-token count catches up
 token count. A step first gives one token to every running decode (low inter-token latency),
 then continues partially computed prompts, then admits waiting requests, all within the
 step's token budget. Long prompts are chunked across steps; when the cache runs out the
-newest request is preempted and later recomputed.
+newest request is preempted and later recomputed. With LoRA, a waiting request joins the
+running ones only while they use at most `max_loras` distinct adapters with it (else it waits,
+first in line, until an adapter's requests finish), so every step fits the adapter slots.
 
 Fair prefill: when several prompts compete for what the decodes left of the budget (prompts
 part-way through, plus the waiting requests that have a sequence slot), each prompt takes at
@@ -44,8 +46,10 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int,
-                 num_spec_tokens: int = 0, connector: KVConnector | None = None):
+                 num_spec_tokens: int = 0, connector: KVConnector | None = None, max_loras: int | None = None):
         self.config = config
+        # Most distinct LoRA adapters among the running requests (so in any step); None: no limit.
+        self.max_loras = max_loras
         # Most proposed tokens per speculating request and step (0: speculation off).
         self.num_spec_tokens = num_spec_tokens
         self.kv = kv_manager
@@ -114,7 +118,7 @@ class Scheduler:
         receive the rest into them. False, with nothing changed, when there is no room."""
         if self.connector is None or not self.connector.role.is_consumer:
             raise InvalidRequestError("kv_transfer", "this engine's KV connector does not receive KV")
-        if not self.can_admit_remote():
+        if not self.can_admit_remote() or not self._adapter_fits(request):
             return False
         prefix_blocks = self.kv.find_cached_prefix(request)
         num_local = len(prefix_blocks) * self.kv.block_size
@@ -280,7 +284,7 @@ class Scheduler:
     def _schedule_waiting(self, output: SchedulerOutput, budget: int, share: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if self._waits_for_parent(request):
+            if self._waits_for_parent(request) or not self._adapter_fits(request):
                 break
             prefix_blocks = self._reusable_prefix(request)
             num_reused = len(prefix_blocks) * self.kv.block_size
@@ -297,6 +301,15 @@ class Scheduler:
             self.running.append(request)
             output.scheduled.append(self._make_scheduled(request, num_new))
             budget -= num_new
+
+    def _adapter_fits(self, request: Request) -> bool:
+        """A request may join the running ones if its LoRA adapter is among theirs, or they use
+        fewer than max_loras adapters: every step then fits the model runner's adapter slots."""
+        if self.max_loras is None or request.lora_request is None:
+            return True
+        active = {r.lora_request.lora_int_id for r in (*self.running, *self.waiting_for_remote_kv.values())
+                  if r.lora_request is not None}
+        return request.lora_request.lora_int_id in active or len(active) < self.max_loras
 
     def _waits_for_parent(self, request: Request) -> bool:
         parent = request.prompt_parent
@@ -338,6 +351,7 @@ class Scheduler:
             num_prompt_logprobs=params.prompt_logprobs or 0,
             num_spec_tokens=num_spec,
             num_draft_computed_tokens=request.num_draft_computed_tokens,
+            lora_request=request.lora_request,
         )
 
     def _suppressed_ids(self, request: Request) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ Plain data, so a multi-process executor can ship it to workers unchanged in mean
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shared.lora.request import LoRARequest
 from shared.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class ScheduledRequest:
     num_draft_computed_tokens: int = 0
     # Set by the model runner: the proposed tokens, appended to token_ids for verification.
     draft_token_ids: list[int] = field(default_factory=list)
+    # The LoRA adapter its rows run with (None: the base model).
+    lora_request: LoRARequest | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -3,6 +3,7 @@
 from shared.engine.llm import LLM
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import CompletionOutput, RequestOutput
+from shared.lora.request import LoRARequest
 from shared.sampling.params import SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "LLMEngine", "LoRARequest", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -104,7 +104,8 @@ class AsyncEngine:
 
         def add() -> list[RequestOutput]:
             engine.add_request(list(request.prompt_token_ids), request.params, request.request_id,
-                               request.cache_salt, request.num_resumed_output_tokens, request.kv_send)
+                               request.cache_salt, request.num_resumed_output_tokens, request.kv_send,
+                               request.lora_request)
             return []
 
         async with contextlib.aclosing(self._stream(request.request_id, add)) as outputs:
@@ -124,7 +125,8 @@ class AsyncEngine:
 
         def reserve():
             made.append(engine.reserve_request(list(request.prompt_token_ids), request.params, request_id,
-                                               request.cache_salt, request.num_resumed_output_tokens))
+                                               request.cache_salt, request.num_resumed_output_tokens,
+                                               request.lora_request))
             return made[0]
 
         def abort_if_made() -> None:  # queued after reserve(), so `made` is final when it runs

@@ -39,6 +39,7 @@ from shared.engine.outputs import RequestOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_tier.stats import KVTierStats
 from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
+from shared.lora.request import LoRARequest
 from shared.model.compute_paths import ComputePaths
 from shared.sampling.params import SamplingParams
 
@@ -60,6 +61,8 @@ class GenerateRequest:
     # Migration: the prompt's last tokens are outputs generated elsewhere already.
     num_resumed_output_tokens: int = 0
     kv_send: KVSendParams | None = None
+    # The LoRA adapter it runs with (None: the base model).
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ from shared.kv_tier.attach import TierHooks
 from shared.kv_transfer.base import KVConnector
 from shared.kv_transfer.factory import create_connector
 from shared.kv_transfer.types import FinishedTransfers, KVSendParams, KVTransferOutcome
+from shared.lora.registry import AdapterRegistry
+from shared.lora.request import LoRARequest
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.stats import SpecDecodeStats
@@ -71,8 +73,12 @@ class EngineCore:
         if config.kv_transfer is not None:
             self.connector = create_connector(config.kv_transfer, executor)
             self.connector.start()
+        lora = config.lora if config.lora.enable_lora else None
         self.scheduler = Scheduler(config.scheduler, self.kv_manager, self.max_model_len,
-                                   config.speculative.num_tokens_per_step, self.connector)
+                                   config.speculative.num_tokens_per_step, self.connector,
+                                   lora.max_loras if lora else None)
+        # LoRA adapters: admission checks and the block-hash key of each (shared.lora.registry).
+        self.adapters = AdapterRegistry(lora, model_config)
         # KV tiers below the pool (shared.kv_tier; hooks that do nothing when there are none).
         self.tiers = TierHooks.attach(config.kv_tier, executor, self.kv_manager, config.model, config.deterministic)
         # Prefixes this engine sends to peers that pull them (shared.engine.peer_sends).
@@ -114,12 +120,13 @@ class EngineCore:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, num_resumed_output_tokens: int = 0,
-                    kv_send: KVSendParams | None = None) -> list[Request]:
+                    kv_send: KVSendParams | None = None, lora_request: LoRARequest | None = None) -> list[Request]:
         """Validate and queue a tokenized request (InvalidRequestError naming the field);
         returns its engine requests, one per completion. See LLMEngine.add_request."""
         if kv_send is not None:
             self._check_kv_send(params)
-        children = self._new_request(prompt_token_ids, params, request_id, cache_salt, num_resumed_output_tokens)
+        children = self._new_request(prompt_token_ids, params, request_id, cache_salt, num_resumed_output_tokens,
+                                     lora_request)
         for child in children:
             child.kv_send = kv_send
             self.scheduler.add_request(child)
@@ -132,15 +139,18 @@ class EngineCore:
             raise InvalidRequestError("n", "disaggregated requests generate one completion each")
 
     def _new_request(self, token_ids: list[int], params: SamplingParams, request_id: str, cache_salt,
-                     num_resumed_output_tokens: int = 0) -> list[Request]:
+                     num_resumed_output_tokens: int = 0, lora_request: LoRARequest | None = None) -> list[Request]:
         if request_id in self._children:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         validate_prompt_tokens(token_ids, self.model_config.vocab_size, self.max_model_len)
         params.validate(self.model_config.vocab_size)
+        adapter_key = self.adapters.admit(lora_request)
         token_ids, resumed = split_resumed(list(token_ids), num_resumed_output_tokens, params)
         layout = self.executor.kv_cache_layout
         max_out = max_output_tokens(len(token_ids), params, self.max_model_len, layout.num_blocks, layout.block_size)
         children = self._make_children(request_id, token_ids, params, max_out, cache_salt)
+        for child in children:
+            child.lora_request, child.adapter_key = lora_request, adapter_key
         self.guided.admit(children)
         if resumed:
             resume_request(children[0], resumed)
@@ -199,12 +209,13 @@ class EngineCore:
     # ---- disaggregation: the KV connector ships prompts' KV and receives it ------------------
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                        cache_salt: str | None = None, num_resumed_output_tokens: int = 0) -> Reservation:
+                        cache_salt: str | None = None, num_resumed_output_tokens: int = 0,
+                        lora_request: LoRARequest | None = None) -> Reservation:
         """Decode role: see LLMEngine.reserve_request. Raises CapacityError when there is no room."""
         if params.n != 1:
             raise InvalidRequestError("n", "disaggregated requests generate one completion each")
         [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt,
-                                      num_resumed_output_tokens)
+                                      num_resumed_output_tokens, lora_request)
         token = secrets.token_bytes(TRANSFER_TOKEN_BYTES)
         try:
             admitted = self.scheduler.admit_with_remote_kv(request, token)

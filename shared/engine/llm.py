@@ -8,6 +8,8 @@ from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.guided.limits import GuidedLimits
+from shared.lora.config import LoRAConfig
+from shared.lora.request import LoRARequest
 from shared.engine.stats import KVUsage
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.parallel.config import ParallelConfig
@@ -20,7 +22,7 @@ Prompt = str | list[int]
 def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> EngineConfig:
     """Route flat keyword arguments (vLLM style) to the config section that owns them."""
     sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig(), "speculative": SpeculativeConfig(),
-                "guided": GuidedLimits(), "parallel": ParallelConfig()}
+                "guided": GuidedLimits(), "parallel": ParallelConfig(), "lora": LoRAConfig()}
     config = EngineConfig(model=model, dtype=dtype, **sections)
     for name, value in kwargs.items():
         owner = next((section for section in (config, *sections.values())
@@ -29,6 +31,7 @@ def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> Engine
             raise ConfigurationError(name, "is not an engine setting")
         setattr(owner, name, value)
     config.speculative.validate()
+    config.lora.validate()
     config.parallel.__post_init__()
     return config
 
@@ -42,11 +45,21 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order."""
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order. `lora_request`:
+        one adapter for every prompt, or one entry per prompt (None: the base model)."""
         prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
-        request_ids = [self.engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+        adapters = _adapters_per_prompt(lora_request, len(prompts))
+        request_ids = []
+        try:
+            for prompt, p, adapter in zip(prompts, params, adapters):
+                request_ids.append(self.engine.add_request(prompt, p, lora_request=adapter))
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            raise
         return self._run(request_ids)
 
     def chat(self, messages: list[dict] | list[list[dict]],
@@ -86,6 +99,15 @@ class LLM:
 
 def _is_single_prompt(prompts) -> bool:
     return isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+
+
+def _adapters_per_prompt(lora_request, num_prompts: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    adapters = list(lora_request)
+    if len(adapters) != num_prompts:
+        raise InvalidRequestError("lora_request", f"{len(adapters)} given for {num_prompts} prompts")
+    return adapters
 
 
 def _params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:

@@ -19,6 +19,7 @@ from shared.engine.outputs import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
+from shared.lora.request import LoRARequest
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 
@@ -69,7 +70,8 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, cache_salt: str | None = None,
-                    num_resumed_output_tokens: int = 0, kv_send: KVSendParams | None = None) -> str:
+                    num_resumed_output_tokens: int = 0, kv_send: KVSendParams | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
         """Validate and queue a request; returns its id. Raises InvalidRequestError.
 
         With `kv_send` (prefill role) the KV connector ships the prompt's KV once the request
@@ -77,11 +79,13 @@ class LLMEngine:
         what moved (`kv_transfer`) or why not (`kv_transfer_error`). With
         `num_resumed_output_tokens` (migration) the prompt's last tokens are outputs generated
         elsewhere already: they count toward max_tokens, min_tokens and penalties, advance the
-        grammar and the seeded generator, and are not emitted again."""
+        grammar and the seeded generator, and are not emitted again. With `lora_request` it runs
+        with that LoRA adapter (the engine needs enable_lora)."""
         request_id = request_id if request_id is not None else self.core.new_request_id()
         params = params or SamplingParams()
         token_ids = self._checked_tokens(prompt, params)
-        self.core.add_request(request_id, token_ids, params, cache_salt, num_resumed_output_tokens, kv_send)
+        self.core.add_request(request_id, token_ids, params, cache_salt, num_resumed_output_tokens, kv_send,
+                              lora_request)
         self.output_processor.add_group(request_id, token_ids, params, num_resumed_output_tokens)
         return request_id
 
@@ -109,12 +113,14 @@ class LLMEngine:
     # ---- disaggregation: the KV connector ships prompts' KV and receives it ------------------
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                        cache_salt: str | None = None, num_resumed_output_tokens: int = 0) -> Reservation:
+                        cache_salt: str | None = None, num_resumed_output_tokens: int = 0,
+                        lora_request: LoRARequest | None = None) -> Reservation:
         """Decode role: allocate blocks for a prompt whose KV arrives through the connector
         (its last `num_resumed_output_tokens` generated elsewhere already: see add_request).
         Raises CapacityError when there is no room (the caller tries another instance)."""
         token_ids = self._checked_tokens(list(prompt_token_ids), params)
-        reservation = self.core.reserve_request(token_ids, params, request_id, cache_salt, num_resumed_output_tokens)
+        reservation = self.core.reserve_request(token_ids, params, request_id, cache_salt, num_resumed_output_tokens,
+                                                lora_request)
         self.output_processor.add_group(request_id, token_ids, params, num_resumed_output_tokens)
         return reservation
 

@@ -10,7 +10,9 @@ from shared.config import EngineConfig
 from shared.engine.device import kv_cache_memory_bytes, make_attention_backend, resolve_device
 from shared.errors import ConfigurationError
 from shared.executor.in_process import InProcessExecutor
+from shared.executor.lora_slots import AdapterSlots
 from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
+from shared.lora.layers import StepAdapters, attach_lora
 from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
 from shared.model.batch_invariance import make_batch_invariant
@@ -36,6 +38,7 @@ def build_engine_parts(config: EngineConfig):
     dtype = parse_dtype(config.dtype)
     device = resolve_device(config.device)
     _check_device_features(config, device)
+    _check_lora_combinations(config)
     folder = resolve_model(config.model)
     if config.parallel.is_parallel:
         return build_parallel_engine_parts(config, folder, dtype, device)
@@ -44,8 +47,14 @@ def build_engine_parts(config: EngineConfig):
     started = time.perf_counter()
     backend = make_attention_backend(config.attention_backend, device, ModelConfig.from_folder(folder),
                                      config.deterministic)
+    lora = config.lora if config.lora.enable_lora else None
     model, model_config = load_model(folder, dtype, device=device, attn_backend=backend,
-                                     deterministic=config.deterministic)
+                                     deterministic=config.deterministic, fuse_mlp=lora is None)
+    adapters = None
+    if lora is not None:
+        step = StepAdapters()
+        triton_max_rank = lora.max_lora_rank if device.type == "cuda" else 0  # the GPU runs Triton kernels
+        adapters = AdapterSlots(attach_lora(model, step, lora.max_loras, triton_max_rank), step, lora, device, dtype)
     if config.deterministic:
         make_batch_invariant(model, config.scheduler.max_num_batched_tokens)
     tokenizer = load_tokenizer_if_present(folder)
@@ -54,12 +63,24 @@ def build_engine_parts(config: EngineConfig):
     max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                         model_config.max_position_embeddings)
     speculator = build_speculator(config.speculative, folder, model_config, layout, max_model_len)
-    executor = InProcessExecutor(model, layout, speculator, device)
+    executor = InProcessExecutor(model, layout, speculator, device, adapters)
     executor.compute_paths = describe_model(model, layout.block_size)
     logger.info("loaded %s (%s on %s) in %.2fs; KV cache %d blocks of %d tokens; %s; %s", folder, config.dtype,
                 device, time.perf_counter() - started, layout.num_blocks, layout.block_size,
                 executor.compute_paths.summary(), describe_cpu())
     return model_config, executor, tokenizer, str(folder.name)
+
+
+def _check_lora_combinations(config: EngineConfig) -> None:
+    """LoRA with what it does not work with yet is refused, never silently wrong."""
+    if not config.lora.enable_lora:
+        return
+    config.lora.validate()
+    refused = {"speculative_method": config.speculative.is_enabled, "tensor_parallel_size": config.parallel.is_parallel,
+               "deterministic": config.deterministic}
+    for name, is_set in refused.items():
+        if is_set:
+            raise ConfigurationError(name, "is not supported together with enable_lora yet")
 
 
 def _check_device_features(config: EngineConfig, device: torch.device) -> None:

@@ -4,6 +4,7 @@ import torch
 
 from shared.core.scheduler_output import SchedulerOutput
 from shared.executor.base import Executor, ModelRunnerOutput
+from shared.executor.lora_slots import AdapterSlots
 from shared.executor.model_runner import ModelRunner
 from shared.kv_cache.layout import KVCacheLayout
 from shared.spec_decode.speculator import Speculator
@@ -11,8 +12,8 @@ from shared.spec_decode.speculator import Speculator
 
 class InProcessExecutor(Executor):
     def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None,
-                 device: torch.device | str = "cpu"):
-        self.runner = ModelRunner(model, layout, speculator, device)
+                 device: torch.device | str = "cpu", adapters: AdapterSlots | None = None):
+        self.runner = ModelRunner(model, layout, speculator, device, adapters)
 
     @property
     def kv_cache_layout(self) -> KVCacheLayout:

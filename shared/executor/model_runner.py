@@ -18,6 +18,7 @@ import torch
 from shared.core.input_batch import ModelInputs, build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.executor.lora_slots import AdapterSlots
 from shared.executor.thread_governor import ThreadGovernor
 from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
@@ -30,8 +31,10 @@ from shared.spec_decode.speculator import Speculator
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, layout: KVCacheLayout, speculator: Speculator | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", adapters: AdapterSlots | None = None):
         self.model = model
+        # LoRA: the adapters in the model's slots and each step's row segments (None: no LoRA).
+        self.adapters = adapters
         self.layout = layout
         self.device = torch.device(device)
         self.kv_cache = layout.allocate(self.device)
@@ -51,9 +54,17 @@ class ModelRunner:
             self.thread_governor.maybe_adjust()
         failed: dict[str, str] = {}
         scheduled, proposals = self._add_proposals(scheduler_output.scheduled, failed)
+        if self.adapters is not None:
+            scheduled = self.adapters.prepare(scheduled, failed)
+            if not scheduled:
+                return ModelRunnerOutput(failed=failed)
         inputs = build_model_inputs(scheduled, self.layout.block_size)
-        logits = self.model(self._on_device(inputs.input_ids), self._on_device(inputs.positions), self.kv_cache,
-                            inputs.attn_metadata, self._on_device(inputs.logits_indices))
+        try:
+            logits = self.model(self._on_device(inputs.input_ids), self._on_device(inputs.positions), self.kv_cache,
+                                inputs.attn_metadata, self._on_device(inputs.logits_indices))
+        finally:
+            if self.adapters is not None:
+                self.adapters.clear()
         output = self._sample([item for item in scheduled if not item.draft_token_ids], logits, inputs, failed)
         output.prompt_logprobs = run_isolated(
             [item for item in scheduled if item.request_id in inputs.prompt_logit_rows],

@@ -3,7 +3,8 @@
 Block i's hash covers (block i-1's hash, block i's token ids, extra keys), so equal hashes
 mean equal prefixes. Only full blocks are hashed. Extra keys carry what else changes the KV
 for the same tokens: the model id, and an optional per-tenant salt that keeps tenants from
-sharing (and probing) each other's cache entries.
+sharing (and probing) each other's cache entries, and the LoRA adapter (if any) the KV was
+computed with.
 
 `prompt_block_hashes` is what every process calls: an engine to find and cache its blocks, a
 gateway (with the recipe an instance registered in Redis) to ask the prefix index which
@@ -51,10 +52,11 @@ class HashRecipe:
 
 
 def prompt_block_hashes(token_ids: Sequence[int], recipe: HashRecipe, cache_salt: str | None = None,
-                        known_hashes: Sequence[BlockHash] = ()) -> list[BlockHash]:
+                        known_hashes: Sequence[BlockHash] = (), adapter_key: str | None = None) -> list[BlockHash]:
     """Hashes of every full block of a prompt (or a request's tokens so far), reusing
-    `known_hashes` for the leading ones."""
-    extra_keys = (recipe.model_id,) + ((cache_salt,) if cache_salt else ())
+    `known_hashes` for the leading ones. `adapter_key`: the LoRA adapter the KV is computed
+    with (shared.lora.registry), None for the base model."""
+    extra_keys = (recipe.model_id,) + ((cache_salt,) if cache_salt else ()) + ((adapter_key,) if adapter_key else ())
     return hash_full_blocks(token_ids, recipe.block_size, extra_keys, recipe.algo, known_hashes)
 
 

@@ -37,13 +37,14 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16, num_layers: int | None = None,
                device: torch.device | str = "cpu",
                attn_backend: AttentionBackend | None = None,
-               deterministic: bool = False) -> tuple[LlamaForCausalLM, ModelConfig]:
+               deterministic: bool = False, fuse_mlp: bool = True) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model from `folder` in `dtype` (bf16 or float32) on `device`, ready for inference.
 
     `num_layers` keeps only the first N decoder layers (with the final norm and LM head): a
     cheap draft model for speculative decoding made from the target itself. `attn_backend`
     defaults to the CPU's torch paged attention. `deterministic` packs the CPU's linear layers
-    for deterministic mode (fp32 compute, shared/native/cpu_matmul.py)."""
+    for deterministic mode (fp32 compute, shared/native/cpu_matmul.py). `fuse_mlp=False` keeps the
+    MLP's gate/up projection a linear layer of its own (LoRA adapts its output)."""
     if dtype not in SUPPORTED_DTYPES:
         raise ConfigurationError("dtype", f"{dtype} is not one of {SUPPORTED_DTYPES}")
     bound_onednn_caches()  # before the first oneDNN primitive (packing below creates some)
@@ -60,7 +61,7 @@ def load_model(folder: Path | str, dtype: torch.dtype = torch.bfloat16, num_laye
     model.eval().requires_grad_(False)
     model.rotary.to(device)
     if device.type == "cpu":
-        pack_for_cpu(model, deterministic)
+        pack_for_cpu(model, deterministic, fuse_mlp)
         keep_freed_memory_in_process()
     return model, config
 

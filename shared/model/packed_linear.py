@@ -93,13 +93,14 @@ def can_pack(dtype: torch.dtype) -> bool:
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_for_cpu(model: nn.Module, deterministic: bool = False) -> int:
-    """Replace every bf16 `LlamaMLP` under `model` by a `PackedGatedMLP` and every other bf16
+def pack_for_cpu(model: nn.Module, deterministic: bool = False, fuse_mlp: bool = True) -> int:
+    """Replace every bf16 `LlamaMLP` under `model` by a `PackedGatedMLP` (unless not
+    `fuse_mlp`: LoRA adds to the gate and up outputs before the SiLU) and every other bf16
     `nn.Linear` by a `PackedLinear`, computing in `cpu_matmul_dtype`; returns how many modules
     were replaced."""
     compute_dtype = cpu_matmul_dtype(torch.bfloat16, deterministic)
     mlps = [(name, module) for name, module in model.named_modules()
-            if isinstance(module, LlamaMLP) and can_pack(module.gate_up_proj.weight.dtype)]
+            if fuse_mlp and isinstance(module, LlamaMLP) and can_pack(module.gate_up_proj.weight.dtype)]
     for name, mlp in mlps:
         _replace(model, name, PackedGatedMLP(mlp, compute_dtype))
     linears = [(name, module) for name, module in model.named_modules()

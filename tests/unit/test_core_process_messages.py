@@ -18,6 +18,7 @@ from shared.executor.base import SampledLogprobs
 from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.types import (KVConnectorRole, KVConnectorStats, KVSendParams, KVTransferConfig,
                                       KVTransferResult)
+from shared.lora import LoRAConfig, LoRARequest
 from shared.sampling.params import SamplingParams
 
 LOAD = EngineLoad(num_waiting=1, num_running=2, num_reserved=0, num_free_blocks=7, num_total_blocks=64)
@@ -39,6 +40,8 @@ SERVICE_MESSAGES = [
               {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
     AddRequest("r7", [4], SamplingParams(), trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-"
                                                                            "00f067aa0ba902b7-01", "tracestate": "a=1"}),
+    AddRequest("r8", [5, 6], SamplingParams(), lora_request=LoRARequest("sql", 2, "/adapters/sql")),
+    ReserveKV(9, "r9", [1, 2, 3], SamplingParams(max_tokens=4), lora_request=LoRARequest("sql", 2, "/adapters/sql")),
     StartReserved("r4", 17, SampledLogprobs(-0.25, [(17, -0.25)])),
     PrefillReserved("r5"),
     ReleaseKV(4, "r4"),
@@ -78,6 +81,7 @@ def test_core_messages_round_trip(message):
 def test_startup_round_trips_the_engine_config():
     config = EngineConfig(model="/models/tiny", dtype="float32", num_threads=2,
                           cache=CacheConfig(block_size=4, num_blocks=64),
+                          lora=LoRAConfig(enable_lora=True, max_loras=2, max_lora_rank=8),
                           kv_transfer=KVTransferConfig("shared.transfer.ucx_connector:UCXConnector",
                                                        KVConnectorRole.CONSUMER, port=0))
     startup = CoreStartup(PROTOCOL_VERSION, config, "ipc:///tmp/x/requests", "ipc:///tmp/x/outputs",

@@ -17,7 +17,8 @@ from shared.metrics.registry import CONTENT_TYPE_LATEST, render
 from shared.tracing import is_enabled as tracing_is_enabled
 
 from services.gateway.errors import GatewayError
-from services.gateway.generation import GatewayState, require_ready
+from services.gateway.generation import GatewayState, known_adapters, require_ready
+from services.gateway.lora_admin import load_adapter_everywhere, unload_adapter_everywhere
 from services.gateway.health import GatewayHealth
 from services.gateway.http.chat_builder import ChatBuilder
 from services.gateway.http.completion_builder import CompletionBuilder
@@ -29,7 +30,7 @@ from services.gateway.http.errors import from_gateway_error, from_invalid_reques
 from services.gateway.http.flow import respond
 from services.gateway.http.logprobs import TokenTexts
 from services.gateway.http.prompt_tokens import echoed, tokenized
-from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest, LoRAAdapterBody
 from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.http.to_internal import chat_to_internal, completion_to_internal
 from services.gateway.http.tracing_middleware import TracingMiddleware
@@ -59,7 +60,7 @@ class OpenAIEndpoints:
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
         builder = CompletionBuilder(
-            response_id, model.name, int(time.time()), internal.n, TokenTexts(model.tokenizer),
+            response_id, _answered_as(body.model, model), int(time.time()), internal.n, TokenTexts(model.tokenizer),
             internal.include_usage, internal.continuous_usage, sum(map(len, token_ids)),
             num_logprobs=body.logprobs, echo=echoed(internal.messages, token_ids, model) if body.echo else None,
             is_echo_only=internal.is_echo_only, num_prompt_logprobs=body.prompt_logprobs)
@@ -76,20 +77,39 @@ class OpenAIEndpoints:
         except (InvalidRequestError, GatewayError) as error:
             return _error_response(error)
         num_top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        builder = ChatBuilder(response_id, model.name, int(time.time()), internal.n,
+        builder = ChatBuilder(response_id, _answered_as(body.model, model), int(time.time()), internal.n,
                               TokenTexts(model.tokenizer), internal.include_usage, internal.continuous_usage,
                               sum(map(len, token_ids)), num_top_logprobs=num_top_logprobs,
                               num_prompt_logprobs=body.prompt_logprobs, tools=internal.tools)
         return await respond(request, self.state, internal, builder)
 
     async def list_models(self) -> Response:
+        """The base model, then every LoRA adapter with its `parent` (as vLLM lists them)."""
         try:
             model, _ = require_ready(self.state)
+            adapters = await known_adapters(self.state)
         except GatewayError as error:
             return _error_response(error)
         card = {"id": model.name, "object": "model", "created": self.created, "owned_by": OWNER,
-                "max_model_len": model.max_model_len}
-        return JSONResponse({"object": "list", "data": [card]})
+                "root": model.name, "parent": None, "max_model_len": model.max_model_len}
+        adapter_cards = [{**card, "id": name, "root": name, "parent": model.name} for name in adapters]
+        return JSONResponse({"object": "list", "data": [card, *adapter_cards]})
+
+    async def load_lora_adapter(self, body: LoRAAdapterBody) -> Response:
+        try:
+            _, relay = require_ready(self.state)
+            instance_ids = await load_adapter_everywhere(relay, body.lora_name, body.lora_path or "")
+        except (InvalidRequestError, GatewayError) as error:
+            return _error_response(error)
+        return JSONResponse({"lora_name": body.lora_name, "instances": instance_ids})
+
+    async def unload_lora_adapter(self, body: LoRAAdapterBody) -> Response:
+        try:
+            _, relay = require_ready(self.state)
+            instance_ids = await unload_adapter_everywhere(relay, body.lora_name)
+        except (InvalidRequestError, GatewayError) as error:
+            return _error_response(error)
+        return JSONResponse({"lora_name": body.lora_name, "instances": instance_ids})
 
     async def export_metrics(self) -> Response:
         """The Prometheus text format (before the gateway is ready: process metrics only)."""
@@ -102,6 +122,11 @@ class OpenAIEndpoints:
         is_ready = self.health.is_serving and self.state.model is not None
         return JSONResponse({"status": "serving" if is_ready else "not_serving"},
                             status_code=200 if is_ready else 503)
+
+
+def _answered_as(requested: str | None, model) -> str:
+    """The `model` a response names: the LoRA adapter asked for, else the served model's name."""
+    return requested if requested and not model.accepts(requested) else model.name
 
 
 def _error_response(error: InvalidRequestError | GatewayError) -> Response:
@@ -122,6 +147,8 @@ def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl 
     app.add_api_route("/v1/completions", endpoints.create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", endpoints.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])
+    app.add_api_route("/v1/load_lora_adapter", endpoints.load_lora_adapter, methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", endpoints.unload_lora_adapter, methods=["POST"])
     app.add_api_route("/health", endpoints.check_health, methods=["GET"])
     app.add_api_route("/metrics", endpoints.export_metrics, methods=["GET"])
     return app

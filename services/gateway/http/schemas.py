@@ -152,3 +152,11 @@ class ChatCompletionRequest(SamplingFields):
     # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # false: at most one call with "required"
+
+
+class LoRAAdapterBody(BaseModel):
+    """`POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's bodies)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
+    lora_path: str | None = None

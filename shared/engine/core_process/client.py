@@ -167,7 +167,8 @@ class CoreProcessClient:
         self._check_alive()
         self._check_request(request)
         message = AddRequest(request.request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                             request.num_resumed_output_tokens, request.kv_send, inject_context())
+                             request.num_resumed_output_tokens, request.kv_send, inject_context(),
+                             request.lora_request)
         async for output in self._stream(request, message):
             yield output
 
@@ -239,7 +240,7 @@ class CoreProcessClient:
         try:
             result = await self._call(lambda call_id: ReserveKV(
                 call_id, request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                request.num_resumed_output_tokens, trace_context))
+                request.num_resumed_output_tokens, trace_context, request.lora_request))
         except BaseException:
             self._reservations.pop(request_id, None)
             if self.is_alive:  # cancelled while the core reserved: free what it may have made

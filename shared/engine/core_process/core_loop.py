@@ -202,7 +202,7 @@ class CoreLoop:
     def _add(self, message: AddRequest) -> None:
         try:
             self.core.add_request(message.request_id, message.prompt_token_ids, message.params, message.cache_salt,
-                                  message.num_resumed_output_tokens, message.kv_send)
+                                  message.num_resumed_output_tokens, message.kv_send, message.lora_request)
         except InvalidRequestError as error:
             self._reject(message.request_id, error.field, error.message)
 
@@ -263,7 +263,8 @@ class CoreLoop:
             self.spans.on_arrival(call.request_id, call.trace_context, "reservation")
         try:
             reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id,
-                                                    call.cache_salt, call.num_resumed_output_tokens)
+                                                    call.cache_salt, call.num_resumed_output_tokens,
+                                                    call.lora_request)
         except BaseException:
             if self.spans is not None:
                 self.spans.on_released(call.request_id, "refused")

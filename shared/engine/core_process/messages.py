@@ -20,10 +20,11 @@ from shared.engine.client import (CachedSend, EngineInfo, EngineLoad, EngineMemo
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
+from shared.lora.request import LoRARequest
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class ProtocolError(RuntimeError):
@@ -52,6 +53,8 @@ class AddRequest(msgspec.Struct, tag=True, frozen=True):
     kv_send: KVSendParams | None = None
     # The caller's trace context (W3C traceparent/tracestate) while tracing is on.
     trace_context: dict[str, str] | None = None
+    # The LoRA adapter it runs with (None: the base model).
+    lora_request: LoRARequest | None = None
 
 
 class ReserveKV(msgspec.Struct, tag=True, frozen=True):
@@ -64,6 +67,7 @@ class ReserveKV(msgspec.Struct, tag=True, frozen=True):
     cache_salt: str | None = None
     num_resumed_output_tokens: int = 0
     trace_context: dict[str, str] | None = None
+    lora_request: LoRARequest | None = None
 
 
 class StartReserved(msgspec.Struct, tag=True, frozen=True):

@@ -25,31 +25,35 @@ _sym_db = _symbol_database.Default()
 from shared.pb.pdserve.v1 import generation_pb2 as pdserve_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/gateway.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xf9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\"\x13\n\x11ListModelsRequest\".\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelCard\"d\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x42\x08\n\x06prompt\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t2\xe6\x01\n\x07Gateway\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponse\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/gateway.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\":\n\x12LoRAAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\x12\x11\n\tlora_path\x18\x02 \x01(\t\"+\n\x13LoRAAdapterResponse\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xf9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x07 \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\"\x13\n\x11ListModelsRequest\"N\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x13\n\x06parent\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\t\n\x07_parent\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelCard\"d\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x42\x08\n\x06prompt\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t2\x90\x03\n\x07Gateway\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponse\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12R\n\x0fLoadLoRAAdapter\x12\x1e.pdserve.v1.LoRAAdapterRequest\x1a\x1f.pdserve.v1.LoRAAdapterResponse\x12T\n\x11UnloadLoRAAdapter\x12\x1e.pdserve.v1.LoRAAdapterRequest\x1a\x1f.pdserve.v1.LoRAAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHATMESSAGE']._serialized_start=69
-  _globals['_CHATMESSAGE']._serialized_end=113
-  _globals['_CHATMESSAGES']._serialized_start=115
-  _globals['_CHATMESSAGES']._serialized_end=172
-  _globals['_TOKENIDS']._serialized_start=174
-  _globals['_TOKENIDS']._serialized_end=197
-  _globals['_GENERATEREQUEST']._serialized_start=200
-  _globals['_GENERATEREQUEST']._serialized_end=449
-  _globals['_LISTMODELSREQUEST']._serialized_start=451
-  _globals['_LISTMODELSREQUEST']._serialized_end=470
-  _globals['_MODELCARD']._serialized_start=472
-  _globals['_MODELCARD']._serialized_end=518
-  _globals['_LISTMODELSRESPONSE']._serialized_start=520
-  _globals['_LISTMODELSRESPONSE']._serialized_end=579
-  _globals['_TOKENIZEREQUEST']._serialized_start=581
-  _globals['_TOKENIZEREQUEST']._serialized_end=681
-  _globals['_TOKENIZERESPONSE']._serialized_start=683
-  _globals['_TOKENIZERESPONSE']._serialized_end=736
-  _globals['_GATEWAY']._serialized_start=739
-  _globals['_GATEWAY']._serialized_end=969
+  _globals['_LORAADAPTERREQUEST']._serialized_start=69
+  _globals['_LORAADAPTERREQUEST']._serialized_end=127
+  _globals['_LORAADAPTERRESPONSE']._serialized_start=129
+  _globals['_LORAADAPTERRESPONSE']._serialized_end=172
+  _globals['_CHATMESSAGE']._serialized_start=174
+  _globals['_CHATMESSAGE']._serialized_end=218
+  _globals['_CHATMESSAGES']._serialized_start=220
+  _globals['_CHATMESSAGES']._serialized_end=277
+  _globals['_TOKENIDS']._serialized_start=279
+  _globals['_TOKENIDS']._serialized_end=302
+  _globals['_GENERATEREQUEST']._serialized_start=305
+  _globals['_GENERATEREQUEST']._serialized_end=554
+  _globals['_LISTMODELSREQUEST']._serialized_start=556
+  _globals['_LISTMODELSREQUEST']._serialized_end=575
+  _globals['_MODELCARD']._serialized_start=577
+  _globals['_MODELCARD']._serialized_end=655
+  _globals['_LISTMODELSRESPONSE']._serialized_start=657
+  _globals['_LISTMODELSRESPONSE']._serialized_end=716
+  _globals['_TOKENIZEREQUEST']._serialized_start=718
+  _globals['_TOKENIZEREQUEST']._serialized_end=818
+  _globals['_TOKENIZERESPONSE']._serialized_start=820
+  _globals['_TOKENIZERESPONSE']._serialized_end=873
+  _globals['_GATEWAY']._serialized_start=876
+  _globals['_GATEWAY']._serialized_end=1276
 # @@protoc_insertion_point(module_scope)

@@ -50,6 +50,16 @@ class GatewayStub:
                 request_serializer=pdserve_dot_v1_dot_gateway__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_gateway__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.LoadLoRAAdapter = channel.unary_unary(
+                '/pdserve.v1.Gateway/LoadLoRAAdapter',
+                request_serializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoRAAdapter = channel.unary_unary(
+                '/pdserve.v1.Gateway/UnloadLoRAAdapter',
+                request_serializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -77,6 +87,20 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoRAAdapter(self, request, context):
+        """Serve a LoRA adapter (a peft folder, present on every instance's machine) on every live
+        instance, or stop serving one; as vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoRAAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +118,16 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=pdserve_dot_v1_dot_gateway__pb2.TokenizeRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_gateway__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'LoadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoRAAdapter,
+                    request_deserializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoRAAdapter,
+                    request_deserializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +211,60 @@ class Gateway:
             '/pdserve.v1.Gateway/Tokenize',
             pdserve_dot_v1_dot_gateway__pb2.TokenizeRequest.SerializeToString,
             pdserve_dot_v1_dot_gateway__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Gateway/LoadLoRAAdapter',
+            pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterRequest.SerializeToString,
+            pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Gateway/UnloadLoRAAdapter',
+            pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterRequest.SerializeToString,
+            pdserve_dot_v1_dot_gateway__pb2.LoRAAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

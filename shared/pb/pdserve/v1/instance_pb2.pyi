@@ -7,6 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LoadLoRAAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class UnloadLoRAAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class UnloadLoRAAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class PeerSource(_message.Message):
     __slots__ = ("instance_id", "grpc_address", "num_blocks", "num_local_blocks")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -44,7 +62,7 @@ class SendCachedBlocksResponse(_message.Message):
     def __init__(self, num_blocks: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks", "transfer_token", "num_resumed_output_tokens", "peer_source")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "decode_ucx_address", "dst_block_ids", "num_skip_blocks", "transfer_token", "num_resumed_output_tokens", "peer_source", "lora_adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +73,7 @@ class PrefillRequest(_message.Message):
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NUM_RESUMED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PEER_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _generation_pb2.SamplingParams
@@ -65,7 +84,16 @@ class PrefillRequest(_message.Message):
     transfer_token: bytes
     num_resumed_output_tokens: int
     peer_source: PeerSource
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., num_resumed_output_tokens: _Optional[int] = ..., peer_source: _Optional[_Union[PeerSource, _Mapping]] = ...) -> None: ...
+    lora_adapter: LoRAAdapterRef
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., decode_ucx_address: _Optional[str] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., num_skip_blocks: _Optional[int] = ..., transfer_token: _Optional[bytes] = ..., num_resumed_output_tokens: _Optional[int] = ..., peer_source: _Optional[_Union[PeerSource, _Mapping]] = ..., lora_adapter: _Optional[_Union[LoRAAdapterRef, _Mapping]] = ...) -> None: ...
+
+class LoRAAdapterRef(_message.Message):
+    __slots__ = ("name", "key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "first_logprobs", "prompt_logprobs", "num_computed_prompt_tokens", "num_cached_prompt_tokens", "kv_bytes_sent", "kv_transfer_seconds", "finish_reason", "stop_string", "stop_token_id", "final_text", "num_peer_prompt_tokens")
@@ -122,20 +150,22 @@ class LocalPrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "num_resumed_output_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "num_resumed_output_tokens", "lora_adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     NUM_RESUMED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _generation_pb2.SamplingParams
     cache_salt: str
     lease_ms: int
     num_resumed_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ..., num_resumed_output_tokens: _Optional[int] = ...) -> None: ...
+    lora_adapter: LoRAAdapterRef
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ..., num_resumed_output_tokens: _Optional[int] = ..., lora_adapter: _Optional[_Union[LoRAAdapterRef, _Mapping]] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("ucx_address", "block_ids", "num_cached_prompt_tokens", "transfer_token", "num_skip_blocks")
@@ -188,16 +218,18 @@ class RenewResponse(_message.Message):
     def __init__(self, renewed: _Optional[bool] = ...) -> None: ...
 
 class InstanceGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lora_adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _generation_pb2.SamplingParams
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    lora_adapter: LoRAAdapterRef
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lora_adapter: _Optional[_Union[LoRAAdapterRef, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -85,6 +85,16 @@ class InstanceStub:
                 request_serializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksResponse.FromString,
                 _registered_method=True)
+        self.LoadLoRAAdapter = channel.unary_unary(
+                '/pdserve.v1.Instance/LoadLoRAAdapter',
+                request_serializer=pdserve_dot_v1_dot_instance__pb2.LoadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_instance__pb2.LoRAAdapterRef.FromString,
+                _registered_method=True)
+        self.UnloadLoRAAdapter = channel.unary_unary(
+                '/pdserve.v1.Instance/UnloadLoRAAdapter',
+                request_serializer=pdserve_dot_v1_dot_instance__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_instance__pb2.UnloadLoRAAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class InstanceServicer:
@@ -169,6 +179,20 @@ class InstanceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoRAAdapter(self, request, context):
+        """Any role: serve a LoRA adapter from a peft folder on this instance's machine (answers
+        with its registered name and key), or stop serving one (NOT_FOUND when not served).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoRAAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InstanceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +245,16 @@ def add_InstanceServicer_to_server(servicer, server):
                     servicer.SendCachedBlocks,
                     request_deserializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksResponse.SerializeToString,
+            ),
+            'LoadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoRAAdapter,
+                    request_deserializer=pdserve_dot_v1_dot_instance__pb2.LoadLoRAAdapterRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_instance__pb2.LoRAAdapterRef.SerializeToString,
+            ),
+            'UnloadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoRAAdapter,
+                    request_deserializer=pdserve_dot_v1_dot_instance__pb2.UnloadLoRAAdapterRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_instance__pb2.UnloadLoRAAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -493,6 +527,60 @@ class Instance:
             '/pdserve.v1.Instance/SendCachedBlocks',
             pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksRequest.SerializeToString,
             pdserve_dot_v1_dot_instance__pb2.SendCachedBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Instance/LoadLoRAAdapter',
+            pdserve_dot_v1_dot_instance__pb2.LoadLoRAAdapterRequest.SerializeToString,
+            pdserve_dot_v1_dot_instance__pb2.LoRAAdapterRef.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Instance/UnloadLoRAAdapter',
+            pdserve_dot_v1_dot_instance__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+            pdserve_dot_v1_dot_instance__pb2.UnloadLoRAAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
