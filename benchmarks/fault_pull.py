@@ -6,10 +6,11 @@ only source of a prefix an instance lacks), so each chat's second turn pulls the
 blocks from the decode instance that generated them. Once such pulls have happened, the holder
 that served most of them is the victim, and the kill is made to land mid-pull:
 
-    1. pick a conversation the victim holds (the prefix index says so);
+    1. pick a conversation of which the victim holds the most blocks beyond what a prefill
+       instance holds (per the prefix index): that instance will pull them;
     2. SIGSTOP the victim, so that a pull from it cannot finish;
-    3. send that conversation's next turn to a prefill instance naming the victim as its peer
-       source (as the gateway does), the KV going to the other decode instance;
+    3. send that conversation's next turn to that prefill instance naming the victim as its
+       peer source (as the gateway does), the KV going to the other decode instance;
     4. once that prefill instance's `pdserve:kv_peer_pulls_in_flight` shows the pull, SIGKILL
        the victim. If no pull shows within a bound the victim is killed anyway and the row
        says that no pull was in flight.
@@ -138,23 +139,30 @@ def stranded_blocks(stack, timeout_s: float = 30.0) -> int:
 # ---- the kill --------------------------------------------------------------------------------
 
 
-def held_conversation(stack, load, victim: str) -> tuple[list[int], int] | None:
-    """The ended first turn (prompt and answer) of which the victim holds the most leading
-    blocks per the prefix index, and that count; None when it holds none."""
+def holdings(stack, conversations: list[list[int]], instance_ids: set[str]) -> list[dict[str, int]]:
+    """Per conversation: the leading blocks each instance holds, per the prefix index."""
     namespace = ClusterNamespace(stack.config.deployment, Path(stack.config.model).name)
-    conversations = [prompt + result.token_ids for prompt, result in load.first_turns() if result.is_ok]
+    model_key = (Path(stack.config.model).name,)
 
-    async def read() -> list[int]:
+    async def read() -> list[dict[str, int]]:
         async with redis.asyncio.Redis.from_url(stack.redis_url, socket_timeout=5) as client:
             index = PrefixIndex(client, namespace)
-            model_key = (Path(stack.config.model).name,)
-            return [(await index.longest_prefix(hash_full_blocks(c, BLOCK_SIZE, model_key), {victim}))
-                    .get(victim, 0) for c in conversations]
-    counts = asyncio.run(read())
-    if not counts or max(counts) == 0:
-        return None
-    best = max(range(len(counts)), key=counts.__getitem__)
-    return conversations[best], counts[best]
+            return [await index.longest_prefix(hash_full_blocks(c, BLOCK_SIZE, model_key), instance_ids)
+                    for c in conversations]
+    return asyncio.run(read())
+
+
+def pick_pull(conversations: list[list[int]], held: list[dict[str, int]], victim: str,
+              pullers: list[str]) -> tuple[int, str, int] | None:
+    """(conversation, puller, blocks it holds) where the victim holds the most blocks beyond
+    what a puller holds (that puller then has most to pull); None when no puller lacks any."""
+    best, best_gap = None, 0
+    for number, counts in enumerate(held):
+        for puller in pullers:
+            gap = counts.get(victim, 0) - counts.get(puller, 0)
+            if gap > best_gap:
+                best, best_gap = (number, puller, counts.get(puller, 0)), gap
+    return best
 
 
 def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float = 60.0) -> PullKill:
@@ -162,33 +170,40 @@ def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float 
     sends = peer_sends(stack)
     victim = max((name for name in sends if name.startswith("decode")), key=sends.__getitem__)
     victim_child = next(child for child in stack.instances if child.name == victim)
-    puller = next(child for child in stack.instances if child.role == "prefill")
+    pullers = [child.name for child in stack.instances if child.role == "prefill"]
     other_decode = next(child for child in stack.instances if child.role == "decode" and child.name != victim)
-    held = held_conversation(stack, load, victim)
-    if held is None:
+    conversations = [prompt + result.token_ids for prompt, result in load.first_turns() if result.is_ok]
+    held = holdings(stack, conversations, {victim, *pullers})
+    pick = pick_pull(conversations, held, victim, pullers)
+    if pick is None:
         os.kill(victim_child.pid, signal.SIGKILL)
-        return PullKill(victim, False, False, False, 0, note="the victim held no conversation: no probe")
-    conversation, num_blocks = held
-    prompt = conversation + random_prompt(24, seed)
+        return PullKill(victim, False, False, False, 0, note="the victim held nothing a prefill lacked: no probe")
+    number, puller, num_local_blocks = pick
+    prompt = conversations[number] + random_prompt(24, seed)
+    source = (victim, held[number][victim], num_local_blocks)
     os.kill(victim_child.pid, signal.SIGSTOP)
     probe: dict = {}
-    thread = threading.Thread(target=_probe, args=(stack, puller.name, other_decode.name, victim, prompt,
-                                                   num_blocks, probe), daemon=True)
+    thread = threading.Thread(target=_probe, args=(stack, puller, other_decode.name, source, prompt, probe),
+                              daemon=True)
     in_flight = False
     try:
         thread.start()
-        in_flight = wait_until(lambda: pulls_in_flight(stack, puller.name) >= 1, timeout_s)
+        in_flight = wait_until(lambda: pulls_in_flight(stack, puller) >= 1, timeout_s)
     finally:
         os.kill(victim_child.pid, signal.SIGKILL)
     thread.join(PEER_TIMEOUT_S + 120)
     expected = _cold_tokens(gateway_stub, prompt)
     tokens = probe.get("tokens")
+    note = (f"{puller} pulling {held[number][victim] - num_local_blocks} blocks of a "
+            f"{len(prompt)}-token prompt from {victim}")
+    if not in_flight:
+        note += f"; no pull was in flight within {timeout_s:.0f} s: killed anyway"
     return PullKill(victim, in_flight, "error" not in probe and tokens is not None, tokens == expected,
-                    probe.get("peer_tokens", -1),
-                    note="" if in_flight else f"no pull was in flight within {timeout_s:.0f} s: killed anyway")
+                    probe.get("peer_tokens", -1), note=note + (f"; probe error {probe['error']}"
+                                                             if "error" in probe else ""))
 
 
-def _probe(stack, puller: str, decode: str, holder: str, prompt: list[int], num_blocks: int, out: dict) -> None:
+def _probe(stack, puller: str, decode: str, source: tuple[str, int, int], prompt: list[int], out: dict) -> None:
     """Reserve on `decode`, Prefill on `puller` naming `holder` as the peer source, Decode."""
     request_id = f"bench-pull-probe-{time.monotonic_ns()}"
     sampling = generation_pb2.SamplingParams(temperature=0.0, max_tokens=PROBE_MAX_TOKENS, ignore_eos=True)
@@ -198,13 +213,14 @@ def _probe(stack, puller: str, decode: str, holder: str, prompt: list[int], num_
             decode_stub = instance_pb2_grpc.InstanceStub(decode_channel)
             reserved = decode_stub.Reserve(instance_pb2.ReserveRequest(
                 request_id=request_id, prompt_token_ids=prompt, sampling=sampling, lease_ms=300_000), timeout=60)
-            source = instance_pb2.PeerSource(instance_id=holder, grpc_address=stack.addresses[holder],
-                                             num_blocks=num_blocks)
+            holder, num_blocks, num_local_blocks = source
+            peer_source = instance_pb2.PeerSource(instance_id=holder, grpc_address=stack.addresses[holder],
+                                                  num_blocks=num_blocks, num_local_blocks=num_local_blocks)
             prefilled = instance_pb2_grpc.InstanceStub(prefill_channel).Prefill(instance_pb2.PrefillRequest(
                 request_id=request_id, prompt_token_ids=prompt, sampling=sampling,
                 decode_ucx_address=reserved.ucx_address, dst_block_ids=reserved.block_ids,
                 num_skip_blocks=reserved.num_skip_blocks, transfer_token=reserved.transfer_token,
-                peer_source=source), timeout=PEER_TIMEOUT_S + 60)
+                peer_source=peer_source), timeout=PEER_TIMEOUT_S + 60)
             out["peer_tokens"] = prefilled.num_peer_prompt_tokens
             out["tokens"] = [token for message in decode_stub.Decode(
                 instance_pb2.DecodeRequest(request_id=request_id, first_token_id=prefilled.first_token_id),

@@ -1,10 +1,10 @@
 """The pure parts of `make bench-faults`'s holder-killed-mid-pull scenario: the chats' next
-turns, and reading the peer-pull counters from /metrics text."""
+turns, reading the peer-pull counters from /metrics text, and choosing the pull to kill."""
 
 import pytest
 
 from benchmarks.fault_chat_load import next_turn_prompt
-from benchmarks.fault_pull import metric_sum
+from benchmarks.fault_pull import metric_sum, pick_pull
 
 METRICS = """# HELP pdserve:kv_peer_sends Prefixes this instance sent to peers that pulled them.
 # TYPE pdserve:kv_peer_sends counter
@@ -36,3 +36,15 @@ def test_metric_sum_reads_counters_gauges_and_labels():
     assert metric_sum(METRICS, "pdserve:kv_tier_loads", tier="peer") == 7
     assert metric_sum(METRICS, "pdserve:kv_tier_loads") == 19  # every tier; never the _created sample
     assert metric_sum(METRICS, "pdserve:kv_peer_send_blocks") == 0
+
+
+def test_the_probe_pulls_what_the_victim_holds_beyond_a_prefill_instance():
+    held = [{"decode-0": 20, "prefill-0": 18, "prefill-1": 0},
+            {"decode-0": 22, "prefill-0": 22, "prefill-1": 5},
+            {"decode-0": 0, "prefill-0": 0, "prefill-1": 0}]
+    assert pick_pull([[1], [2], [3]], held, "decode-0", ["prefill-0", "prefill-1"]) == (0, "prefill-1", 0)
+
+
+def test_no_probe_when_every_prefill_instance_holds_what_the_victim_holds():
+    held = [{"decode-0": 4, "prefill-0": 4, "prefill-1": 6}]
+    assert pick_pull([[1]], held, "decode-0", ["prefill-0", "prefill-1"]) is None
