@@ -120,20 +120,25 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> bool:
 
 def stranded_blocks(stack, timeout_s: float = 30.0) -> int:
     """Blocks still held on live instances once the load is over (releases are asynchronous:
-    waits up to `timeout_s` for every free-block count to return to its total)."""
-    def held() -> int:
+    waits up to `timeout_s` for every free-block count to return to its total); -1 when an
+    instance could not be asked until then."""
+    def held() -> int | None:
         total = 0
         for child in stack.instances:
             if child.exit_code() is not None or child.name not in stack.addresses:
                 continue
-            with grpc.insecure_channel(stack.addresses[child.name]) as channel:
-                status = instance_pb2_grpc.InstanceStub(channel).GetStatus(instance_pb2.StatusRequest(), timeout=10)
+            try:
+                with grpc.insecure_channel(stack.addresses[child.name]) as channel:
+                    status = instance_pb2_grpc.InstanceStub(channel).GetStatus(instance_pb2.StatusRequest(),
+                                                                               timeout=10)
+            except grpc.RpcError:
+                return None
             total += status.num_total_blocks - status.num_free_blocks
         return total
     deadline = time.monotonic() + timeout_s
-    while (count := held()) and time.monotonic() < deadline:
+    while (count := held()) != 0 and time.monotonic() < deadline:
         time.sleep(0.2)
-    return count
+    return -1 if count is None else count
 
 
 # ---- the kill --------------------------------------------------------------------------------
@@ -152,9 +157,8 @@ def holdings(stack, conversations: list[list[int]], instance_ids: set[str]) -> l
     return asyncio.run(read())
 
 
-def pick_pull(conversations: list[list[int]], held: list[dict[str, int]], victim: str,
-              pullers: list[str]) -> tuple[int, str, int] | None:
-    """(conversation, puller, blocks it holds) where the victim holds the most blocks beyond
+def pick_pull(held: list[dict[str, int]], victim: str, pullers: list[str]) -> tuple[int, str, int] | None:
+    """(conversation's number, puller, blocks it holds) where the victim holds the most blocks beyond
     what a puller holds (that puller then has most to pull); None when no puller lacks any."""
     best, best_gap = None, 0
     for number, counts in enumerate(held):
@@ -168,13 +172,13 @@ def pick_pull(conversations: list[list[int]], held: list[dict[str, int]], victim
 def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float = 60.0) -> PullKill:
     """Steps 1-4 of the module's docstring, then the probe's outcome."""
     sends = peer_sends(stack)
-    victim = max((name for name in sends if name.startswith("decode")), key=sends.__getitem__)
+    victim = max((child.name for child in stack.instances if child.role == "decode"), key=sends.__getitem__)
     victim_child = next(child for child in stack.instances if child.name == victim)
     pullers = [child.name for child in stack.instances if child.role == "prefill"]
     other_decode = next(child for child in stack.instances if child.role == "decode" and child.name != victim)
     conversations = [prompt + result.token_ids for prompt, result in load.first_turns() if result.is_ok]
     held = holdings(stack, conversations, {victim, *pullers})
-    pick = pick_pull(conversations, held, victim, pullers)
+    pick = pick_pull(held, victim, pullers)
     if pick is None:
         os.kill(victim_child.pid, signal.SIGKILL)
         return PullKill(victim, False, False, False, 0, note="the victim held nothing a prefill lacked: no probe")

@@ -42,9 +42,9 @@ def test_the_probe_pulls_what_the_victim_holds_beyond_a_prefill_instance():
     held = [{"decode-0": 20, "prefill-0": 18, "prefill-1": 0},
             {"decode-0": 22, "prefill-0": 22, "prefill-1": 5},
             {"decode-0": 0, "prefill-0": 0, "prefill-1": 0}]
-    assert pick_pull([[1], [2], [3]], held, "decode-0", ["prefill-0", "prefill-1"]) == (0, "prefill-1", 0)
+    assert pick_pull(held, "decode-0", ["prefill-0", "prefill-1"]) == (0, "prefill-1", 0)
 
 
 def test_no_probe_when_every_prefill_instance_holds_what_the_victim_holds():
     held = [{"decode-0": 4, "prefill-0": 4, "prefill-1": 6}]
-    assert pick_pull([[1]], held, "decode-0", ["prefill-0", "prefill-1"]) is None
+    assert pick_pull(held, "decode-0", ["prefill-0", "prefill-1"]) is None
