@@ -1,10 +1,12 @@
 """The pure parts of `make bench-faults`'s holder-killed-mid-pull scenario: the chats' next
-turns, reading the peer-pull counters from /metrics text, and choosing the pull to kill."""
+turns, reading the peer-pull counters from /metrics text, choosing the pull to kill, and the
+verdict on it."""
 
 import pytest
 
 from benchmarks.fault_chat_load import next_turn_prompt
-from benchmarks.fault_pull import metric_sum, pick_pull
+from benchmarks.fault_pull import PullKill, metric_sum, pick_pull
+from benchmarks.faults import pull_verdict
 
 METRICS = """# HELP pdserve:kv_peer_sends Prefixes this instance sent to peers that pulled them.
 # TYPE pdserve:kv_peer_sends counter
@@ -48,3 +50,11 @@ def test_the_probe_pulls_what_the_victim_holds_beyond_a_prefill_instance():
 def test_no_probe_when_every_prefill_instance_holds_what_the_victim_holds():
     held = [{"decode-0": 4, "prefill-0": 4, "prefill-1": 6}]
     assert pick_pull(held, "decode-0", ["prefill-0", "prefill-1"]) is None
+
+
+def test_the_verdict_on_the_killed_pull_is_exact_only_in_fp32():
+    assert pull_verdict(PullKill("decode-0", True, True, True, 0), "float32") == "yes"
+    assert pull_verdict(PullKill("decode-0", True, True, False, 0), "float32") == "NO"
+    assert pull_verdict(PullKill("decode-0", True, True, False, 0), "bfloat16").startswith("tokens differ")
+    assert pull_verdict(PullKill("decode-0", False, True, True, 0), "float32") == "NO"  # no pull was hit
+    assert pull_verdict(PullKill("decode-0", True, False, True, 0), "bfloat16") == "NO"  # the request failed
