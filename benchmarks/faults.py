@@ -6,11 +6,19 @@ unasked is restarted, as under `pdserve up`), then per scenario runs greedy stre
 some streams are running. Prints one row per scenario: requests ok / failed, streams migrated
 (the gateway's `pdserve:migrations_total`), recovery time (fault until the victim is back,
 SERVING and registered, or for Redis until every instance is registered again), and p99 TTFT
-of the requests that started in the fault window and p99 inter-token latency inside it.
+of the requests that started in the fault window and p99 inter-token latency inside it, and
+blocks stranded: blocks still held on live instances once the load is over (target 0).
+
+"holder kill -9 mid-pull" (benchmarks.fault_pull) runs on a stack of its own, with the host
+tier off so that peers are the only source of a prefix, under two-turn chats whose second turns
+pull the first turn's KV from the decode instance that generated it; it kills that holder while
+a pull waits on it and adds the pulls that happened and whether the pulled prompt came out
+right. `--scenario TEXT` (repeatable) runs only the scenarios whose name contains TEXT.
 """
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -28,6 +36,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import grpc  # noqa: E402
 import redis.asyncio  # noqa: E402
 
+from benchmarks import fault_pull  # noqa: E402
+from benchmarks.fault_chat_load import ChatLoad  # noqa: E402
 from benchmarks.fault_load import StreamingLoad, StreamResult  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402
 from services.launcher.supervisor import RestartPolicy  # noqa: E402
@@ -47,6 +57,8 @@ SCENARIOS = (
     ("decode SIGTERM (drain)", "decode-1", signal.SIGTERM),
     ("prefill SIGTERM (drain)", "prefill-1", signal.SIGTERM),
 )
+# Runs on its own stack (host tier off, chats); the victim is the holder the pulls used.
+PULL_SCENARIO = "holder kill -9 mid-pull"
 
 
 @dataclass
@@ -58,6 +70,10 @@ class Row:
     recovery_s: float
     ttft_p99_ms: float
     itl_p99_ms: float
+    num_stranded: int = 0
+    num_pulls: int | None = None  # peer pulls served during the scenario (the pull scenario only)
+    pulled_right: str = "-"  # the pull scenario: did the pull the kill hit end computed, and right
+    note: str = ""
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,11 +86,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def start_stack(dtype: str) -> LocalStack:
+def start_stack(dtype: str, instance_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = ()) -> LocalStack:
+    extra_args = {"instance": ["--heartbeat-interval-s", "0.5", "--heartbeat-ttl-s", "2", *instance_args]}
+    if gateway_args:
+        extra_args["gateway"] = list(gateway_args)
     config = StackConfig(num_prefill=2, num_decode=2, model=str(resolve_model(None)), dtype=dtype, num_threads=1,
                          gateway_port=0, gateway_http_port=0, run_dir=Path(tempfile.mkdtemp(prefix="bench-faults-")),
-                         extra_args={"instance": ["--heartbeat-interval-s", "0.5", "--heartbeat-ttl-s", "2"]},
-                         restart_policy=RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0))
+                         extra_args=extra_args, restart_policy=RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0))
     stack = LocalStack(config)
     stack.start()
     return stack
@@ -141,14 +159,56 @@ def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namesp
     window_end = fault_at + recovery_s if victim is not None else max(r.ended_at for r in results)
     ttft, itl = window_latencies(results, fault_at, window_end)
     num_ok = sum(result.is_ok for result in results)
-    return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s, ttft, itl)
+    return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s, ttft, itl,
+               fault_pull.stranded_blocks(stack))
+
+
+def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: int) -> Row:
+    """Two-turn chats; once a second turn has pulled from a decode instance, that holder is
+    killed while a pull waits on it (benchmarks.fault_pull)."""
+    migrated_before, sends_before = migrations(stack), fault_pull.peer_sends(stack)
+    with ChatLoad(stub, max(1, args.num_requests // 2), args.concurrency, prompt_tokens=(200, 300),
+                  max_tokens=args.output_len, seed=seed, timeout_s=600) as load:
+        pulls_seen = fault_pull.wait_until(
+            lambda: sum(fault_pull.peer_sends(stack).values()) > sum(sends_before.values()), 300, interval_s=0.2)
+        sends_at_kill = fault_pull.peer_sends(stack)
+        fault_at = time.monotonic()
+        restarts_before = {name: num_restarts(stack, name) for name in sends_at_kill}
+        kill = fault_pull.kill_holder_mid_pull(stack, stub, load, seed)
+        recovery_s = wait_recovered(stack, kill.victim, restarts_before[kill.victim])
+        results = load.results()
+    ttft, itl = window_latencies(results, fault_at, fault_at + recovery_s)
+    num_ok = sum(result.is_ok for result in results)
+    sends_after = fault_pull.peer_sends(stack)
+    num_pulls = sum(sends_at_kill[n] - sends_before.get(n, 0) for n in sends_at_kill) + sum(
+        sends_after[n] - (0 if n == kill.victim else sends_at_kill[n]) for n in sends_after)
+    notes = [] if pulls_seen else ["no pull had happened in the load before the kill"]
+    notes += [f"victim {kill.victim}; pull in flight at the kill: {'yes' if kill.pull_in_flight_at_kill else 'NO'}; "
+              f"the pulled prompt: {'ok' if kill.probe_ok else 'FAILED'}, {kill.probe_peer_tokens} peer tokens, "
+              f"greedy tokens {'equal' if kill.probe_correct else 'DIFFER from'} a cold run"]
+    notes += [kill.note] if kill.note else []
+    right = pull_verdict(kill, args.dtype)
+    return Row(PULL_SCENARIO, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s,
+               ttft, itl, fault_pull.stranded_blocks(stack), num_pulls, right, "; ".join(notes))
+
+
+def pull_verdict(kill: "fault_pull.PullKill", dtype: str) -> str:
+    """The pull the kill hit: in flight, then computed with the cold run's tokens. Only fp32 is
+    exact: bf16 tokens may differ between differently batched runs without anything wrong."""
+    if not (kill.pull_in_flight_at_kill and kill.probe_ok):
+        return "NO"
+    if kill.probe_correct:
+        return "yes"
+    return "NO" if dtype == "float32" else f"tokens differ ({dtype}: not exact; use --dtype float32)"
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = ["| fault | requests ok | failed | migrated | recovery s | TTFT p99 ms | ITL p99 ms |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| fault | requests ok | failed | migrated | recovery s | TTFT p99 ms | ITL p99 ms | blocks stranded "
+             "| peer pulls | killed pull recomputed right |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r.scenario} | {r.num_ok} | {r.num_failed} | {r.num_migrated} | {r.recovery_s:.1f} | "
-              f"{r.ttft_p99_ms:.0f} | {r.itl_p99_ms:.0f} |" for r in rows]
+              f"{r.ttft_p99_ms:.0f} | {r.itl_p99_ms:.0f} | {r.num_stranded} | "
+              f"{'-' if r.num_pulls is None else r.num_pulls} | {r.pulled_right} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -158,28 +218,48 @@ def supervise_in_background(stack: LocalStack) -> threading.Event:
     return stop_event
 
 
+@contextlib.contextmanager
+def running(stack: LocalStack, run_dirs: list[Path]):
+    """(stack, gateway stub) while the stack runs supervised; stopped afterwards."""
+    run_dirs.append(stack.run_dir)
+    stop_event = supervise_in_background(stack)
+    try:
+        with grpc.insecure_channel(stack.gateway_address) as channel:
+            yield stack, gateway_pb2_grpc.GatewayStub(channel)
+    finally:
+        stop_event.set()
+        stack.stop()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args()
     from benchmarks.machine import default_model_paths, print_machine
 
     print_machine(default_model_paths(args.dtype))
-    scenarios = [s for s in SCENARIOS if not args.scenario or any(text in s[0] for text in args.scenario)]
-    stack = start_stack(args.dtype)
-    stop_event = supervise_in_background(stack)
-    rows = []
-    try:
-        with grpc.insecure_channel(stack.gateway_address) as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
+    selected = [name for name, _, _ in SCENARIOS] + [PULL_SCENARIO]
+    selected = [name for name in selected if not args.scenario or any(text in name for text in args.scenario)]
+    if not selected:
+        raise SystemExit(f"no scenario matches {args.scenario}; the scenarios: "
+                         f"{[name for name, _, _ in SCENARIOS] + [PULL_SCENARIO]}")
+    rows, run_dirs = [], []
+    scenarios = [s for s in SCENARIOS if s[0] in selected]
+    if scenarios:
+        with running(start_stack(args.dtype), run_dirs) as (stack, stub):
             for seed, scenario in enumerate(scenarios, start=1):
                 rows.append(run_scenario(stack, stub, scenario, args, seed))
                 print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    finally:
-        stop_event.set()
-        stack.stop()
+    if PULL_SCENARIO in selected:
+        stack = start_stack(args.dtype, tuple(fault_pull.STACK_INSTANCE_ARGS), tuple(fault_pull.STACK_GATEWAY_ARGS))
+        with running(stack, run_dirs) as (stack, stub):
+            rows.append(run_pull_scenario(stack, stub, args, len(SCENARIOS) + 1))
+            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print(f"\n{args.num_requests} streaming requests per scenario at concurrency {args.concurrency}, "
-          f"{args.output_len} output tokens, {args.dtype}; logs in {stack.run_dir / 'logs'}\n")
+          f"{args.output_len} output tokens, {args.dtype}; logs in {', '.join(str(d / 'logs') for d in run_dirs)}\n")
     print(format_table(rows))
+    for row in rows:
+        if row.note:
+            print(f"\n{row.scenario}: {row.note}")
 
 
 if __name__ == "__main__":
