@@ -48,6 +48,8 @@ from tests.helpers.gateway_client import generate, generate_request  # noqa: E40
 MODEL_NAME = "SmolLM2-135M-Instruct"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 900.0
+# The stop_grace_period of the prefill and decode services in deploy/compose/docker-compose.yml.
+INSTANCE_STOP_GRACE_S = 150
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                          "country": {"type": "string", "maxLength": 20}},
         "required": ["city", "country"]}
@@ -313,7 +315,10 @@ class Scenario:
                "PDSERVE_HOST": "127.0.0.1", "PDSERVE_ADVERTISE_HOST": "127.0.0.1", "PDSERVE_UCX_HOST": "127.0.0.1",
                "PDSERVE_GRPC_PORT": "0", "PDSERVE_NUM_THREADS": "1", "PDSERVE_KV_CACHE_MEMORY_GB": "0.25",
                "PDSERVE_LOG_FORMAT": "json"}
-        command = ["docker", "run", "-d", "--name", name, "--network", "host"]
+        # Docker's default 10 s stop timeout is shorter than the instance's drain (20 s): give it
+        # the instances' compose stop_grace_period, as a user running the role alone should.
+        command = ["docker", "run", "-d", "--name", name, "--network", "host",
+                   "--stop-timeout", str(INSTANCE_STOP_GRACE_S)]
         for key, value in env.items():
             command += ["-e", f"{key}={value}"]
         started = time.monotonic()
