@@ -2,14 +2,13 @@
 greedy, exactly `max_tokens` tokens (EOS ignored), with the usage chunk (prompt tokens and
 the cached ones when the server reports them)."""
 
-import json
 import time
 from dataclasses import dataclass
 
 import httpx2
 
-SSE_DATA_PREFIX = "data:"
-SSE_DONE = "[DONE]"
+from benchmarks.harness.clients.openai_client import sse_events
+
 
 
 @dataclass
@@ -46,13 +45,7 @@ async def send_turn(http: httpx2.AsyncClient, base_url: str, model: str, message
 
 
 async def _read_stream(response, result: TurnResult, started: float) -> None:
-    async for line in response.aiter_lines():
-        if not line.startswith(SSE_DATA_PREFIX):
-            continue
-        data = line[len(SSE_DATA_PREFIX):].strip()
-        if data == SSE_DONE:
-            return
-        event = json.loads(data)
+    async for event in sse_events(response):
         if "error" in event:
             result.error = f"stream error: {event['error']}"
             return

@@ -8,6 +8,7 @@ Every SSE chunk with non-empty text counts as one token; the usage chunk (reques
 
 import json
 import time
+from collections.abc import AsyncIterator
 
 import httpx2
 
@@ -17,6 +18,17 @@ from benchmarks.harness.records import RequestRecord
 
 SSE_DATA_PREFIX = "data:"
 SSE_DONE = "[DONE]"
+
+
+async def sse_events(response) -> AsyncIterator[dict]:
+    """The JSON events of an OpenAI server-sent-event stream, up to its `[DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith(SSE_DATA_PREFIX):
+            continue
+        data = line[len(SSE_DATA_PREFIX):].strip()
+        if data == SSE_DONE:
+            return
+        yield json.loads(data)
 
 
 def api_base(target: str) -> str:
@@ -58,13 +70,7 @@ class OpenAIStreamClient:
         record.end_s = time.perf_counter() - started
 
     async def _read_events(self, response, record: RequestRecord, started: float) -> None:
-        async for line in response.aiter_lines():
-            if not line.startswith(SSE_DATA_PREFIX):
-                continue
-            data = line[len(SSE_DATA_PREFIX):].strip()
-            if data == SSE_DONE:
-                return
-            event = json.loads(data)
+        async for event in sse_events(response):
             if "error" in event:
                 record.error = f"stream error: {event['error']}"
                 return
