@@ -41,6 +41,13 @@ def _chunks(block_hashes: list[bytes]) -> Iterator[list[bytes]]:
         yield block_hashes[start : start + MAX_HASHES_PER_COMMAND]
 
 
+def _set_exactly(pipe, key: str, block_hashes: list[bytes]) -> None:
+    """Queue on `pipe` the commands that make the Redis set `key` exactly these hashes."""
+    pipe.delete(key)
+    for chunk in _chunks(block_hashes):
+        pipe.sadd(key, *chunk)
+
+
 def _num_leading_ones(flags: list[int]) -> int:
     for index, flag in enumerate(flags):
         if not flag:
@@ -83,9 +90,7 @@ class PrefixIndex:
         validate_name("instance_id", instance_id)
         hashes = validate_block_hashes(block_hashes)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.namespace.prefix_held(instance_id))
-            for chunk in _chunks(hashes):
-                pipe.sadd(self.namespace.prefix_held(instance_id), *chunk)
+            _set_exactly(pipe, self.namespace.prefix_held(instance_id), hashes)
             pipe.sadd(self.namespace.prefix_indexed(), instance_id)
             await pipe.execute()
 
@@ -138,9 +143,7 @@ class PrefixIndex:
         validate_name("tier_id", tier_id)
         hashes = validate_block_hashes(block_hashes)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.namespace.prefix_tier(tier_id))
-            for chunk in _chunks(hashes):
-                pipe.sadd(self.namespace.prefix_tier(tier_id), *chunk)
+            _set_exactly(pipe, self.namespace.prefix_tier(tier_id), hashes)
             await pipe.execute()
 
     async def indexed_instance_ids(self) -> set[str]:
