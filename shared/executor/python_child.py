@@ -12,12 +12,23 @@ from pathlib import Path
 
 # The folder that holds the `shared` package: the child imports the same code as its parent.
 CODE_ROOT = str(Path(__file__).resolve().parents[2])
+# The pid of the process that started the child, so the child can tell whether it is orphaned.
+PARENT_PID_VARIABLE = "PDSERVE_PARENT_PID"
 
 
 def child_environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [CODE_ROOT, env.get("PYTHONPATH")]))
+    env[PARENT_PID_VARIABLE] = str(os.getpid())
     return env
+
+
+def is_orphaned() -> bool:
+    """True when the process that started this child (child_environment) is gone: the child was
+    re-parented. A parent-death signal asked for after the parent died is never sent, so a child
+    that asks for one late (after its imports) must check this once it has."""
+    parent = os.environ.get(PARENT_PID_VARIABLE)
+    return parent is not None and parent.isdigit() and os.getppid() != int(parent)
 
 
 def module_command(module: str) -> list[str]:

@@ -18,6 +18,7 @@ from shared.engine.core_process.core_loop import CoreLoop
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
                                                  decode_startup, encode)
 from shared.engine.introspection import engine_info
+from shared.executor.python_child import is_orphaned
 from shared.engine.engine_core import EngineCore
 from shared.isolation import describe_error
 from shared.logging_setup import configure_child_logging
@@ -32,11 +33,16 @@ LINGER_MS = 1000
 
 
 def die_with_parent() -> None:
-    """Linux: get SIGKILL when the service process exits, so a core never outlives it."""
+    """Linux: get SIGKILL when the service process exits, so a core never outlives it. The
+    request comes after this module's imports (seconds on a loaded machine): a service killed
+    in that window (while starting) left its core orphaned, so check for that too."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if is_orphaned():
+        logger.error("engine core: the service process that started it is gone; exiting")
+        os._exit(3)
 
 
 def build_core(startup: CoreStartup) -> EngineCore:
