@@ -6,8 +6,8 @@ supervised), sends greedy streaming requests as a Poisson process over both gate
 (drawn between the two values, seeded) injects one fault drawn from the kinds below, holds it,
 heals it and measures the recovery (until every instance is registered and both gateways answer).
 Kinds (benchmarks.chaos_faults): kill -9 / SIGTERM of a prefill or decode instance, kill -9 of
-Redis, SIGSTOP of an instance's or Redis's process tree, a memory cgroup limit below an
-instance's working set (root only), and an overload burst (the arrival rate times
+Redis, SIGSTOP of an instance's or Redis's process tree, a memory cgroup limit that leaves an
+instance's process tree little room to allocate (root only), and an overload burst (the arrival rate times
 `--burst-factor`, which the gateways must shed with RESOURCE_EXHAUSTED and Retry-After).
 The same seed gives the same faults at the same times against the same victims.
 
@@ -50,8 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hold-s", type=float, default=20.0, help="how long a SIGSTOP, limit or burst lasts")
     parser.add_argument("--rate", type=float, default=0.5, help="requests per second (Poisson)")
     parser.add_argument("--burst-factor", type=float, default=8.0, help="the rate multiplier of an overload burst")
-    parser.add_argument("--memory-ratio", type=float, default=0.9,
-                        help="a memory limit as a share of the victim's working set")
+    parser.add_argument("--memory-headroom-mib", type=float, default=32.0,
+                        help="what a memory-limited instance may allocate beyond its charged usage at the limit")
     parser.add_argument("--kinds", default="", help="comma-separated substrings: only fault kinds containing one")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="each request's client deadline")
     parser.add_argument("--seed", type=int, default=0)
@@ -88,12 +88,14 @@ def run_fault(stack, load: PoissonLoad, kind: tuple[str, str], rng: random.Rando
     else:
         restarts = {child.name: num_restarts(stack, child.name) for child in stack.children()}
         injected = chaos_faults.inject(stack, name, role, rng, chaos_faults.FaultSettings(args.hold_s,
-                                                                                       args.memory_ratio))
-        if name.startswith(("kill", "SIGTERM")):
-            _wait_restarted(stack, injected.victim, restarts[injected.victim])
-        else:
-            time.sleep(args.hold_s)
-        injected.heal()
+                                                                                       args.memory_headroom_mib))
+        try:
+            if name.startswith(("kill", "SIGTERM")):
+                _wait_restarted(stack, injected.victim, restarts[injected.victim])
+            else:
+                time.sleep(args.hold_s)
+        finally:
+            injected.heal()
         restarted = [n for n, before in restarts.items() if num_restarts(stack, n) > before]
         if restarted and not name.startswith(("kill", "SIGTERM")):
             injected.notes.append(f"restarted by the supervisor: {', '.join(restarted)}")
@@ -126,7 +128,13 @@ def run_chaos(stack: ChaosStack, args: argparse.Namespace) -> tuple[PoissonLoad,
             if next_at + args.hold_s >= end_at:
                 break
             time.sleep(max(0.0, next_at - time.monotonic()))
-            faults.append(run_fault(stack, load, rng.choice(kinds), rng, args))
+            kind = rng.choice(kinds)
+            try:
+                faults.append(run_fault(stack, load, kind, rng, args))
+            except Exception as error:  # noqa: BLE001 - one fault that cannot be injected ends nothing
+                logger.exception("fault %s could not be injected", kind[0])
+                faults.append(chaos_report.FaultRecord(kind[0], "-", time.monotonic() - load.started_at, 0.0,
+                                                       float("nan"), f"not injected: {error!r}"))
         time.sleep(max(0.0, end_at - time.monotonic()))
     finally:
         load.stop_arrivals()

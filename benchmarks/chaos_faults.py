@@ -5,10 +5,10 @@ of that role with the schedule's seeded generator, so a run is reproducible from
 - kill -9 / SIGTERM: the supervisor heals it (starts the process again);
 - SIGSTOP: the victim's whole process tree (service, engine core, workers) is stopped for
   `hold_s`, then SIGCONT;
-- memory limit: the victim's tree is moved into a memory cgroup limited to its working set times
-  `memory_ratio` for `hold_s` (benchmarks.harness.memory_cgroup); the kernel reclaims or OOM-kills,
-  the instance restarts its engine core or the supervisor restarts the instance; then the limit
-  is lifted.
+- memory limit: the victim's tree is moved into a memory cgroup that leaves it `memory_headroom_mib`
+  beyond what is charged to the group at the move, for `hold_s` (benchmarks.harness.memory_cgroup);
+  the kernel reclaims or OOM-kills, the instance restarts its engine core or the supervisor
+  restarts the instance; then the limit is lifted.
 Recovery is measured by the caller from the heal (the kill itself, SIGCONT, the lifted limit):
 until every instance is registered and both gateways answer a probe.
 """
@@ -20,9 +20,11 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
-from benchmarks.harness import memory_cgroup
+from benchmarks.harness import memory_cgroup, netfault
 from benchmarks.harness.process_tree import descendants, parent_pids
+from shared.memory.process import resident_bytes as _resident_bytes
 
 PROCESS_KINDS = (
     ("kill -9 prefill", "prefill"), ("kill -9 decode", "decode"), ("kill -9 redis", "redis"),
@@ -30,6 +32,19 @@ PROCESS_KINDS = (
 )
 HUNG_KINDS = (("SIGSTOP prefill", "prefill"), ("SIGSTOP decode", "decode"), ("SIGSTOP redis", "redis"))
 MEMORY_KINDS = (("memory limit decode", "decode"), ("memory limit prefill", "prefill"))
+# benchmarks.harness.netfault on loopback: (kind, victim role, netfault kind, the peer's role, params).
+NETWORK_FAULTS = (
+    ("net latency 200 ms +-50 decode", "decode", "latency", None, {"delay_ms": 200, "jitter_ms": 50}),
+    ("net latency 50 ms prefill", "prefill", "latency", None, {"delay_ms": 50}),
+    ("net loss 5% decode", "decode", "loss", None, {"percent": 5.0}),
+    ("net loss 1% prefill", "prefill", "loss", None, {"percent": 1.0}),
+    ("net reorder prefill", "prefill", "reorder", None, {"percent": 25.0, "delay_ms": 10}),
+    ("net bandwidth 100 Mbit prefill", "prefill", "bandwidth", None, {"mbit": 100}),
+    ("net partition prefill-decode", "prefill", "partition", "decode", {}),
+    ("net partition decode-redis", "decode", "partition", "redis", {}),
+    ("net reset prefill-decode", "prefill", "reset", "decode", {}),
+)
+NETWORK_KINDS = tuple((name, role) for name, role, *_ in NETWORK_FAULTS)
 
 
 @dataclass
@@ -44,13 +59,14 @@ class Injected:
 @dataclass
 class FaultSettings:
     hold_s: float = 20.0  # how long a SIGSTOP or a memory limit lasts
-    memory_ratio: float = 0.9  # the memory limit, as a share of the victim's working set
+    memory_headroom_mib: float = 32.0  # what a memory-limited victim may allocate beyond its usage at the move
 
 
 def available_kinds(extra: tuple = ()) -> tuple[tuple[str, str], ...]:
     """Every fault kind this machine can inject (memory limits need root and a memory cgroup)."""
     kinds = PROCESS_KINDS + HUNG_KINDS + tuple(extra)
-    return kinds + (MEMORY_KINDS if memory_cgroup.is_available() else ())
+    kinds += MEMORY_KINDS if memory_cgroup.is_available() else ()
+    return kinds + (NETWORK_KINDS if netfault.missing_prerequisite() is None else ())
 
 
 def victims(stack, role: str) -> list:
@@ -75,7 +91,9 @@ def inject(stack, kind: str, role: str, rng: random.Random, settings: FaultSetti
     if kind.startswith("SIGSTOP"):
         return _stopped(kind, victim, now)
     if kind.startswith("memory limit"):
-        return _memory_limited(kind, victim, settings.memory_ratio, now)
+        return _memory_limited(kind, victim, settings.memory_headroom_mib, now)
+    if kind.startswith("net "):
+        return _network_fault(stack, kind, victim, rng, now)
     if extra_injectors and kind in extra_injectors:
         return extra_injectors[kind](stack, kind, victim, rng, now)
     raise ValueError(f"unknown fault kind {kind!r}")
@@ -94,10 +112,13 @@ def _stopped(kind: str, victim, now: float) -> Injected:
     return Injected(kind, victim.name, now, heal, [f"{len(pids)} processes stopped"])
 
 
-def _memory_limited(kind: str, victim, ratio: float, now: float) -> Injected:
-    limit = memory_cgroup.limit_memory(tree_pids(victim.pid), ratio)
+def _memory_limited(kind: str, victim, headroom_mib: float, now: float) -> Injected:
+    pids = tree_pids(victim.pid)
+    resident = sum(_resident_bytes(pid) for pid in pids)
+    limit = memory_cgroup.limit_memory(pids, int(headroom_mib * 2**20))
     injected = Injected(kind, victim.name, now, notes=[
-        f"limit {limit.limit_bytes / 2**20:.0f} MiB = {ratio:g} x working set {limit.start_usage_bytes / 2**20:.0f} MiB"])
+        f"tree RSS {resident / 2**20:.0f} MiB; limit {limit.limit_bytes / 2**20:.0f} MiB "
+        f"({limit.start_usage_bytes / 2**20:.0f} MiB charged at the move + {headroom_mib:g})"])
 
     def heal() -> None:
         num_kills = limit.num_oom_kills()
@@ -105,3 +126,16 @@ def _memory_limited(kind: str, victim, ratio: float, now: float) -> Injected:
         limit.lift()
     injected.heal = heal
     return injected
+
+
+def _network_fault(stack, kind: str, victim, rng: random.Random, now: float) -> Injected:
+    _, _, net_kind, peer_role, params = next(fault for fault in NETWORK_FAULTS if fault[0] == kind)
+    target = netfault.process_target(victim.name, victim.pid)
+    peer = None
+    if peer_role == "redis":
+        peer = netfault.port_target("redis", urlparse(stack.redis_url).port)
+    elif peer_role is not None:
+        other = rng.choice(victims(stack, peer_role))
+        peer = netfault.process_target(other.name, other.pid)
+    fault = netfault.inject(net_kind, target, peer, seed=rng.randrange(10**6), **params)
+    return Injected(kind, victim.name + (f"<->{peer.name}" if peer else ""), now, fault.heal, [fault.describe()])

@@ -1,13 +1,14 @@
 """Memory pressure on running processes: move a process tree into a memory cgroup of its own
-(a child of this process's cgroup) with a limit near the tree's working set, then lift the
-limit and move the processes back.
+(a child of this process's cgroup) whose limit leaves it `headroom` bytes beyond what is charged
+to the group at the move, then lift the limit and move the processes back.
 
-cgroup v1 (`/sys/fs/cgroup/memory`) charges pages already in use to the new group when
-`memory.move_charge_at_immigrate` is 3, so the group's usage starts at the tree's working set and
-the limit bites at once; the kernel then reclaims the tree's page cache and, when that is not
-enough, its OOM killer kills the tree's largest process (the engine core). cgroup v2 (a unified
-hierarchy with a memory controller) does the same with `memory.max`; it never moves charges, so
-there the limit applies to the tree's new allocations. Needs root.
+Whether the pages the tree already uses move with it depends on the kernel: cgroup v1's
+`memory.move_charge_at_immigrate` is tried (3: anonymous and file pages), but kernels from 6.x
+on refuse it (EINVAL), and cgroup v2 never moves charges. Then the old pages stay charged where
+they were and the limit bounds what the tree allocates from the move on: a tree that keeps
+touching new pages (an engine under load) runs into it within seconds, the kernel reclaims its
+new page cache and then its OOM killer kills the group's largest process (the engine core).
+Needs root.
 """
 
 import contextlib
@@ -29,7 +30,7 @@ class MemoryLimit:
     home: Path  # the cgroup the processes came from
     is_v1: bool
     limit_bytes: int
-    start_usage_bytes: int
+    start_usage_bytes: int  # charged to the group right after the move
 
     def usage_bytes(self) -> int:
         return _read_int(self.path / ("memory.usage_in_bytes" if self.is_v1 else "memory.current"))
@@ -71,22 +72,20 @@ def own_memory_cgroup() -> tuple[Path, bool]:
     raise OSError("no memory cgroup found in /proc/self/cgroup")
 
 
-def limit_memory(pids: list[int], headroom_ratio: float, name: str = "pdserve-chaos") -> MemoryLimit:
-    """Move `pids` into a new memory cgroup whose limit is their working set times `headroom_ratio`
-    (below 1: under it, so pages must be reclaimed or a process killed)."""
+def limit_memory(pids: list[int], headroom_bytes: int, name: str = "pdserve-chaos") -> MemoryLimit:
+    """Move `pids` into a new memory cgroup limited to its charged usage plus `headroom_bytes`."""
     home, is_v1 = own_memory_cgroup()
     path = home / f"{name}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     try:
         if is_v1:
-            (path / "memory.move_charge_at_immigrate").write_text(MOVE_ANON_AND_FILE_PAGES)
+            with contextlib.suppress(OSError):  # refused by newer kernels: charges stay behind
+                (path / "memory.move_charge_at_immigrate").write_text(MOVE_ANON_AND_FILE_PAGES)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, OSError):
                 (path / "cgroup.procs").write_text(str(pid))
         usage = _read_int(path / ("memory.usage_in_bytes" if is_v1 else "memory.current"))
-        if not is_v1:
-            usage = sum(_tree_resident_bytes(pid) for pid in pids)
-        limit = max(16 * 1024 * 1024, int(usage * headroom_ratio))
+        limit = usage + headroom_bytes
         (path / ("memory.limit_in_bytes" if is_v1 else "memory.max")).write_text(str(limit))
     except BaseException:
         MemoryLimit(path, home, is_v1, 0, 0).lift()
@@ -111,11 +110,3 @@ def _pids(path: Path) -> list[int]:
 
 def _read_int(path: Path) -> int:
     return int(path.read_text().split()[0])
-
-
-def _tree_resident_bytes(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0

@@ -1,6 +1,7 @@
 """Load shedding with real processes: a gateway started with --max-queued-per-instance 1 on the
-shared stack (1 prefill + 1 decode). The prefill instance is frozen, so a first request waits for
-its first token however fast the machine is; a second request is then refused at once, over HTTP
+shared stack (1 prefill + 1 decode). The prefill instance's engine core is frozen (its service
+still answers health checks and heartbeats, as a busy instance does), so a first request waits
+for its first token however fast the machine is; a second request is then refused at once, over HTTP
 with 429 and Retry-After, over gRPC with RESOURCE_EXHAUSTED and trailing metadata retry-after,
 each naming the limit. After the thaw the first request completes and every block is back."""
 
@@ -62,7 +63,7 @@ def test_a_full_prefill_pool_sheds_with_429_and_resource_exhausted_and_frees_eve
     outcome = []
     with grpc.insecure_channel(grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
-        with Frozen(*stack.instances("prefill")):
+        with Frozen(*stack.instances("prefill"), engines_only=True):
             first = threading.Thread(target=lambda: outcome.append(list(stub.Generate(request, timeout=120))))
             first.start()
             stack.wait_for(lambda: waiting_first_token(http_address) == 1, 60, "the first request to be admitted")
