@@ -6,8 +6,8 @@ supervised), sends greedy streaming requests as a Poisson process over both gate
 (drawn between the two values, seeded) injects one fault drawn from the kinds below, holds it,
 heals it and measures the recovery (until every instance is registered and both gateways answer).
 Kinds (benchmarks.chaos_faults): kill -9 / SIGTERM of a prefill or decode instance, kill -9 of
-Redis, SIGSTOP of an instance's or Redis's process tree, a memory cgroup limit that leaves an
-instance's process tree little room to allocate (root only), and an overload burst (the arrival rate times
+Redis, SIGSTOP of an instance's or Redis's process tree, a memory cgroup limit at an instance's
+working set, its engine core restarted inside it (root only), and an overload burst (the arrival rate times
 `--burst-factor`, which the gateways must shed with RESOURCE_EXHAUSTED and Retry-After).
 The same seed gives the same faults at the same times against the same victims.
 
@@ -50,8 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hold-s", type=float, default=20.0, help="how long a SIGSTOP, limit or burst lasts")
     parser.add_argument("--rate", type=float, default=0.5, help="requests per second (Poisson)")
     parser.add_argument("--burst-factor", type=float, default=8.0, help="the rate multiplier of an overload burst")
-    parser.add_argument("--memory-headroom-mib", type=float, default=32.0,
-                        help="what a memory-limited instance may allocate beyond its charged usage at the limit")
+    parser.add_argument("--memory-ratio", type=float, default=1.0,
+                        help="a memory limit as a share of the victim engine core's working set (anonymous memory)")
     parser.add_argument("--kinds", default="", help="comma-separated substrings: only fault kinds containing one")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="each request's client deadline")
     parser.add_argument("--seed", type=int, default=0)
@@ -88,7 +88,7 @@ def run_fault(stack, load: PoissonLoad, kind: tuple[str, str], rng: random.Rando
     else:
         restarts = {child.name: num_restarts(stack, child.name) for child in stack.children()}
         injected = chaos_faults.inject(stack, name, role, rng, chaos_faults.FaultSettings(args.hold_s,
-                                                                                       args.memory_headroom_mib))
+                                                                                       args.memory_ratio))
         try:
             if name.startswith(("kill", "SIGTERM")):
                 _wait_restarted(stack, injected.victim, restarts[injected.victim])

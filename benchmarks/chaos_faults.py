@@ -5,10 +5,11 @@ of that role with the schedule's seeded generator, so a run is reproducible from
 - kill -9 / SIGTERM: the supervisor heals it (starts the process again);
 - SIGSTOP: the victim's whole process tree (service, engine core, workers) is stopped for
   `hold_s`, then SIGCONT;
-- memory limit: the victim's tree is moved into a memory cgroup that leaves it `memory_headroom_mib`
-  beyond what is charged to the group at the move, for `hold_s` (benchmarks.harness.memory_cgroup);
-  the kernel reclaims or OOM-kills, the instance restarts its engine core or the supervisor
-  restarts the instance; then the limit is lifted.
+- memory limit: the victim's tree is moved into a memory cgroup limited to `memory_ratio` x its
+  engine core's working set and the engine core is killed once, so that it restarts inside the
+  group (benchmarks.harness.memory_cgroup); there the kernel reclaims or OOM-kills, the instance
+  restarts its engine core again or, past its restart budget, exits and the supervisor starts it
+  again (outside the group); after `hold_s` the limit is lifted.
 Recovery is measured by the caller from the heal (the kill itself, SIGCONT, the lifted limit):
 until every instance is registered and both gateways answer a probe.
 """
@@ -24,7 +25,6 @@ from urllib.parse import urlparse
 
 from benchmarks.harness import memory_cgroup, netfault
 from benchmarks.harness.process_tree import descendants, parent_pids
-from shared.memory.process import resident_bytes as _resident_bytes
 
 PROCESS_KINDS = (
     ("kill -9 prefill", "prefill"), ("kill -9 decode", "decode"), ("kill -9 redis", "redis"),
@@ -59,7 +59,7 @@ class Injected:
 @dataclass
 class FaultSettings:
     hold_s: float = 20.0  # how long a SIGSTOP or a memory limit lasts
-    memory_headroom_mib: float = 32.0  # what a memory-limited victim may allocate beyond its usage at the move
+    memory_ratio: float = 1.0  # a memory limit, as a share of the victim engine core's working set
 
 
 def available_kinds(extra: tuple = ()) -> tuple[tuple[str, str], ...]:
@@ -91,7 +91,7 @@ def inject(stack, kind: str, role: str, rng: random.Random, settings: FaultSetti
     if kind.startswith("SIGSTOP"):
         return _stopped(kind, victim, now)
     if kind.startswith("memory limit"):
-        return _memory_limited(kind, victim, settings.memory_headroom_mib, now)
+        return _memory_limited(kind, victim, settings.memory_ratio, now)
     if kind.startswith("net "):
         return _network_fault(stack, kind, victim, rng, now)
     if extra_injectors and kind in extra_injectors:
@@ -112,17 +112,26 @@ def _stopped(kind: str, victim, now: float) -> Injected:
     return Injected(kind, victim.name, now, heal, [f"{len(pids)} processes stopped"])
 
 
-def _memory_limited(kind: str, victim, headroom_mib: float, now: float) -> Injected:
-    pids = tree_pids(victim.pid)
-    resident = sum(_resident_bytes(pid) for pid in pids)
-    limit = memory_cgroup.limit_memory(pids, int(headroom_mib * 2**20))
+def _memory_limited(kind: str, victim, ratio: float, now: float) -> Injected:
+    """The victim's tree into a memory cgroup limited to `ratio` x its engine core's working set
+    (anonymous memory: what a restart allocates afresh); the engine core is then killed once, as
+    an OOM kill would, so that its restart in place happens inside the group and is charged in
+    full there (this kernel does not move the charges of pages already in use)."""
+    parents = parent_pids()
+    engines = sorted(pid for pid, parent in parents.items() if parent == victim.pid)
+    working_set = sum(memory_cgroup.anonymous_bytes(pid) for pid in engines)
+    limit = memory_cgroup.limit_memory(tree_pids(victim.pid), int(ratio * working_set))
+    for pid in engines:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     injected = Injected(kind, victim.name, now, notes=[
-        f"tree RSS {resident / 2**20:.0f} MiB; limit {limit.limit_bytes / 2**20:.0f} MiB "
-        f"({limit.start_usage_bytes / 2**20:.0f} MiB charged at the move + {headroom_mib:g})"])
+        f"limit {limit.limit_bytes / 2**20:.0f} MiB = {ratio:g} x the engine core's {working_set / 2**20:.0f} MiB; "
+        "engine core killed to restart inside"])
 
     def heal() -> None:
         num_kills = limit.num_oom_kills()
-        injected.notes.append(f"{num_kills} OOM kill(s)" if num_kills else "no OOM kill (reclaim sufficed)")
+        injected.notes.append(f"peak {limit.peak_bytes() / 2**20:.0f} MiB, limit met {limit.num_limit_hits()} times, "
+                              f"{num_kills} OOM kill(s)")
         limit.lift()
     injected.heal = heal
     return injected

@@ -1,14 +1,14 @@
 """Memory pressure on running processes: move a process tree into a memory cgroup of its own
-(a child of this process's cgroup) whose limit leaves it `headroom` bytes beyond what is charged
-to the group at the move, then lift the limit and move the processes back.
+(a child of this process's cgroup) with a memory limit, then lift the limit and move the
+processes back.
 
 Whether the pages the tree already uses move with it depends on the kernel: cgroup v1's
 `memory.move_charge_at_immigrate` is tried (3: anonymous and file pages), but kernels from 6.x
 on refuse it (EINVAL), and cgroup v2 never moves charges. Then the old pages stay charged where
-they were and the limit bounds what the tree allocates from the move on: a tree that keeps
-touching new pages (an engine under load) runs into it within seconds, the kernel reclaims its
-new page cache and then its OOM killer kills the group's largest process (the engine core).
-Needs root.
+they were and only what the tree allocates from the move on counts against the limit; a process
+the tree starts afterwards (an engine core restarted in place) is charged in full, as in a
+container with a memory limit. Over the limit the kernel reclaims the group's page cache, then
+its OOM killer kills the group's largest process. Needs root.
 """
 
 import contextlib
@@ -45,6 +45,22 @@ class MemoryLimit:
                     return int(value)
         return 0
 
+    def num_limit_hits(self) -> int:
+        """Times an allocation met the limit (v1: memory.failcnt; v2: memory.events' max)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.is_v1:
+                return _read_int(self.path / "memory.failcnt")
+            for line in (self.path / "memory.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        return 0
+
+    def peak_bytes(self) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            return _read_int(self.path / ("memory.max_usage_in_bytes" if self.is_v1 else "memory.peak"))
+        return 0
+
     def lift(self) -> None:
         if not self.path.exists():
             return
@@ -72,8 +88,9 @@ def own_memory_cgroup() -> tuple[Path, bool]:
     raise OSError("no memory cgroup found in /proc/self/cgroup")
 
 
-def limit_memory(pids: list[int], headroom_bytes: int, name: str = "pdserve-chaos") -> MemoryLimit:
-    """Move `pids` into a new memory cgroup limited to its charged usage plus `headroom_bytes`."""
+def limit_memory(pids: list[int], limit_bytes: int, name: str = "pdserve-chaos") -> MemoryLimit:
+    """Move `pids` into a new memory cgroup limited to `limit_bytes` (at least what is already
+    charged to it after the move)."""
     home, is_v1 = own_memory_cgroup()
     path = home / f"{name}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
@@ -85,7 +102,7 @@ def limit_memory(pids: list[int], headroom_bytes: int, name: str = "pdserve-chao
             with contextlib.suppress(ProcessLookupError, OSError):
                 (path / "cgroup.procs").write_text(str(pid))
         usage = _read_int(path / ("memory.usage_in_bytes" if is_v1 else "memory.current"))
-        limit = usage + headroom_bytes
+        limit = max(limit_bytes, usage)
         (path / ("memory.limit_in_bytes" if is_v1 else "memory.max")).write_text(str(limit))
     except BaseException:
         MemoryLimit(path, home, is_v1, 0, 0).lift()
@@ -110,3 +127,12 @@ def _pids(path: Path) -> list[int]:
 
 def _read_int(path: Path) -> int:
     return int(path.read_text().split()[0])
+
+
+def anonymous_bytes(pid: int) -> int:
+    """A process's anonymous resident memory (RssAnon): what a restart of it allocates afresh."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
