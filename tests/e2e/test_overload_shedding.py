@@ -10,6 +10,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -18,7 +19,7 @@ from services.launcher.child import stop_children
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from shared.pb.pdserve.v1 import generation_pb2 as gen
-from tests.helpers.freeze import Frozen
+from tests.helpers.freeze import Frozen, process_tree
 
 SHEDDING_GATEWAY = "gateway-shedding"
 
@@ -37,6 +38,11 @@ def shedding_gateway(stack):
         yield stack.stack.addresses[SHEDDING_GATEWAY], ready["http_address"]
     finally:
         stop_children([child], 10.0)
+
+
+def engine_cores(instances) -> list[SimpleNamespace]:
+    """What each instance started (engine core, workers), to freeze without its service."""
+    return [SimpleNamespace(pid=pid) for instance in instances for pid in process_tree(instance.pid)[1:]]
 
 
 def waiting_first_token(http_address: str) -> int:
@@ -63,7 +69,7 @@ def test_a_full_prefill_pool_sheds_with_429_and_resource_exhausted_and_frees_eve
     outcome = []
     with grpc.insecure_channel(grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
-        with Frozen(*stack.instances("prefill"), engines_only=True):
+        with Frozen(*engine_cores(stack.instances("prefill"))):
             first = threading.Thread(target=lambda: outcome.append(list(stub.Generate(request, timeout=120))))
             first.start()
             stack.wait_for(lambda: waiting_first_token(http_address) == 1, 60, "the first request to be admitted")

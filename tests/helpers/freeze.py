@@ -16,13 +16,10 @@ def process_tree(pid: int) -> list[int]:
 
 
 class Frozen:
-    """SIGSTOP instances' processes; SIGCONT them on leaving, whatever happened. With
-    `engines_only`, only what each instance started (its engine core, workers): the service
-    still answers health checks and heartbeats, as an instance busy with a long queue does."""
+    """SIGSTOP instances' processes; SIGCONT them on leaving, whatever happened."""
 
-    def __init__(self, *instances, engines_only: bool = False):
-        skip = 1 if engines_only else 0
-        self.pids = [pid for instance in instances for pid in process_tree(instance.pid)[skip:]]
+    def __init__(self, *instances):
+        self.pids = [pid for instance in instances for pid in process_tree(instance.pid)]
 
     def __enter__(self):
         for pid in self.pids:
