@@ -144,9 +144,10 @@ def run_chaos(stack: ChaosStack, args: argparse.Namespace) -> tuple[PoissonLoad,
     return load, results, faults
 
 
-def write_report(args, load: PoissonLoad, results, faults, leftovers, scored) -> str:
+def write_report(args, load: PoissonLoad, results, faults, leftovers, scored: tuple | None) -> str:
+    """report.md, results.json and latency.png; `scored`: the fp32 rescoring, None before it."""
     counts = chaos_report.outcomes(results, args.timeout_s)
-    num_scored, num_wrong, wrong_lines = scored
+    num_scored, num_wrong, wrong_lines = scored or ("not yet", "-", [])
     windows = chaos_report.latency_windows(results, load.started_at, args.window_s)
     reasons = chaos_report.failure_reasons(results, args.timeout_s)
     title = (f"Chaos: {args.duration_min:g} min at {args.rate:g} req/s (seed {args.seed}), "
@@ -191,6 +192,7 @@ def main(argv=None) -> None:
     finally:
         stop_supervising.set()
         stack.stop()
+    write_report(args, load, results, faults, leftovers, None)  # on disk before the (long) rescoring
     scored = chaos_report.rescore_fp32(results, stack.config.model)
     print(write_report(args, load, results, faults, leftovers, scored))
     print(f"report, results.json and latency.png in {args.out_dir}; stack logs in {stack.run_dir / 'logs'}")
