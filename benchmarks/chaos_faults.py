@@ -21,6 +21,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 from benchmarks.harness import memory_cgroup, netfault
@@ -147,4 +148,15 @@ def _network_fault(stack, kind: str, victim, rng: random.Random, now: float) -> 
         other = rng.choice(victims(stack, peer_role))
         peer = netfault.process_target(other.name, other.pid)
     fault = netfault.inject(net_kind, target, peer, seed=rng.randrange(10**6), **params)
+    _delayers_at_normal_priority()
     return Injected(kind, victim.name + (f"<->{peer.name}" if peer else ""), now, fault.heal, [fault.describe()])
+
+
+def _delayers_at_normal_priority() -> None:
+    """A delayer stands for the network: it must not inherit the benchmark's `chrt --idle` /
+    `nice`, or on a busy machine it holds packets for seconds instead of milliseconds."""
+    for pid in descendants(os.getpid(), parent_pids()):
+        with contextlib.suppress(OSError):
+            if b"netfault_queue" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
