@@ -16,6 +16,7 @@ BENCH_ARGS ?=
 UP_ARGS ?=
 GATEWAY_PORT ?= 50051
 SOAK_MINUTES ?= 30
+CHAOS_MINUTES ?= 5
 # `make image` / `make test-compose`: the image's tag, and flags for the compose scenario.
 IMAGE ?= pdserve:latest
 COMPOSE_ARGS ?=
@@ -29,7 +30,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak bench-chaos gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -55,6 +56,7 @@ help:
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
 	@echo "make bench-sim-validate the simulator vs the local 1P+1D stack at 3 Poisson rates (needs a quiet machine)"
 	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
+	@echo "make bench-chaos    chaos: 2P+2D+2 gateways under Poisson load, a seeded fault every 30-90 s, for CHAOS_MINUTES (default 5); report + plot in bench-results/chaos/ (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -131,6 +133,9 @@ gpu-check:
 
 bench-soak: setup
 	$(PYTHON) -m benchmarks.soak --minutes $(SOAK_MINUTES) $(BENCH_ARGS)
+
+bench-chaos: setup
+	$(PYTHON) -m benchmarks.chaos --duration-min $(CHAOS_MINUTES) $(BENCH_ARGS)
 
 convert: setup
 	$(PDSERVE) convert

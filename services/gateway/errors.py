@@ -10,13 +10,16 @@ from services.common.bounded_text import bounded
 
 
 class GatewayError(Exception):
-    """An error to return to the client as `code` with `message` (bounded in size)."""
+    """An error to return to the client as `code` with `message` (bounded in size); with
+    `retry_after_s`, the client is told when to retry (gRPC trailing metadata `retry-after`,
+    HTTP header Retry-After, both in whole seconds)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None):
         message = bounded(message)
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 def invalid_argument(error: InvalidRequestError) -> GatewayError:

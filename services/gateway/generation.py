@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -21,6 +21,7 @@ from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.tracing import record_failure, span
 
+from services.gateway.admission import Admission, Ticket, prompt_pool
 from services.gateway.cluster_view import live_adapters
 from services.gateway.deadline import client_deadline
 from services.gateway.errors import GatewayError, from_exception
@@ -46,6 +47,7 @@ class GatewayState:
     limits: RequestLimits = RequestLimits()
     # LoRA adapters the gateway was told of (--lora-modules), served by instances or not yet.
     lora_modules: tuple[str, ...] = ()
+    admission: Admission = field(default_factory=Admission)  # load shedding (off by default here)
 
 
 async def known_adapters(state: GatewayState) -> list[str]:
@@ -92,20 +94,25 @@ async def _traced_stream(state: GatewayState, model: ServedModel, relay: RelayCo
         logger.info("request %s received: %d prompt tokens, n=%d", request_id, len(prepared.prompt_token_ids),
                     prepared.n, extra={"request_id": request_id, "num_prompt_tokens": len(prepared.prompt_token_ids)})
         deadline = client_deadline(time_remaining, state.default_deadline_s)
+        ticket = await _admit(state, relay)
         stream = relay_request(relay, prepared, deadline)
-        async with contextlib.aclosing(stream):
-            async for response in stream:
-                has_first_token = timer.first_token_at is not None
-                timer.on_message(response)
-                if not has_first_token and timer.first_token_at is not None:
-                    request_span.add_event("first_token")
-                yield response
+        try:
+            async with contextlib.aclosing(stream):
+                async for response in stream:
+                    has_first_token = timer.first_token_at is not None
+                    timer.on_message(response)
+                    if not has_first_token and timer.first_token_at is not None:
+                        request_span.add_event("first_token")
+                        ticket.first_token()
+                    yield response
+        finally:
+            ticket.release()
         relay.stats.num_completed += 1
         timer.finish(len(prepared.prompt_token_ids))
         request_span.set_attributes({"pdserve.finish_reason": ",".join(sorted(set(timer.finish_reasons))) or "none",
                                      "pdserve.num_generated_tokens": timer.num_generated_tokens})
     except GatewayError as error:
-        relay.stats.record_failure(error.code.name)
+        relay.stats.record_failure(error.code.name)  # shed requests too (RESOURCE_EXHAUSTED)
         record_failure(request_span, error.code.name, error.message)
         logger.info("request %s failed: %s %s", request_id, error.code.name, error.message[:300],
                     extra={"request_id": request_id, "status": error.code.name})
@@ -123,3 +130,10 @@ async def _traced_stream(state: GatewayState, model: ServedModel, relay: RelayCo
         logger.exception("request %s failed in the gateway", request_id,
                          extra={"request_id": request_id, "status": answer.code.name})
         raise answer from error
+
+
+async def _admit(state: GatewayState, relay: RelayContext) -> Ticket:
+    """A ticket for the request, or RESOURCE_EXHAUSTED when the prompt pool is full
+    (services.gateway.admission); the listing is the cluster view's cached one."""
+    num_instances, pool_waiting = prompt_pool(await relay.view.live()) if state.admission.is_enabled else (0, 0)
+    return state.admission.admit(num_instances, pool_waiting)

@@ -64,6 +64,12 @@ class GatewayCollector(Collector):
                            stats.num_releases)
         yield make.counter("pdserve:gateway_lease_renewals", "Decode leases renewed while the prompt was queued "
                            "or running on a prefill instance.", stats.num_lease_renewals)
+        admission = self.state.admission
+        yield make.counter("pdserve:gateway_requests_shed", "Requests refused (RESOURCE_EXHAUSTED / 429) because "
+                           "the prompts waiting for a first token filled --max-queued-per-instance.",
+                           admission.num_shed)
+        yield make.gauge("pdserve:gateway_requests_waiting_first_token", "This gateway's admitted requests "
+                         "still waiting for their first token.", admission.num_waiting)
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
         yield _live_instances_family(make, relay.view)

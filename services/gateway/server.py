@@ -30,6 +30,7 @@ from services.common.grpc_server import GrpcServer
 from services.common.malformed_requests import MalformedRequestInterceptor
 from services.common.tracing_interceptors import server_interceptors
 from services.gateway.access_interceptor import AccessInterceptor
+from services.gateway.admission import Admission
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GATEWAY_SERVICE_NAME
@@ -59,7 +60,8 @@ class GatewayServer:
         self._load_model = load_model or (lambda: load_served_model(
             settings.model, settings.served_model_name, settings.max_model_len))
         self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits,
-                                  lora_modules=settings.lora_module_names)
+                                  lora_modules=settings.lora_module_names,
+                                  admission=Admission(settings.max_queued_per_instance))
         self.metrics = GatewayMetrics(self.state)
         self.state.metrics = self.metrics
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any

@@ -14,6 +14,7 @@ from shared.pb.pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.errors import GatewayError
 from services.gateway.generation import GatewayState, generate_stream, known_adapters
 from services.gateway.lora_admin import load_adapter_everywhere, unload_adapter_everywhere
+from services.gateway.rate_limits import retry_after_header
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import tokenize_request
 from services.gateway.served_model import ServedModel
@@ -35,6 +36,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 async for message in stream:
                     yield message
         except GatewayError as error:
+            if error.retry_after_s is not None:
+                context.set_trailing_metadata((("retry-after", retry_after_header(error.retry_after_s)),))
             await context.abort(error.code, error.message)
 
     async def ListModels(self, request, context):

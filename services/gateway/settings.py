@@ -33,6 +33,9 @@ DEFAULT_DEPLOYMENT = "default"
 # never closes a pooled connection at the moment a client reuses it.
 DEFAULT_HTTP_KEEP_ALIVE_S = 75.0
 MAX_PORT = 65535
+# Measured (docs/overload.md): beyond about this many prompts waiting per prefill instance, the
+# wait for a first token only grows.
+DEFAULT_MAX_QUEUED_PER_INSTANCE = 16
 
 
 def _setting(default, help_text: str, **constraints):
@@ -69,6 +72,11 @@ class GatewaySettings(RequestLimits, TracingSettings):
     prefill_busy_backlog: int = _setting(
         2, "the prefill pool is busy when every prefill instance that can feed the decode instance has at "
            "least this many prompts queued or running (heartbeats); 0 = never busy", ge=0)
+    # Load shedding (services.gateway.admission).
+    max_queued_per_instance: int = _setting(
+        DEFAULT_MAX_QUEUED_PER_INSTANCE, "shed new requests (RESOURCE_EXHAUSTED / HTTP 429 with Retry-After) while "
+        "the requests waiting for their first token reach this many per live prefill (or colocated) instance; "
+        "0 = never shed", ge=0)
     profile: str | None = _setting(None, "a `pdserve profile` JSON from which the unset local-prefill "
                                          "thresholds are derived")
     ready_file: str | None = _setting(None, 'write {"grpc_address": ..., "http_address": ...} here once bound')

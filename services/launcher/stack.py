@@ -4,7 +4,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from services.launcher.child import ChildProcess, stop_children
@@ -121,6 +121,20 @@ class LocalStack:
         argv = gateway_argv(self.config, self.redis_url, ready_file)
         self.gateway = self._spawn("gateway", "gateway", argv, ready_file)
         self._await_serving(self.gateway, deadline, should_abort)
+
+    def start_extra_gateway(self, name: str, extra_args: Sequence[str] = ()) -> ChildProcess:
+        """Another gateway on the same Redis, on ephemeral ports, with `extra_args` after the
+        configured gateway flags; SERVING when this returns. Its caller supervises and stops it."""
+        ready_file = self._ready_file(name)
+        argv = [*gateway_argv(self.config, self.redis_url, ready_file), "--port", "0", "--http-port", "0",
+                *extra_args]
+        child = self._spawn(name, "gateway", argv, ready_file)
+        try:
+            self._await_serving(child, time.monotonic() + self.config.ready_timeout_s, _never)
+        except BaseException:
+            stop_children([child], self.config.stop_grace_s)
+            raise
+        return child
 
     def _ready_file(self, name: str) -> Path:
         return self.run_dir / "ready" / f"{name}.json"

@@ -26,7 +26,7 @@ from services.gateway.access import AccessControl
 from services.gateway.http.access_middleware import AccessMiddleware
 from services.gateway.http.body_limit import BodyLimit
 from services.gateway.http.error_handlers import install_error_handlers
-from services.gateway.http.errors import from_gateway_error, from_invalid_request
+from services.gateway.http.errors import from_invalid_request, gateway_error_response
 from services.gateway.http.flow import respond
 from services.gateway.http.logprobs import TokenTexts
 from services.gateway.http.prompt_tokens import echoed, tokenized
@@ -132,7 +132,7 @@ def _answered_as(requested: str | None, model) -> str:
 def _error_response(error: InvalidRequestError | GatewayError) -> Response:
     if isinstance(error, InvalidRequestError):
         return from_invalid_request(error).response()
-    return from_gateway_error(error, {}).response()
+    return gateway_error_response(error, {})
 
 
 def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl | None = None,

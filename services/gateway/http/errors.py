@@ -16,6 +16,7 @@ from shared.errors import InvalidRequestError
 
 from services.common.bounded_text import bounded
 from services.gateway.errors import GatewayError
+from services.gateway.rate_limits import retry_after_header
 
 # gRPC status -> (HTTP status, error type, error code)
 _STATUS = {
@@ -81,6 +82,14 @@ def from_gateway_error(error: GatewayError, renamed: Mapping[str, str]) -> OpenA
     elif error.code == grpc.StatusCode.NOT_FOUND:
         param = "model"
     return OpenAIError(status, message, kind, param, code)
+
+
+def gateway_error_response(error: GatewayError, renamed: Mapping[str, str]) -> JSONResponse:
+    """The HTTP response for a GatewayError, with Retry-After when the gateway says when to retry."""
+    headers = None
+    if error.retry_after_s is not None:
+        headers = {"retry-after": retry_after_header(error.retry_after_s)}
+    return from_gateway_error(error, renamed).response(headers=headers)
 
 
 def from_validation_errors(errors: Sequence[dict]) -> OpenAIError:

@@ -21,7 +21,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.fanout import merge_streams
 from services.gateway.generation import GatewayState, generate_stream
 from services.gateway.http.builder import ResponseBuilder
-from services.gateway.http.errors import from_gateway_error
+from services.gateway.http.errors import gateway_error_response
 from services.gateway.http.sse import EventStreamResponse, Tagged, sse_events
 from services.gateway.http.to_internal import InternalRequest
 
@@ -46,7 +46,7 @@ async def respond(request: Request, state: GatewayState, internal: InternalReque
         is_handed_over = True
         return EventStreamResponse(sse_events(first, stream, builder, internal.renamed))
     except GatewayError as error:
-        return from_gateway_error(error, internal.renamed).response()
+        return gateway_error_response(error, internal.renamed)
     except ClientDisconnected:
         logger.info("request %s: the HTTP client disconnected", builder.response_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
