@@ -189,7 +189,7 @@ def test_an_adapter_gone_before_its_step_fails_only_its_requests(tiny_llama_fold
 
 
 @pytest.mark.parametrize("setting", [dict(speculative_method="ngram", num_speculative_tokens=2),
-                                     dict(deterministic=True), dict(tensor_parallel_size=2)])
+                                     dict(tensor_parallel_size=2)])
 def test_combinations_not_supported_yet_are_refused(tiny_llama_folder, setting):
     with pytest.raises(ConfigurationError, match="enable_lora") as error:
         make_llm(tiny_llama_folder, **setting)
