@@ -92,10 +92,10 @@ def _check_lora_combinations(config: EngineConfig) -> None:
     if not config.lora.enable_lora:
         return
     config.lora.validate()
-    refused = {"speculative_method": config.speculative.is_enabled, "tensor_parallel_size": config.parallel.is_parallel}
-    for name, is_set in refused.items():
-        if is_set:
-            raise ConfigurationError(name, "is not supported together with enable_lora yet")
+    if config.speculative.is_enabled:
+        raise ConfigurationError("speculative_method", f"{config.speculative.speculative_method!r} cannot be combined "
+                                 "with enable_lora: speculative decoding with LoRA adapters is not supported; serve "
+                                 "adapters without speculation, or speculate on an engine without adapters")
 
 
 def _check_device_features(config: EngineConfig, device: torch.device) -> None:
@@ -118,7 +118,8 @@ def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch
     config.parallel.check_model(model_config.num_heads, model_config.num_kv_heads, model_config.num_layers)
     layout = kv_cache_layout(config, model_config, dtype)
     started = time.perf_counter()
-    executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed)
+    lora = config.lora if config.lora.enable_lora else None
+    executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed, lora)
     tp = config.parallel.tensor_parallel_size
     executor.compute_paths = expected_cpu_paths(model_config.num_heads // tp, model_config.num_kv_heads // tp,
                                                 model_config.head_dim, dtype, layout.block_size)

@@ -188,12 +188,12 @@ def test_an_adapter_gone_before_its_step_fails_only_its_requests(tiny_llama_fold
     assert_pool_is_whole(llm)
 
 
-@pytest.mark.parametrize("setting", [dict(speculative_method="ngram", num_speculative_tokens=2),
-                                     dict(tensor_parallel_size=2)])
-def test_combinations_not_supported_yet_are_refused(tiny_llama_folder, setting):
-    with pytest.raises(ConfigurationError, match="enable_lora") as error:
-        make_llm(tiny_llama_folder, **setting)
-    assert error.value.field == next(iter(setting))
+@pytest.mark.parametrize("method,extra", [("ngram", {}), ("draft", {"draft_num_layers": 1})])
+def test_speculative_decoding_with_adapters_is_refused_by_name(tiny_llama_folder, method, extra):
+    with pytest.raises(ConfigurationError, match=f"'{method}' cannot be combined with enable_lora: speculative "
+                                                 "decoding with LoRA adapters is not supported") as error:
+        make_llm(tiny_llama_folder, speculative_method=method, num_speculative_tokens=2, **extra)
+    assert error.value.field == "speculative_method"
 
 
 def test_bf16_packed_model_applies_adapters(tiny_llama_folder, adapters, references):
