@@ -65,6 +65,10 @@ class AdapterSlots:
                 errors[lora_id] = f"LoRA adapter {request.lora_name!r} could not be read: {error}"
         return errors
 
+    def resident_ids(self) -> list[int]:
+        """The lora_int_ids of the adapters in memory now, least recently used first."""
+        return list(self._loaded)
+
     def clear(self) -> None:
         self.step.set([])
 

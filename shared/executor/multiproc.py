@@ -49,6 +49,7 @@ class MultiProcExecutor(Executor):
                  num_threads: int | None = None, seed: int = 0, lora: LoRAConfig | None = None):
         self._layout = layout
         self._lora = lora
+        self._resident_lora_ids: list[int] = []  # as the output rank last reported
         self.parallel = parallel
         self._encoder = StepEncoder()
         self._failure: str | None = None
@@ -91,6 +92,9 @@ class MultiProcExecutor(Executor):
     @property
     def kv_cache_layout(self) -> KVCacheLayout:
         return self._layout
+
+    def resident_lora_ids(self) -> list[int]:
+        return list(self._resident_lora_ids)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -138,6 +142,7 @@ class MultiProcExecutor(Executor):
         reply = self._await_reply(self.parallel.worker_step_timeout_s, "step")
         self.comm_seconds_total += reply.comm_seconds
         self.num_steps += 1
+        self._resident_lora_ids = reply.resident_lora_ids
         return reply.output or ModelRunnerOutput()
 
     def _await_reply(self, timeout_s: float, what: str):

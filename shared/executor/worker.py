@@ -93,7 +93,9 @@ def _serve(args: WorkerStartup) -> None:
         groups.comm_seconds = 0.0
         output = runner.execute(requests.apply(message))
         if replies is not None:
-            replies.write(encode_reply(WorkerReply(output=output, comm_seconds=groups.comm_seconds)), check)
+            resident = adapters.slots.resident_ids() if adapters is not None else []
+            replies.write(encode_reply(WorkerReply(output=output, comm_seconds=groups.comm_seconds,
+                                                   resident_lora_ids=resident)), check)
     dist.destroy_process_group()
 
 

@@ -123,6 +123,19 @@ def test_prefix_cache_is_never_shared_across_adapters(tiny_llama_folder, adapter
     assert_pool_is_whole(llm)
 
 
+def test_the_engine_reports_the_adapters_its_model_runner_holds_in_memory(tiny_llama_folder, adapters):
+    """What a heartbeat registers for the gateway's preference (max_cpu_loras=2: least recently
+    used dropped)."""
+    from shared.engine.introspection import engine_load
+    llm = make_llm(tiny_llama_folder, max_loras=2, max_cpu_loras=2)
+    assert engine_load(llm.engine).resident_lora_adapters == ()
+    llm.generate([PROMPTS[1]], GREEDY, lora_request=adapters["attn-r4"])
+    assert engine_load(llm.engine).resident_lora_adapters == ("attn-r4",)
+    for name in ("all-r8-rslora", "mlp-r16-layer1"):
+        llm.generate([PROMPTS[1]], GREEDY, lora_request=adapters[name])
+    assert engine_load(llm.engine).resident_lora_adapters == ("all-r8-rslora", "mlp-r16-layer1")
+
+
 def test_block_hashes_depend_on_the_adapter():
     recipe = HashRecipe("model", 4)
     token_ids = list(range(12))

@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlamaForCausalLM
 
 from shared.engine import LLM, LoRARequest, SamplingParams
+from shared.engine.introspection import engine_load
 from shared.parallel.lora_sharding import shard_adapter
 from tests.helpers.lora_adapters import AdapterSpec, merged_greedy, save_peft_adapter
 from tests.unit.conftest import TINY_LLAMA
@@ -67,6 +68,8 @@ def test_parallel_mixed_adapter_batch_matches_peft_merged(parallel_llama_folder,
         assert [output.token_ids for output in outputs] == [references[name][p] for name, p in CASES]
         pool = llm.engine.block_pool
         assert pool.num_free_blocks == pool.num_blocks
+        # The output rank reports the adapters in memory (max_cpu_loras=2: the last two used).
+        assert len(engine_load(llm.engine).resident_lora_adapters) == 2
 
 
 def test_the_ranks_shards_of_an_adapter_add_up_to_its_delta():
