@@ -244,6 +244,7 @@ def test_the_engine_core_process_serves_adapters_beside_the_base(tiny_llama_fold
                 [output async for output in client.generate(bad)]
             status = await client.status()
             assert status.load.num_free_blocks == status.load.num_total_blocks
+            assert status.load.resident_lora_adapters == ("all-r8-rslora", "attn-r4")  # what heartbeats send
         finally:
             await client.stop()
     asyncio.run(main())
