@@ -140,7 +140,7 @@ def _cache_summary(cache) -> str:
 
 
 def _version_summary(info) -> str:
-    """e.g. "0.1.0/kv2" (pdserve version, KV wire protocol version; "kv?" when not registered)."""
+    """e.g. "0.1.0/kv3" (pdserve version, KV wire protocol version; "kv?" when not registered)."""
     protocol = f"kv{info.kv_protocol_version}" if info.kv_protocol_version else "kv?"
     return f"{info.pdserve_version or '?'}/{protocol}"
 

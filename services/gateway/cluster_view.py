@@ -86,7 +86,7 @@ class ClusterView:
         """Every live instance with the number of leading prompt blocks it holds, in its pool
         and (beyond those) in its host's KV tiers. For a LoRA adapter's request, only the
         instances that serve the adapter (with the key most of them registered: the same
-        files), its key then set on `prompt`."""
+        files), its key then set on `prompt`, each marked when it holds the adapter in memory."""
         listing = await self.live()
         if prompt.adapter is not None:
             listing = _serving_adapter(listing, prompt)
@@ -102,7 +102,8 @@ class ClusterView:
                 free_blocks=load.num_free_blocks, total_blocks=load.num_total_blocks,
                 num_running=load.num_running_requests, queue_depth=load.queue_depth,
                 is_suspect=self._suspect_until.get(info.instance_id, 0.0) > now, cache=info.cache,
-                kv_protocol_version=info.kv_protocol_version, pdserve_version=info.pdserve_version))
+                kv_protocol_version=info.kv_protocol_version, pdserve_version=info.pdserve_version,
+                has_adapter=prompt.adapter is not None and prompt.adapter in load.resident_lora_adapters))
         return candidates
 
     async def _overlap(self, prompt: PromptHashes, listing: Listing) -> tuple[dict[str, int], dict[str, int]]:

@@ -2,7 +2,11 @@
 
 Decode instances are ranked by (prefix blocks held desc, free blocks desc, running asc),
 prefill instances by (prefix blocks held desc, queue depth asc, running asc), colocated
-ones by (prefix blocks held desc, queue + running asc, free blocks desc). Blocks held count
+ones by (prefix blocks held desc, queue + running asc, free blocks desc). For a LoRA
+adapter's request, among instances holding equally many prefix blocks those that have the
+adapter in memory come first, before load: a prefix hit saves computing its blocks, a resident
+adapter only saves reading its files (and an instance with a prefix hit for the adapter ran it
+recently), so prefix blocks weigh more, but load does not override the adapter. Blocks held count
 those in the instance's pool fully and those beyond them in its host's KV tiers at
 TIER_BLOCK_WEIGHT (a load from the host tier costs a small fraction of computing the block:
 docs/kv_tiers.md), so a pool hit still wins a tie against the same run in a tier. The instance id
@@ -41,6 +45,7 @@ class Candidate:
     cache: CacheSettings | None = None  # as registered; None: an instance that registered none
     kv_protocol_version: int = KV_PROTOCOL_VERSION  # as registered (shared.cluster.versions)
     pdserve_version: str = ""
+    has_adapter: bool = False  # holds the request's LoRA adapter in memory (False for base requests)
 
 
     @property
@@ -59,19 +64,19 @@ class Choice:
     """An ordered list of instances to try and why the first one leads."""
 
     ranked: list[Candidate]
-    reason: str  # "prefix", "load" or "only" (or "none" when ranked is empty)
+    reason: str  # "prefix", "adapter", "load" or "only" (or "none" when ranked is empty)
 
 
 def _decode_key(c: Candidate):
-    return (c.is_suspect, -c.held_blocks, -c.free_blocks, c.num_running, c.instance_id)
+    return (c.is_suspect, -c.held_blocks, not c.has_adapter, -c.free_blocks, c.num_running, c.instance_id)
 
 
 def _prefill_key(c: Candidate):
-    return (c.is_suspect, -c.held_blocks, c.queue_depth, c.num_running, c.instance_id)
+    return (c.is_suspect, -c.held_blocks, not c.has_adapter, c.queue_depth, c.num_running, c.instance_id)
 
 
 def _colocated_key(c: Candidate):
-    return (c.is_suspect, -c.held_blocks, c.queue_depth + c.num_running, -c.free_blocks,
+    return (c.is_suspect, -c.held_blocks, not c.has_adapter, c.queue_depth + c.num_running, -c.free_blocks,
             c.instance_id)
 
 
@@ -93,6 +98,8 @@ def _reason(ranked: list[Candidate]) -> str:
     first, second = ranked[0], ranked[1]
     if first.held_blocks > second.held_blocks and not first.is_suspect:
         return "prefix"
+    if first.has_adapter and not second.has_adapter and not first.is_suspect:
+        return "adapter"
     return "load"
 
 

@@ -6,7 +6,7 @@ InstanceRegistry writes and reads these; gateways use them to pick instances.
 """
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from shared.cluster.cache_settings import decode_cache_settings, encode_cache_settings, validate_cache_settings
 from shared.cluster.keys import validate_name
@@ -75,9 +75,16 @@ class InstanceLoad:
     num_running_requests: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    # The LoRA adapters it holds in memory now (a subset of InstanceInfo.lora_adapters' names,
+    # sorted): gateways prefer these instances for the adapter's requests.
+    resident_lora_adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for field in fields(self):
+        if not isinstance(self.resident_lora_adapters, tuple) or not all(
+                isinstance(name, str) for name in self.resident_lora_adapters):
+            raise InvalidRequestError("resident_lora_adapters", f"must be a tuple of adapter names, "
+                                                                f"got {self.resident_lora_adapters!r}")
+        for field in _COUNT_FIELDS:
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidRequestError(field.name, f"must be an int >= 0, got {value!r}")
@@ -88,6 +95,7 @@ class InstanceLoad:
             )
 
 
+_COUNT_FIELDS = tuple(f for f in fields(InstanceLoad) if f.name != "resident_lora_adapters")
 _OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters")
 _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
@@ -95,7 +103,8 @@ _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _
 def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
     """Flat hash fields for one instance (every value a string)."""
     encoded = {name: str(getattr(info, name)) for name in _IDENTITY_FIELDS}
-    encoded.update((name, str(value)) for name, value in asdict(load).items())
+    encoded.update((f.name, str(getattr(load, f.name))) for f in _COUNT_FIELDS)
+    encoded["resident_lora_adapters"] = json.dumps(list(load.resident_lora_adapters))
     if info.kv_tier_id:
         encoded["kv_tier_id"] = info.kv_tier_id
     encoded["pdserve_version"] = info.pdserve_version
@@ -114,5 +123,7 @@ def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, Instance
                         pdserve_version=hash_fields.get("pdserve_version", ""),
                         kv_protocol_version=int(hash_fields.get("kv_protocol_version", UNREGISTERED_PROTOCOL)),
                         lora_adapters=tuple(sorted((str(name), str(key)) for name, key in adapters.items())))
-    load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in fields(InstanceLoad)})
+    resident = json.loads(hash_fields.get("resident_lora_adapters", "[]"))  # absent from older records
+    load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in _COUNT_FIELDS},
+                        resident_lora_adapters=tuple(sorted(str(name) for name in resident)))
     return info, load

@@ -30,6 +30,7 @@ whose KV the connector is sending keeps its blocks until the connector says it i
 
 import logging
 from collections import deque
+from dataclasses import replace
 
 from shared.core.kv_cache_manager import KVCacheManager, blocks_for_tokens
 from shared.core.request import Request, RequestStatus
@@ -99,8 +100,10 @@ class Scheduler:
     def _delays_free(self, request: Request) -> bool:
         if self.connector is None or request.status in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
             return False
-        return self.connector.request_finished(request.request_id, self.kv.block_ids(request.request_id),
-                                               request.kv_send)
+        send = request.kv_send
+        if send is not None:  # the KV goes out labelled with the adapter it was computed with
+            send = replace(send, adapter_key=request.adapter_key or "")
+        return self.connector.request_finished(request.request_id, self.kv.block_ids(request.request_id), send)
 
     def finish_sending(self, request_id: str) -> None:
         """The connector is done with a finished request's blocks (sent or failed): free them."""
@@ -127,7 +130,7 @@ class Scheduler:
             return False
         try:
             self.connector.update_state_after_alloc(request.request_id, self.kv.block_ids(request.request_id),
-                                                    num_external, transfer_token)
+                                                    num_external, transfer_token, request.adapter_key or "")
         except BaseException:
             self.kv.free(request)
             raise

@@ -96,6 +96,9 @@ class EngineLoad:
     num_reserved: int                   # waiting for their KV from elsewhere
     num_free_blocks: int
     num_total_blocks: int
+    # Names of the LoRA adapters the model runner holds in memory (a request for one of them
+    # skips reading it from disk), sorted.
+    resident_lora_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

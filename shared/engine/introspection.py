@@ -29,8 +29,9 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
 
 def engine_load(engine: LLMEngine) -> EngineLoad:
     scheduler, pool = engine.scheduler, engine.block_pool
+    resident = engine.adapters.names_of(engine.executor.resident_lora_ids())
     return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.waiting_for_remote_kv),
-                      pool.num_free_blocks, pool.num_blocks)
+                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)))
 
 
 def engine_status(engine: LLMEngine) -> EngineStatus:

@@ -52,6 +52,7 @@ class LLMEngine:
     block_pool = property(lambda self: self.core.block_pool)
     kv_manager = property(lambda self: self.core.kv_manager)
     scheduler = property(lambda self: self.core.scheduler)
+    adapters = property(lambda self: self.core.adapters)
     guided = property(lambda self: self.core.guided)
     stats = property(lambda self: self.core.stats)
     spec_stats = property(lambda self: self.core.spec_stats)

@@ -2,6 +2,7 @@
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ from shared.errors import ConfigurationError
 from shared.executor.in_process import InProcessExecutor
 from shared.executor.lora_slots import AdapterSlots
 from shared.kv_cache.layout import KVCacheLayout, num_blocks_for_budget
+from shared.lora.batch_invariant import RowTiledLoRALinear, probe_deltas
+from shared.lora.config import LoRAConfig
 from shared.lora.layers import StepAdapters, attach_lora
 from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
@@ -52,9 +55,7 @@ def build_engine_parts(config: EngineConfig):
                                      deterministic=config.deterministic, fuse_mlp=lora is None)
     adapters = None
     if lora is not None:
-        step = StepAdapters()
-        triton_max_rank = lora.max_lora_rank if device.type == "cuda" else 0  # the GPU runs Triton kernels
-        adapters = AdapterSlots(attach_lora(model, step, lora.max_loras, triton_max_rank), step, lora, device, dtype)
+        adapters = _attach_adapters(model, model_config, lora, device, dtype, config.deterministic)
     if config.deterministic:
         make_batch_invariant(model, config.scheduler.max_num_batched_tokens)
     tokenizer = load_tokenizer_if_present(folder)
@@ -71,16 +72,30 @@ def build_engine_parts(config: EngineConfig):
     return model_config, executor, tokenizer, str(folder.name)
 
 
+def _attach_adapters(model, model_config: ModelConfig, lora: LoRAConfig, device: torch.device, dtype: torch.dtype,
+                     deterministic: bool) -> AdapterSlots:
+    """LoRA layers on every projection: batch-invariant ones in deterministic mode (probed on this
+    CPU), Triton kernels on a GPU, torch ops otherwise."""
+    step = StepAdapters()
+    if deterministic:
+        probe_deltas(model_config, lora.max_lora_rank, device)
+        layer_class = partial(RowTiledLoRALinear, pad_rank=lora.max_lora_rank)
+        layers = attach_lora(model, step, lora.max_loras, layer_class=layer_class)
+    else:
+        triton_max_rank = lora.max_lora_rank if device.type == "cuda" else 0  # the GPU runs Triton kernels
+        layers = attach_lora(model, step, lora.max_loras, triton_max_rank)
+    return AdapterSlots(layers, step, lora, device, dtype)
+
+
 def _check_lora_combinations(config: EngineConfig) -> None:
     """LoRA with what it does not work with yet is refused, never silently wrong."""
     if not config.lora.enable_lora:
         return
     config.lora.validate()
-    refused = {"speculative_method": config.speculative.is_enabled, "tensor_parallel_size": config.parallel.is_parallel,
-               "deterministic": config.deterministic}
-    for name, is_set in refused.items():
-        if is_set:
-            raise ConfigurationError(name, "is not supported together with enable_lora yet")
+    if config.speculative.is_enabled:
+        raise ConfigurationError("speculative_method", f"{config.speculative.speculative_method!r} cannot be combined "
+                                 "with enable_lora: speculative decoding with LoRA adapters is not supported; serve "
+                                 "adapters without speculation, or speculate on an engine without adapters")
 
 
 def _check_device_features(config: EngineConfig, device: torch.device) -> None:
@@ -103,7 +118,8 @@ def build_parallel_engine_parts(config: EngineConfig, folder: Path, dtype: torch
     config.parallel.check_model(model_config.num_heads, model_config.num_kv_heads, model_config.num_layers)
     layout = kv_cache_layout(config, model_config, dtype)
     started = time.perf_counter()
-    executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed)
+    lora = config.lora if config.lora.enable_lora else None
+    executor = MultiProcExecutor(str(folder), layout, config.parallel, config.num_threads, config.seed, lora)
     tp = config.parallel.tensor_parallel_size
     executor.compute_paths = expected_cpu_paths(model_config.num_heads // tp, model_config.num_kv_heads // tp,
                                                 model_config.head_dim, dtype, layout.block_size)

@@ -58,6 +58,11 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Release workers and memory."""
 
+    def resident_lora_ids(self) -> list[int]:
+        """The lora_int_ids of the LoRA adapters the model runner holds in memory now (read from
+        disk on first use, least recently used dropped): a request for one skips that read."""
+        return []
+
     # ---- several batches in flight (pipeline parallelism) ---------------------------------
 
     @property

@@ -27,6 +27,9 @@ class InProcessExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute(scheduler_output)
 
+    def resident_lora_ids(self) -> list[int]:
+        return self.runner.adapters.resident_ids() if self.runner.adapters is not None else []
+
     def shutdown(self) -> None:
         self.runner.kv_cache = torch.empty(0)
         proposer = getattr(self.runner.speculator, "proposer", None)

@@ -9,6 +9,7 @@ first, up to `max_cpu_loras` adapters.
 """
 
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import groupby
 
 import torch
@@ -22,8 +23,10 @@ from shared.lora.request import LoRARequest
 
 class AdapterSlots:
     def __init__(self, layers: list[LoRALinear], step: StepAdapters, config: LoRAConfig,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, shard: Callable[[dict], dict] | None = None):
+        """`shard`: a tensor/pipeline-parallel rank's cut of an adapter's modules, applied when read."""
         self.layers = layers
+        self.shard = shard
         self.step = step
         self.config = config
         self.device = device
@@ -62,6 +65,10 @@ class AdapterSlots:
                 errors[lora_id] = f"LoRA adapter {request.lora_name!r} could not be read: {error}"
         return errors
 
+    def resident_ids(self) -> list[int]:
+        """The lora_int_ids of the adapters in memory now, least recently used first."""
+        return list(self._loaded)
+
     def clear(self) -> None:
         self.step.set([])
 
@@ -99,6 +106,8 @@ class AdapterSlots:
         adapter = self._loaded.pop(request.lora_int_id, None)
         if adapter is None:
             adapter = read_adapter(request.lora_path)
+            if self.shard is not None:
+                adapter.modules = self.shard(adapter.modules)
             adapter.modules = {key: (a.to(self.device, self.dtype), b.to(self.device, self.dtype))
                                for key, (a, b) in adapter.modules.items()}
         self._loaded[request.lora_int_id] = adapter

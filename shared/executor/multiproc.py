@@ -28,8 +28,9 @@ from shared.executor.shm_ring import ShmRing
 from shared.executor.step_message import StepEncoder, StepMessage, encode_step
 from shared.executor.python_child import child_environment, module_command
 from shared.executor.worker_reply import decode_reply
-from shared.executor.worker_startup import CacheLayout, WorkerStartup, encode_startup
+from shared.executor.worker_startup import AdapterSettings, CacheLayout, WorkerStartup, encode_startup
 from shared.kv_cache.layout import KVCacheLayout
+from shared.lora.config import LoRAConfig
 from shared.parallel.config import ParallelConfig
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,10 @@ class WorkerFailedError(RuntimeError):
 
 class MultiProcExecutor(Executor):
     def __init__(self, model_folder: str, layout: KVCacheLayout, parallel: ParallelConfig,
-                 num_threads: int | None = None, seed: int = 0):
+                 num_threads: int | None = None, seed: int = 0, lora: LoRAConfig | None = None):
         self._layout = layout
+        self._lora = lora
+        self._resident_lora_ids: list[int] = []  # as the output rank last reported
         self.parallel = parallel
         self._encoder = StepEncoder()
         self._failure: str | None = None
@@ -78,7 +81,7 @@ class MultiProcExecutor(Executor):
                 workers.append(_start_worker(WorkerStartup(
                     rank, self.parallel.tensor_parallel_size, self.parallel.pipeline_parallel_size, os.getpid(),
                     self._store.port, model_folder, CacheLayout.of(self._layout), self._kv_shards.folder,
-                    num_threads, seed, self._steps.spec, self._replies.spec)))
+                    num_threads, seed, self._steps.spec, self._replies.spec, AdapterSettings.of(self._lora))))
         except BaseException:
             for worker in workers:
                 worker.kill()
@@ -89,6 +92,9 @@ class MultiProcExecutor(Executor):
     @property
     def kv_cache_layout(self) -> KVCacheLayout:
         return self._layout
+
+    def resident_lora_ids(self) -> list[int]:
+        return list(self._resident_lora_ids)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -136,6 +142,7 @@ class MultiProcExecutor(Executor):
         reply = self._await_reply(self.parallel.worker_step_timeout_s, "step")
         self.comm_seconds_total += reply.comm_seconds
         self.num_steps += 1
+        self._resident_lora_ids = reply.resident_lora_ids
         return reply.output or ModelRunnerOutput()
 
     def _await_reply(self, timeout_s: float, what: str):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from shared.core.input_batch import ModelInputs, build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.executor.base import ModelRunnerOutput
+from shared.executor.lora_slots import AdapterSlots
 from shared.executor.model_runner import ModelRunner, _prompt_logprobs
 from shared.isolation import run_isolated
 from shared.kv_cache.layout import KVCacheLayout
@@ -24,8 +25,8 @@ from shared.parallel.stage_forward import forward_stage
 
 class StageRunner(ModelRunner):
     def __init__(self, model: LlamaForCausalLM, layout: KVCacheLayout, groups: ParallelGroups,
-                 kv_cache: torch.Tensor):
-        super().__init__(model, layout)
+                 kv_cache: torch.Tensor, adapters: AdapterSlots | None = None):
+        super().__init__(model, layout, adapters=adapters)
         # The shard lives in shared memory (kv_shards.py) so the engine can move KV in and out.
         self.kv_cache = kv_cache
         self.groups = groups
@@ -39,8 +40,15 @@ class StageRunner(ModelRunner):
         sends = []
         for index, batch in enumerate(split_micro_batches(scheduler_output.scheduled,
                                                           self.groups.pipeline_parallel_size)):
+            batch = self._order_for_adapters(batch, output.failed)
+            if not batch:
+                continue
             inputs = build_model_inputs(batch, self.layout.block_size)
-            result = self._forward(index, inputs)
+            try:
+                result = self._forward(index, inputs)
+            finally:
+                if self.adapters is not None:
+                    self.adapters.clear()
             if not self.groups.is_last_stage:
                 sends.append(self._send(index, result))
             elif self.groups.is_output_rank:
@@ -49,6 +57,14 @@ class StageRunner(ModelRunner):
             for work, _ in sends:
                 work.wait()
         return output
+
+    def _order_for_adapters(self, batch: list[ScheduledRequest], failed: dict[str, str]) -> list[ScheduledRequest]:
+        """With LoRA: the micro-batch in adapter order, its row segments set (AdapterSlots.prepare).
+        Every rank of a stage reads the same folders; one that cannot read an adapter another can
+        computes other rows, the collectives fail and the engine reports the worker failure."""
+        if self.adapters is None:
+            return batch
+        return self.adapters.prepare(batch, failed)
 
     def _sample_micro_batch(self, output: ModelRunnerOutput, batch: list[ScheduledRequest],
                             logits: torch.Tensor, inputs: ModelInputs) -> None:

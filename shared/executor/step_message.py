@@ -16,7 +16,22 @@ import msgspec
 import torch
 
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared.lora.request import LoRARequest
 from shared.sampling.params import SamplingParams
+
+
+class AdapterRef(msgspec.Struct, array_like=True):
+    """A request's LoRA adapter (LoRARequest on the wire): each worker reads its shard of the folder."""
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+    @classmethod
+    def of(cls, request: LoRARequest | None) -> "AdapterRef | None":
+        return None if request is None else cls(request.lora_name, request.lora_int_id, request.lora_path)
+
+    def to_request(self) -> LoRARequest:
+        return LoRARequest(self.lora_name, self.lora_int_id, self.lora_path)
 
 
 class NewRequest(msgspec.Struct, array_like=True):
@@ -26,6 +41,7 @@ class NewRequest(msgspec.Struct, array_like=True):
     block_ids: list[int]
     # The scheduler hands a request's parameters over with its first sampling row only.
     sampling_params: SamplingParams | None
+    lora_request: AdapterRef | None = None
 
 
 class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -98,7 +114,7 @@ class StepEncoder:
         if known is None or not _extends(known, item):
             message.new_requests.append(NewRequest(
                 item.request_id, list(item.prompt_token_ids), list(item.output_token_ids),
-                list(item.block_ids), params))
+                list(item.block_ids), params, AdapterRef.of(item.lora_request)))
         else:
             new_outputs = item.output_token_ids[known.num_output_tokens:]
             new_blocks = item.block_ids[len(known.block_ids):]
@@ -130,6 +146,7 @@ class _WorkerRequest:
     output_token_ids: list[int]
     block_ids: list[int]
     sampling_params: SamplingParams | None
+    lora_request: LoRARequest | None = None
 
 
 class WorkerRequests:
@@ -146,7 +163,8 @@ class WorkerRequests:
             self._requests.pop(request_id, None)
         for new in message.new_requests:
             self._requests[new.request_id] = _WorkerRequest(
-                new.prompt_token_ids, new.output_token_ids, new.block_ids, new.sampling_params)
+                new.prompt_token_ids, new.output_token_ids, new.block_ids, new.sampling_params,
+                new.lora_request.to_request() if new.lora_request is not None else None)
         for delta in message.deltas:
             request = self._requests[delta.request_id]
             request.output_token_ids.extend(delta.new_output_token_ids)
@@ -171,4 +189,4 @@ class WorkerRequests:
             prompt_token_ids=request.prompt_token_ids, output_token_ids=list(request.output_token_ids),
             stop_and_eos_token_ids=tuple(row.stop_and_eos_token_ids),
             prompt_logprob_targets=row.prompt_logprob_targets, num_prompt_logprobs=row.num_prompt_logprobs,
-            guided_bitmask=bitmask)
+            guided_bitmask=bitmask, lora_request=request.lora_request)

@@ -21,10 +21,12 @@ from shared.executor.kv_shards import map_shard, shard_of_rank
 from shared.executor.shm_ring import RingClosedError, ShmRing
 from shared.executor.stage_runner import StageRunner
 from shared.executor.step_message import WorkerRequests, decode_step
+from shared.executor.worker_lora import WorkerAdapters
 from shared.executor.worker_reply import WorkerReply, encode_reply
 from shared.executor.worker_startup import WorkerStartup
 from shared.kv_cache.layout import KVCacheLayout
 from shared.logging_setup import configure_child_logging
+from shared.model.config import ModelConfig
 from shared.parallel.groups import ParallelGroups, create_groups
 from shared.parallel.shard_loader import load_model_shard
 
@@ -66,13 +68,18 @@ def _serve(args: WorkerStartup) -> None:
     shard = shard_of_rank(args.kv_folder, full_layout, args.tensor_parallel_size, args.pipeline_parallel_size,
                           args.rank)
     groups = _join(args)
-    model, config = load_model_shard(args.model_folder, full_layout.dtype, groups)
+    adapters = None
+    if args.lora is not None:
+        adapters = WorkerAdapters(args.lora.to_config(), ModelConfig.from_folder(args.model_folder), groups,
+                                  full_layout.dtype)
+    model, config = load_model_shard(args.model_folder, full_layout.dtype, groups, fuse_mlp=adapters is None,
+                                     before_parallel=adapters.attach if adapters is not None else None)
     layout = KVCacheLayout(config.num_layers, full_layout.num_blocks, full_layout.block_size, config.num_kv_heads,
                            config.head_dim, full_layout.dtype)
     if layout != shard.layout:
         raise RuntimeError(f"rank {args.rank}: the model shard needs KV layout {layout}, "
                            f"the engine made {shard.layout}")
-    runner = StageRunner(model, layout, groups, map_shard(shard))
+    runner = StageRunner(model, layout, groups, map_shard(shard), adapters.slots if adapters is not None else None)
     steps = ShmRing.attach(*args.step_ring)
     replies = ShmRing.attach(*args.reply_ring) if groups.is_output_rank else None
     dist.barrier()
@@ -86,7 +93,9 @@ def _serve(args: WorkerStartup) -> None:
         groups.comm_seconds = 0.0
         output = runner.execute(requests.apply(message))
         if replies is not None:
-            replies.write(encode_reply(WorkerReply(output=output, comm_seconds=groups.comm_seconds)), check)
+            resident = adapters.slots.resident_ids() if adapters is not None else []
+            replies.write(encode_reply(WorkerReply(output=output, comm_seconds=groups.comm_seconds,
+                                                   resident_lora_ids=resident)), check)
     dist.destroy_process_group()
 
 

@@ -10,6 +10,9 @@ class WorkerReply(msgspec.Struct, omit_defaults=True):
     # Seconds the output rank spent in collectives and transfers this step (waits included).
     comm_seconds: float = 0.0
     ready: bool = False
+    # LoRA: the adapters the output rank holds in memory after this step (every rank reads the
+    # same adapters in the same steps, so they hold the same ones).
+    resident_lora_ids: list[int] = []
 
 
 _encoder = msgspec.msgpack.Encoder()

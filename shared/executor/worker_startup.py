@@ -9,6 +9,7 @@ import msgspec
 import torch
 
 from shared.kv_cache.layout import KVCacheLayout
+from shared.lora.config import LoRAConfig
 
 # (shared-memory name, readers, slots, slot bytes): what ShmRing.attach takes.
 RingSpec = tuple[str, int, int, int]
@@ -37,6 +38,20 @@ class CacheLayout(msgspec.Struct, frozen=True):
                              dtype_from_name(self.dtype))
 
 
+class AdapterSettings(msgspec.Struct, frozen=True):
+    """LoRAConfig on the wire: the worker wraps its shard's projections in LoRA layers."""
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int | None
+
+    @classmethod
+    def of(cls, config: LoRAConfig | None) -> "AdapterSettings | None":
+        return None if config is None else cls(config.max_loras, config.max_lora_rank, config.max_cpu_loras)
+
+    def to_config(self) -> LoRAConfig:
+        return LoRAConfig(True, self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+
+
 class WorkerStartup(msgspec.Struct, frozen=True):
     rank: int
     tensor_parallel_size: int
@@ -50,6 +65,7 @@ class WorkerStartup(msgspec.Struct, frozen=True):
     seed: int
     step_ring: RingSpec
     reply_ring: RingSpec
+    lora: AdapterSettings | None = None  # None: no LoRA
 
     @property
     def world_size(self) -> int:

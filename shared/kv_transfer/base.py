@@ -6,9 +6,10 @@ Scheduler side
 - `get_num_new_matched_tokens(request_id, num_tokens, num_local_tokens)`: when a request whose
   KV comes from elsewhere is admitted (`LLMEngine.reserve_request`): how many of its tokens
   will arrive through the connector, beyond the `num_local_tokens` the local prefix cache holds.
-- `update_state_after_alloc(request_id, block_ids, num_external_tokens, transfer_token)`: the
-  blocks are allocated; the connector gets ready to receive the external tokens into the last
-  blocks, accepting only a transfer that presents `transfer_token`.
+- `update_state_after_alloc(request_id, block_ids, num_external_tokens, transfer_token,
+  adapter_key)`: the blocks are allocated; the connector gets ready to receive the external
+  tokens into the last blocks, accepting only a transfer that presents `transfer_token` and
+  whose KV was computed with the LoRA adapter `adapter_key` ("" for the base model).
 - `request_finished(request_id, block_ids, send)`: a request finished normally; with `send` the
   connector starts shipping its prompt KV and returns True: the scheduler then keeps the blocks
   until the connector reports the send finished (delay-free-until-sent).
@@ -92,7 +93,7 @@ class KVConnector(ABC):
 
     @abstractmethod
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int,
-                                 transfer_token: bytes) -> None:
+                                 transfer_token: bytes, adapter_key: str = "") -> None:
         """Get ready to receive the last `num_external_tokens` tokens' blocks of `block_ids`."""
 
     @abstractmethod

@@ -29,6 +29,7 @@ _lock = threading.Lock()
 class _Expected:
     dst_block_ids: tuple[int, ...]
     transfer_token: bytes
+    adapter_key: str = ""
 
 
 class _Counts:
@@ -67,12 +68,12 @@ class InMemoryConnector(KVConnector):
         return KVConnectorStats(sent=self._sent_counts.frozen(), received=self._received_counts.frozen())
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int,
-                                 transfer_token: bytes) -> None:
+                                 transfer_token: bytes, adapter_key: str = "") -> None:
         block_size = self.kv_access.kv_cache_layout.block_size
         num_external_blocks = -(-num_external_tokens // block_size)
         with _lock:
             self._expected[request_id] = _Expected(tuple(block_ids[len(block_ids) - num_external_blocks:]),
-                                                   transfer_token)
+                                                   transfer_token, adapter_key)
 
     def request_finished(self, request_id: str, block_ids: list[int], send: KVSendParams | None) -> bool:
         if send is None:
@@ -136,6 +137,9 @@ def _problem(consumer, expected: _Expected | None, send: KVSendParams, dst_block
         return "request_id: no transfer expected"
     if not hmac.compare_digest(expected.transfer_token, send.transfer_token):
         return "transfer_token: missing or wrong for this reservation"
+    if expected.adapter_key != send.adapter_key:
+        return (f"adapter_key: sender computed with {send.adapter_key or 'the base model'}, the reservation is for "
+                f"{expected.adapter_key or 'the base model'}")
     if dst_block_ids != expected.dst_block_ids or len(dst_block_ids) != num_src_blocks:
         return f"dst_block_ids: sender {list(dst_block_ids)}, receiver {list(expected.dst_block_ids)}"
     return None

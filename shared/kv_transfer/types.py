@@ -44,6 +44,7 @@ class KVSendParams:
     remote_block_ids: tuple[int, ...]   # one per prompt block, in prompt order
     num_skip_blocks: int                # leading blocks the consumer already holds (not sent)
     transfer_token: bytes               # the consumer's per-reservation secret
+    adapter_key: str = ""               # the LoRA adapter the KV was computed with ("": the base model)
 
 
 @dataclass(frozen=True)

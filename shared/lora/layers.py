@@ -9,6 +9,7 @@ output columns: one pair of small matmuls per segment, never a merged weight, so
 different adapters and for the base share one step.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -128,10 +129,11 @@ def module_dims(config: ModelConfig) -> dict[str, tuple[int, int]]:
     }
 
 
-def attach_lora(model: nn.Module, step: StepAdapters, num_slots: int, triton_max_rank: int = 0) -> list[LoRALinear]:
+def attach_lora(model: nn.Module, step: StepAdapters, num_slots: int, triton_max_rank: int = 0,
+                layer_class: Callable[..., LoRALinear] = LoRALinear) -> list[LoRALinear]:
     """Wrap every projection of every decoder layer of `model` (a LlamaForCausalLM whose MLP is
-    not fused into one module) in a LoRALinear; returns them. `triton_max_rank` > 0: the
-    Triton path (GPU), weights padded to that rank."""
+    not fused into one module) in a `layer_class` (a LoRALinear); returns them.
+    `triton_max_rank` > 0: the Triton path (GPU), weights padded to that rank."""
     dims = module_dims(model.config)
     wrapped = []
     for layer_index, layer in enumerate(model.layers):
@@ -143,7 +145,7 @@ def attach_lora(model: nn.Module, step: StepAdapters, num_slots: int, triton_max
                 base = getattr(parent, name, None)
                 if base is None:
                     continue
-                lora = LoRALinear(base, layer_index, modules, [dims[module][1] for module in modules], step,
+                lora = layer_class(base, layer_index, modules, [dims[module][1] for module in modules], step,
                                   num_slots, triton_max_rank)
                 setattr(parent, name, lora)
                 wrapped.append(lora)

@@ -41,6 +41,10 @@ class AdapterRegistry:
         self._admitted[request.lora_int_id] = (request, info)
         return adapter_hash_key(request, info)
 
+    def names_of(self, lora_int_ids: list[int]) -> list[str]:
+        """The names of those admitted adapters (ids not admitted, or forgotten, are skipped)."""
+        return [self._admitted[lora_id][0].lora_name for lora_id in lora_int_ids if lora_id in self._admitted]
+
     def forget(self, lora_int_id: int) -> None:
         """An adapter was unloaded: its id may name another folder from now on."""
         self._admitted.pop(lora_int_id, None)

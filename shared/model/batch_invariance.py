@@ -10,7 +10,10 @@ does not assume it: `make_batch_invariant` probes one layer of every shape at lo
 alone against the same row among 2 to 2,048 others, first and last) and wraps a layer that
 fails in `RowTiled`, which always calls the kernel on tiles of exactly `ROW_TILE` rows (one
 shape, zero-padded); a shape that fails even so is an error, never a silent fallback.
-RMSNorm normalizes each row on its own and is probed the same way.
+RMSNorm normalizes each row on its own and is probed the same way. With LoRA the projections
+inside each LoRA layer are probed one by one (never an MLP holding them: its tiles would
+renumber the rows the adapters' segments name); shared.lora.batch_invariant makes the deltas
+batch-invariant.
 """
 
 import logging
@@ -74,7 +77,7 @@ def make_batch_invariant(model: nn.Module, max_rows: int = PROBE_ROW_COUNTS[-1])
     for name, module in list(model.named_modules()):
         if isinstance(module, RMSNorm):
             _check_norm(name, module, verdicts, row_counts)
-        if not isinstance(module, ROW_WISE_TYPES) or _parent_is_row_wise(model, name):
+        if not _is_row_wise(module) or _parent_is_row_wise(model, name):
             continue
         key = _shape_key(module)
         if key not in verdicts:
@@ -112,10 +115,17 @@ def _check_norm(name: str, norm: RMSNorm, verdicts: dict[tuple, bool], row_count
         raise RuntimeError(f"deterministic mode: RMSNorm {name} gives batch-dependent results on this CPU")
 
 
+def _is_row_wise(module: nn.Module) -> bool:
+    """A module probed (and tiled if need be) as one: a row-wise type holding no module that
+    indexes the step's rows (LoRA layers, `row_segmented`), whose rows tiles would renumber."""
+    return isinstance(module, ROW_WISE_TYPES) and not any(getattr(inner, "row_segmented", False)
+                                                          for inner in module.modules())
+
+
 def _parent_is_row_wise(model: nn.Module, name: str) -> bool:
     """Layers inside a probed row-wise module (PackedGatedMLP's down_proj) go with it."""
     parts = name.split(".")
-    return any(isinstance(model.get_submodule(".".join(parts[:i])), ROW_WISE_TYPES) for i in range(1, len(parts)))
+    return any(_is_row_wise(model.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts)))
 
 
 def _shape_key(module: nn.Module) -> tuple:

@@ -5,6 +5,7 @@ with the local shapes (its heads, its MLP columns, its vocabulary slice, its lay
 for the CPU like `load_model` does, then swaps in the communicating layers (layers.py).
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,9 +21,12 @@ from shared.parallel.layers import make_tensor_parallel
 from shared.parallel.sharding import local_config, shard_state
 
 
-def load_model_shard(folder: Path | str, dtype: torch.dtype,
-                     groups: ParallelGroups) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """(this rank's model, its local config: per-rank heads, the stage's layer count)."""
+def load_model_shard(folder: Path | str, dtype: torch.dtype, groups: ParallelGroups, fuse_mlp: bool = True,
+                     before_parallel: Callable[[LlamaForCausalLM], None] | None = None
+                     ) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """(this rank's model, its local config: per-rank heads, the stage's layer count).
+    `fuse_mlp=False` keeps gate/up and down apart (LoRA); `before_parallel(model)` runs on the
+    packed shard before the communicating layers go in (LoRA layers go inside the all-reduce)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     layers = stage_layers(config.num_layers, groups.pipeline_parallel_size, groups.stage)
@@ -36,7 +40,9 @@ def load_model_shard(folder: Path | str, dtype: torch.dtype,
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.eval().requires_grad_(False)
-    pack_for_cpu(model)
+    pack_for_cpu(model, fuse_mlp=fuse_mlp)
+    if before_parallel is not None:
+        before_parallel(model)
     make_tensor_parallel(model, groups, config.vocab_size)
     keep_freed_memory_in_process()
     return model, shard_config

@@ -6,5 +6,7 @@ the previous version: the header's fields or meaning, the chunking, the checksum
 register it (shared.cluster.versions); gateways pair only instances that agree.
 """
 
-# 2: payload in chunks with per-chunk CRC-32 trailers (1: one message, one CRC).
-FORMAT_VERSION = 2
+# 3: the header names the LoRA adapter the KV was computed with (adapter_key), checked
+#    against the reservation's. 2: payload in chunks with per-chunk CRC-32 trailers (1: one
+#    message, one CRC).
+FORMAT_VERSION = 3

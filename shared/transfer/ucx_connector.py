@@ -108,18 +108,20 @@ class UCXConnector(KVConnector):
     # ---- consumer ------------------------------------------------------------------------
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int,
-                                 transfer_token: bytes) -> None:
+                                 transfer_token: bytes, adapter_key: str = "") -> None:
         block_size = self.kv_access.kv_cache_layout.block_size
         num_external_blocks = -(-num_external_tokens // block_size)
         dst_block_ids = tuple(block_ids[len(block_ids) - num_external_blocks:])
-        loop_thread.run(self._loop, self._arm(request_id, dst_block_ids, transfer_token))
+        loop_thread.run(self._loop, self._arm(request_id, dst_block_ids, transfer_token, adapter_key))
 
-    async def _arm(self, request_id: str, dst_block_ids: tuple[int, ...], transfer_token: bytes) -> None:
-        self.receiver.expect(request_id, dst_block_ids, transfer_token)
+    async def _arm(self, request_id: str, dst_block_ids: tuple[int, ...], transfer_token: bytes,
+                   adapter_key: str) -> None:
+        self.receiver.expect(request_id, dst_block_ids, transfer_token, adapter_key)
         self._watchers[request_id] = asyncio.get_running_loop().create_task(
-            self._watch(request_id, dst_block_ids, transfer_token))
+            self._watch(request_id, dst_block_ids, transfer_token, adapter_key))
 
-    async def _watch(self, request_id: str, dst_block_ids: tuple[int, ...], transfer_token: bytes) -> None:
+    async def _watch(self, request_id: str, dst_block_ids: tuple[int, ...], transfer_token: bytes,
+                     adapter_key: str) -> None:
         while True:
             try:
                 # No timeout of its own: the decode side's (renewable) lease is the clock.
@@ -128,7 +130,7 @@ class UCXConnector(KVConnector):
             except KVTransferError as error:
                 outcome = KVTransferOutcome(request_id, error=str(error))
             self._report_received(outcome)
-            self.receiver.expect(request_id, dst_block_ids, transfer_token)
+            self.receiver.expect(request_id, dst_block_ids, transfer_token, adapter_key)
 
     def _disarm(self, request_id: str) -> None:
         """On the transfer loop: after this, nothing more is written for `request_id`."""
@@ -152,7 +154,7 @@ class UCXConnector(KVConnector):
         """On the transfer loop; the task's end (whatever it is) is reported once."""
         task = asyncio.get_running_loop().create_task(self.sender.send(
             send.remote_address, send.remote_request_id, source, layout, src_block_ids,
-            list(send.remote_block_ids[send.num_skip_blocks:]), send.transfer_token))
+            list(send.remote_block_ids[send.num_skip_blocks:]), send.transfer_token, send.adapter_key))
         self._send_tasks[request_id] = task
         task.add_done_callback(functools.partial(self._on_send_done, request_id))
 

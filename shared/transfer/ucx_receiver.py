@@ -42,7 +42,8 @@ from shared.transfer.inflight import keep_until_done
 from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import as_numpy_bytes, check_kv_cache, find_block_id_problem, validate_header
+from shared.transfer.wire import (adapter_mismatch, as_numpy_bytes, check_kv_cache, find_block_id_problem,
+                                  validate_header)
 
 logger = logging.getLogger(__name__)
 TOKEN_FIELD = "transfer_token"
@@ -57,6 +58,7 @@ class _ExpectedTransfer:
     dst_block_ids: tuple[int, ...]
     outcome: asyncio.Future
     transfer_token: bytes = b""  # empty: no token required
+    adapter_key: str = ""  # the reservation's LoRA adapter; empty: the base model
     is_in_flight: bool = False
     is_withdrawn: bool = False
 
@@ -105,12 +107,15 @@ class KVReceiver:
             raise RuntimeError("KVReceiver.start() has not been awaited")
         return f"{self._host}:{self._listener.port}"
 
-    def expect(self, request_id: str, dst_block_ids: Sequence[int], transfer_token: bytes = b"") -> None:
+    def expect(self, request_id: str, dst_block_ids: Sequence[int], transfer_token: bytes = b"",
+               adapter_key: str = "") -> None:
         """Register a transfer for `request_id` into `dst_block_ids` (already reserved by the caller).
 
         Call from the event loop before the sender starts. A header for any other request id,
         with other block ids, or (when `transfer_token` is given) without that token, is rejected;
-        a header with a wrong token leaves the expectation untouched for the real sender.
+        a header with a wrong token leaves the expectation untouched for the real sender. A header
+        with the right token whose KV was computed with another LoRA adapter than `adapter_key`
+        ("" for the base model) is rejected and fails the expectation (field "adapter_key").
         """
         if not request_id:
             raise InvalidRequestError("request_id", "must not be empty")
@@ -120,7 +125,8 @@ class KVReceiver:
         if problem is not None:
             raise InvalidRequestError("dst_block_ids", problem)
         outcome = asyncio.get_running_loop().create_future()
-        self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome, transfer_token)
+        self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome, transfer_token,
+                                                       adapter_key)
 
     async def wait(self, request_id: str, timeout_s: float | None) -> TransferResult:
         """Wait for `request_id`'s blocks to be written; always withdraws the expectation.
@@ -297,6 +303,9 @@ class KVReceiver:
             raise KVTransferError("request_id", f"no transfer expected for {header.request_id!r}")
         if expected.transfer_token and not hmac.compare_digest(header.transfer_token, expected.transfer_token):
             raise KVTransferError(TOKEN_FIELD, "missing or wrong for this reservation")
+        mismatch = adapter_mismatch(header.adapter_key, expected.adapter_key)
+        if mismatch is not None:
+            raise KVTransferError("adapter_key", mismatch)
         if expected.is_in_flight or expected.outcome.done():
             raise KVTransferError("request_id", f"a transfer for {header.request_id!r} is already in flight or done")
         if tuple(header.dst_block_ids) != expected.dst_block_ids:

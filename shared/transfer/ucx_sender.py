@@ -110,9 +110,11 @@ class KVSender:
     async def send(
         self, address: str, request_id: str, kv_cache: torch.Tensor, layout: KVCacheLayout,
         src_block_ids: Sequence[int], dst_block_ids: Sequence[int], transfer_token: bytes = b"",
+        adapter_key: str = "",
     ) -> TransferResult:
         """Copy `kv_cache` blocks `src_block_ids[i]` into the receiver's `dst_block_ids[i]`,
-        presenting the reservation's `transfer_token`.
+        presenting the reservation's `transfer_token` and the LoRA adapter the KV was computed
+        with (`adapter_key`, "" for the base model).
 
         Returns once the receiver has written them. Raises InvalidRequestError for bad
         arguments, KVTransferRejected when the receiver refuses (field named), and
@@ -121,7 +123,8 @@ class KVSender:
         _check_send_arguments(request_id, kv_cache, layout, src_block_ids, dst_block_ids)
         started = time.perf_counter()
         rows_per_chunk = choose_rows_per_chunk(layout, len(src_block_ids), self._chunk_bytes)
-        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum, transfer_token)
+        header = build_header(request_id, layout, dst_block_ids, rows_per_chunk, self._use_checksum, transfer_token,
+                              adapter_key)
         chunks = plan_chunks(layout, len(src_block_ids), rows_per_chunk, self._use_checksum)
         payload = _OutgoingPayload(
             kv_cache, layout, np.asarray(src_block_ids, dtype=np.int64), chunks, self._use_checksum,

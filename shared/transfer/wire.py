@@ -78,9 +78,10 @@ def check_kv_cache(kv_cache: torch.Tensor, layout: KVCacheLayout) -> None:
 
 def build_header(
     request_id: str, layout: KVCacheLayout, dst_block_ids: Sequence[int], rows_per_chunk: int, has_chunk_crc32: bool,
-    transfer_token: bytes = b"",
+    transfer_token: bytes = b"", adapter_key: str = "",
 ) -> pb.KVTransferHeader:
-    """The header the sender puts in front of a payload of len(dst_block_ids) blocks."""
+    """The header the sender puts in front of a payload of len(dst_block_ids) blocks;
+    `adapter_key`: the LoRA adapter the KV was computed with ("" for the base model)."""
     header = pb.KVTransferHeader(
         format_version=FORMAT_VERSION,
         request_id=request_id,
@@ -97,7 +98,18 @@ def build_header(
     )
     if transfer_token:
         header.transfer_token = transfer_token
+    if adapter_key:
+        header.adapter_key = adapter_key
     return header
+
+
+def adapter_mismatch(sender_key: str, receiver_key: str) -> str | None:
+    """Why KV computed with adapter `sender_key` cannot serve a reservation for `receiver_key`
+    ("" is the base model), or None when they agree."""
+    if sender_key == receiver_key:
+        return None
+    return f"sender computed with {sender_key or 'the base model'!s}, the reservation is for " \
+           f"{receiver_key or 'the base model'!s}"
 
 
 def validate_header(header: pb.KVTransferHeader, layout: KVCacheLayout) -> None:

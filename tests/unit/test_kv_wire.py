@@ -44,7 +44,7 @@ def matching_header(**overrides) -> pb.KVTransferHeader:
 
 def test_build_header_describes_the_payload_exactly():
     header = build_header("req-1", LAYOUT, [4, 1], rows_per_chunk=3, has_chunk_crc32=True)
-    assert (header.format_version, header.request_id) == (FORMAT_VERSION, "req-1") == (2, "req-1")
+    assert (header.format_version, header.request_id) == (FORMAT_VERSION, "req-1") == (3, "req-1")
     assert (header.num_layers, header.block_size, header.num_kv_heads, header.head_dim) == (2, 4, 2, 8)
     assert header.dtype == pb.KV_DTYPE_BFLOAT16
     assert (header.num_blocks, list(header.dst_block_ids)) == (2, [4, 1])
@@ -60,7 +60,7 @@ def test_matching_header_is_accepted():
 @pytest.mark.parametrize(
     "overrides, error",
     [
-        ({"format_version": 1}, "format_version: sender 1, receiver 2"),
+        ({"format_version": 1}, "format_version: sender 1, receiver 3"),
         ({"request_id": ""}, "request_id: must not be empty"),
         ({"num_layers": 30}, "num_layers: sender 30, receiver 2"),
         ({"block_size": 16}, "block_size: sender 16, receiver 4"),

@@ -123,6 +123,19 @@ def test_prefix_cache_is_never_shared_across_adapters(tiny_llama_folder, adapter
     assert_pool_is_whole(llm)
 
 
+def test_the_engine_reports_the_adapters_its_model_runner_holds_in_memory(tiny_llama_folder, adapters):
+    """What a heartbeat registers for the gateway's preference (max_cpu_loras=2: least recently
+    used dropped)."""
+    from shared.engine.introspection import engine_load
+    llm = make_llm(tiny_llama_folder, max_loras=2, max_cpu_loras=2)
+    assert engine_load(llm.engine).resident_lora_adapters == ()
+    llm.generate([PROMPTS[1]], GREEDY, lora_request=adapters["attn-r4"])
+    assert engine_load(llm.engine).resident_lora_adapters == ("attn-r4",)
+    for name in ("all-r8-rslora", "mlp-r16-layer1"):
+        llm.generate([PROMPTS[1]], GREEDY, lora_request=adapters[name])
+    assert engine_load(llm.engine).resident_lora_adapters == ("all-r8-rslora", "mlp-r16-layer1")
+
+
 def test_block_hashes_depend_on_the_adapter():
     recipe = HashRecipe("model", 4)
     token_ids = list(range(12))
@@ -188,12 +201,12 @@ def test_an_adapter_gone_before_its_step_fails_only_its_requests(tiny_llama_fold
     assert_pool_is_whole(llm)
 
 
-@pytest.mark.parametrize("setting", [dict(speculative_method="ngram", num_speculative_tokens=2),
-                                     dict(deterministic=True), dict(tensor_parallel_size=2)])
-def test_combinations_not_supported_yet_are_refused(tiny_llama_folder, setting):
-    with pytest.raises(ConfigurationError, match="enable_lora") as error:
-        make_llm(tiny_llama_folder, **setting)
-    assert error.value.field == next(iter(setting))
+@pytest.mark.parametrize("method,extra", [("ngram", {}), ("draft", {"draft_num_layers": 1})])
+def test_speculative_decoding_with_adapters_is_refused_by_name(tiny_llama_folder, method, extra):
+    with pytest.raises(ConfigurationError, match=f"'{method}' cannot be combined with enable_lora: speculative "
+                                                 "decoding with LoRA adapters is not supported") as error:
+        make_llm(tiny_llama_folder, speculative_method=method, num_speculative_tokens=2, **extra)
+    assert error.value.field == "speculative_method"
 
 
 def test_bf16_packed_model_applies_adapters(tiny_llama_folder, adapters, references):
@@ -231,6 +244,7 @@ def test_the_engine_core_process_serves_adapters_beside_the_base(tiny_llama_fold
                 [output async for output in client.generate(bad)]
             status = await client.status()
             assert status.load.num_free_blocks == status.load.num_total_blocks
+            assert status.load.resident_lora_adapters == ("all-r8-rslora", "attn-r4")  # what heartbeats send
         finally:
             await client.stop()
     asyncio.run(main())

@@ -64,6 +64,19 @@ def test_running_requests_travel_as_deltas_and_workers_rebuild_the_same_rows():
     assert len(workers) == 0
 
 
+def test_a_requests_lora_adapter_travels_once_and_every_row_carries_it():
+    from dataclasses import replace
+    from shared.lora.request import LoRARequest
+    adapter = LoRARequest("sql", 3, "/adapters/sql")
+    encoder, workers = StepEncoder(), WorkerRequests()
+    prompt = [1, 2, 3, 4]
+    steps = [SchedulerOutput([replace(_scheduled("a", prompt, 0, [2], prompt, []), lora_request=adapter),
+                              _scheduled("b", prompt, 0, [5], prompt, [])]),
+             SchedulerOutput([replace(_scheduled("a", [9], 4, [2], prompt, [9]), lora_request=adapter)])]
+    rebuilt = [workers.apply(decode_step(encode_step(encoder.encode(step)))).scheduled for step in steps]
+    assert [[item.lora_request for item in rows] for rows in rebuilt] == [[adapter, None], [adapter]]
+
+
 def test_a_request_whose_blocks_changed_is_sent_in_full_again():
     encoder = StepEncoder()
     encoder.encode(SchedulerOutput([_scheduled("a", [1, 2], 0, [4], [1, 2], [])]))
@@ -113,17 +126,19 @@ def test_kv_shards_split_layers_by_stage_and_heads_by_rank():
 def test_worker_startup_round_trips_and_names_the_shard_the_engine_made():
     import torch
     from shared.executor.kv_shards import SharedKVShards, shard_of_rank
-    from shared.executor.worker_startup import (CacheLayout, StartupError, WorkerStartup, decode_startup,
-                                                encode_startup)
+    from shared.executor.worker_startup import (AdapterSettings, CacheLayout, StartupError, WorkerStartup,
+                                                decode_startup, encode_startup)
+    from shared.lora.config import LoRAConfig
     from shared.kv_cache.layout import KVCacheLayout
     layout = KVCacheLayout(num_layers=3, num_blocks=4, block_size=2, num_kv_heads=2, head_dim=3, dtype=torch.bfloat16)
     shards = SharedKVShards(layout, tensor_parallel_size=2, pipeline_parallel_size=2)
     ring = ShmRing.create(num_readers=4, num_slots=1, slot_bytes=8)
     try:
         startup = WorkerStartup(3, 2, 2, 1234, 5678, "/models/x", CacheLayout.of(layout), shards.folder, 1, 0,
-                                ring.spec, ring.spec)
+                                ring.spec, ring.spec, AdapterSettings.of(LoRAConfig(True, 2, 8, None)))
         received = decode_startup(encode_startup(startup))
         assert received == startup and received.world_size == 4
+        assert received.lora.to_config() == LoRAConfig(True, 2, 8, None)
         assert received.kv_layout.to_layout() == layout
         assert shard_of_rank(received.kv_folder, layout, 2, 2, 3) == shards.shards[3]
         ShmRing.attach(*received.step_ring).close()

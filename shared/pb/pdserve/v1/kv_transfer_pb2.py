@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpdserve/v1/kv_transfer.proto\x12\npdserve.v1\"\x9b\x03\n\x10KVTransferHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\"\n\x05\x64type\x18\x07 \x01(\x0e\x32\x13.pdserve.v1.KVDtype\x12\x12\n\nnum_blocks\x18\x08 \x01(\r\x12\x15\n\rdst_block_ids\x18\t \x03(\r\x12\x15\n\rpayload_bytes\x18\n \x01(\x04\x12\x1b\n\x0erows_per_chunk\x18\x0c \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fhas_chunk_crc32\x18\r \x01(\x08H\x01\x88\x01\x01\x12\x1b\n\x0etransfer_token\x18\x0e \x01(\x0cH\x02\x88\x01\x01\x42\x11\n\x0f_rows_per_chunkB\x12\n\x10_has_chunk_crc32B\x11\n\x0f_transfer_tokenJ\x04\x08\x0b\x10\x0cR\rpayload_crc32\"q\n\rKVTransferAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.pdserve.v1.KVTransferStatus\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t*f\n\x07KVDtype\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03*\x9c\x01\n\x10KVTransferStatus\x12\"\n\x1eKV_TRANSFER_STATUS_UNSPECIFIED\x10\x00\x12 \n\x1cKV_TRANSFER_STATUS_COMPLETED\x10\x02\x12\x1f\n\x1bKV_TRANSFER_STATUS_REJECTED\x10\x03\"\x04\x08\x01\x10\x01*\x1bKV_TRANSFER_STATUS_ACCEPTEDb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpdserve/v1/kv_transfer.proto\x12\npdserve.v1\"\xc5\x03\n\x10KVTransferHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\"\n\x05\x64type\x18\x07 \x01(\x0e\x32\x13.pdserve.v1.KVDtype\x12\x12\n\nnum_blocks\x18\x08 \x01(\r\x12\x15\n\rdst_block_ids\x18\t \x03(\r\x12\x15\n\rpayload_bytes\x18\n \x01(\x04\x12\x1b\n\x0erows_per_chunk\x18\x0c \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fhas_chunk_crc32\x18\r \x01(\x08H\x01\x88\x01\x01\x12\x1b\n\x0etransfer_token\x18\x0e \x01(\x0cH\x02\x88\x01\x01\x12\x18\n\x0b\x61\x64\x61pter_key\x18\x0f \x01(\tH\x03\x88\x01\x01\x42\x11\n\x0f_rows_per_chunkB\x12\n\x10_has_chunk_crc32B\x11\n\x0f_transfer_tokenB\x0e\n\x0c_adapter_keyJ\x04\x08\x0b\x10\x0cR\rpayload_crc32\"q\n\rKVTransferAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.pdserve.v1.KVTransferStatus\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t*f\n\x07KVDtype\x12\x18\n\x14KV_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10KV_DTYPE_FLOAT32\x10\x01\x12\x14\n\x10KV_DTYPE_FLOAT16\x10\x02\x12\x15\n\x11KV_DTYPE_BFLOAT16\x10\x03*\x9c\x01\n\x10KVTransferStatus\x12\"\n\x1eKV_TRANSFER_STATUS_UNSPECIFIED\x10\x00\x12 \n\x1cKV_TRANSFER_STATUS_COMPLETED\x10\x02\x12\x1f\n\x1bKV_TRANSFER_STATUS_REJECTED\x10\x03\"\x04\x08\x01\x10\x01*\x1bKV_TRANSFER_STATUS_ACCEPTEDb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.kv_transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVDTYPE']._serialized_start=573
-  _globals['_KVDTYPE']._serialized_end=675
-  _globals['_KVTRANSFERSTATUS']._serialized_start=678
-  _globals['_KVTRANSFERSTATUS']._serialized_end=834
+  _globals['_KVDTYPE']._serialized_start=615
+  _globals['_KVDTYPE']._serialized_end=717
+  _globals['_KVTRANSFERSTATUS']._serialized_start=720
+  _globals['_KVTRANSFERSTATUS']._serialized_end=876
   _globals['_KVTRANSFERHEADER']._serialized_start=45
-  _globals['_KVTRANSFERHEADER']._serialized_end=456
-  _globals['_KVTRANSFERACK']._serialized_start=458
-  _globals['_KVTRANSFERACK']._serialized_end=571
+  _globals['_KVTRANSFERHEADER']._serialized_end=498
+  _globals['_KVTRANSFERACK']._serialized_start=500
+  _globals['_KVTRANSFERACK']._serialized_end=613
 # @@protoc_insertion_point(module_scope)

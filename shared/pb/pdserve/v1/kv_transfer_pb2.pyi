@@ -28,7 +28,7 @@ KV_TRANSFER_STATUS_COMPLETED: KVTransferStatus
 KV_TRANSFER_STATUS_REJECTED: KVTransferStatus
 
 class KVTransferHeader(_message.Message):
-    __slots__ = ("format_version", "request_id", "num_layers", "block_size", "num_kv_heads", "head_dim", "dtype", "num_blocks", "dst_block_ids", "payload_bytes", "rows_per_chunk", "has_chunk_crc32", "transfer_token")
+    __slots__ = ("format_version", "request_id", "num_layers", "block_size", "num_kv_heads", "head_dim", "dtype", "num_blocks", "dst_block_ids", "payload_bytes", "rows_per_chunk", "has_chunk_crc32", "transfer_token", "adapter_key")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class KVTransferHeader(_message.Message):
     ROWS_PER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     HAS_CHUNK_CRC32_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_KEY_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     request_id: str
     num_layers: int
@@ -55,7 +56,8 @@ class KVTransferHeader(_message.Message):
     rows_per_chunk: int
     has_chunk_crc32: bool
     transfer_token: bytes
-    def __init__(self, format_version: _Optional[int] = ..., request_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[KVDtype, str]] = ..., num_blocks: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., rows_per_chunk: _Optional[int] = ..., has_chunk_crc32: _Optional[bool] = ..., transfer_token: _Optional[bytes] = ...) -> None: ...
+    adapter_key: str
+    def __init__(self, format_version: _Optional[int] = ..., request_id: _Optional[str] = ..., num_layers: _Optional[int] = ..., block_size: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[_Union[KVDtype, str]] = ..., num_blocks: _Optional[int] = ..., dst_block_ids: _Optional[_Iterable[int]] = ..., payload_bytes: _Optional[int] = ..., rows_per_chunk: _Optional[int] = ..., has_chunk_crc32: _Optional[bool] = ..., transfer_token: _Optional[bytes] = ..., adapter_key: _Optional[str] = ...) -> None: ...
 
 class KVTransferAck(_message.Message):
     __slots__ = ("request_id", "status", "field", "message")
