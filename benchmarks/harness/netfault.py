@@ -109,6 +109,7 @@ class Fault:
     peer: Target | None
     params: dict
     queue: int | None = None  # the delayer kinds' NFQUEUE number
+    _tag: str = ""  # its iptables rules' comment
     _undo: list = field(default_factory=list, repr=False)
     _healed: bool = False
 
@@ -120,6 +121,11 @@ class Fault:
         between = f"{self.target.name}<->{self.peer.name}" if self.peer else self.target.name
         details = ", ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.kind} {between}" + (f" ({details})" if details else "")
+
+    def packets_matched(self) -> int:
+        """Packets the fault has caught so far (its rules' counters: queued, dropped or reset),
+        for tests to wait on an observable event instead of a sleep."""
+        return sum(rules.rule_packets(table, self._tag) for table in rules.IPTABLES) if self._tag else 0
 
     def heal(self) -> None:
         with _lock:
@@ -235,7 +241,7 @@ def _inject_delayer(fault: Fault) -> None:
         raise rules.NetFaultError(f"the packet delayer for {fault.describe()} did not start "
                                   f"(exit code {delayer.wait()})")
     action = ["NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]
-    tag = f"{next(_names)}-{fault.kind}-{fault.target.name}"
+    tag = fault._tag = f"{next(_names)}-{fault.kind}-{fault.target.name}"
     specs = rules.rule_specs(tag, action, None, dports=fault.target.ports)
     specs += rules.rule_specs(tag, action, None, sports=fault.target.ports)
     inserted = rules.insert_rules(specs)
@@ -266,7 +272,7 @@ def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
 def _inject_rules(fault: Fault) -> None:
     target, peer = fault.target, fault.peer
     action = ["DROP"] if fault.kind == "partition" else ["REJECT", "--reject-with", "tcp-reset"]
-    tag = f"{next(_names)}-{fault.kind}-{target.name}"
+    tag = fault._tag = f"{next(_names)}-{fault.kind}-{target.name}"
     specs = []
     if peer is None:
         specs += rules.rule_specs(tag, action, None, dports=target.ports)  # everyone -> target
