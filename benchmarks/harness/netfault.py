@@ -51,6 +51,9 @@ skip.
 
 A process in a partition or reset fault is moved into a cgroup of its own under
 /sys/fs/cgroup[/unified]/pdserve-netfault/ for as long as the fault lasts, then back where it was.
+A socket keeps the cgroup it was created in, so the connections the two ends already hold
+(UCX keeps them open between transfers) are matched by their local ports, found with `ss`
+when the fault starts; connections opened during the fault by the cgroup match.
 """
 
 import atexit
@@ -288,10 +291,23 @@ def _inject_rules(fault: Fault) -> None:
             specs += rules.rule_specs(tag, action, _join_cgroup(fault, peer), dports=target.ports)
         if not specs:
             raise ValueError(f"{fault.kind}: name the processes (pids) of {target.name} or {peer.name}")
+        specs += _established_specs(tag, action, target, peer) + _established_specs(tag, action, peer, target)
     inserted = rules.insert_rules(specs)
     fault._undo.append(lambda: rules.delete_rules(inserted))
     if fault.kind == "reset":
         _kill_connections(target, peer)
+
+
+def _established_specs(tag: str, action: list[str], source: Target, destination: Target) -> list[list[str]]:
+    """Rules for the connections `source` already holds to `destination`'s ports: a socket keeps
+    the cgroup it was created in, so the cgroup match only catches new ones. These are
+    matched by their local (ephemeral) ports, both ways."""
+    local_ports = [int(local.rsplit(":", 1)[1])
+                   for local, _ in rules.established_connections(source.pids, destination.ports)]
+    if not local_ports:
+        return []
+    return (rules.rule_specs(tag, action, None, sports=local_ports)
+            + rules.rule_specs(tag, action, None, dports=local_ports))
 
 
 def _kill_connections(target: Target, peer: Target | None) -> None:
