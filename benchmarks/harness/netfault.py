@@ -51,6 +51,9 @@ skip.
 
 A process in a partition or reset fault is moved into a cgroup of its own under
 /sys/fs/cgroup[/unified]/pdserve-netfault/ for as long as the fault lasts, then back where it was.
+A socket keeps the cgroup it was created in, so the connections the two ends already hold
+(UCX keeps them open between transfers) are matched by their local ports, found with `ss`
+when the fault starts; connections opened during the fault by the cgroup match.
 """
 
 import atexit
@@ -109,6 +112,7 @@ class Fault:
     peer: Target | None
     params: dict
     queue: int | None = None  # the delayer kinds' NFQUEUE number
+    _tag: str = ""  # its iptables rules' comment
     _undo: list = field(default_factory=list, repr=False)
     _healed: bool = False
 
@@ -120,6 +124,11 @@ class Fault:
         between = f"{self.target.name}<->{self.peer.name}" if self.peer else self.target.name
         details = ", ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.kind} {between}" + (f" ({details})" if details else "")
+
+    def packets_matched(self) -> int:
+        """Packets the fault has caught so far (its rules' counters: queued, dropped or reset),
+        for tests to wait on an observable event instead of a sleep."""
+        return sum(rules.rule_packets(table, self._tag) for table in rules.IPTABLES) if self._tag else 0
 
     def heal(self) -> None:
         with _lock:
@@ -235,7 +244,7 @@ def _inject_delayer(fault: Fault) -> None:
         raise rules.NetFaultError(f"the packet delayer for {fault.describe()} did not start "
                                   f"(exit code {delayer.wait()})")
     action = ["NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]
-    tag = f"{next(_names)}-{fault.kind}-{fault.target.name}"
+    tag = fault._tag = f"{next(_names)}-{fault.kind}-{fault.target.name}"
     specs = rules.rule_specs(tag, action, None, dports=fault.target.ports)
     specs += rules.rule_specs(tag, action, None, sports=fault.target.ports)
     inserted = rules.insert_rules(specs)
@@ -266,7 +275,7 @@ def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
 def _inject_rules(fault: Fault) -> None:
     target, peer = fault.target, fault.peer
     action = ["DROP"] if fault.kind == "partition" else ["REJECT", "--reject-with", "tcp-reset"]
-    tag = f"{next(_names)}-{fault.kind}-{target.name}"
+    tag = fault._tag = f"{next(_names)}-{fault.kind}-{target.name}"
     specs = []
     if peer is None:
         specs += rules.rule_specs(tag, action, None, dports=target.ports)  # everyone -> target
@@ -282,10 +291,23 @@ def _inject_rules(fault: Fault) -> None:
             specs += rules.rule_specs(tag, action, _join_cgroup(fault, peer), dports=target.ports)
         if not specs:
             raise ValueError(f"{fault.kind}: name the processes (pids) of {target.name} or {peer.name}")
+        specs += _established_specs(tag, action, target, peer) + _established_specs(tag, action, peer, target)
     inserted = rules.insert_rules(specs)
     fault._undo.append(lambda: rules.delete_rules(inserted))
     if fault.kind == "reset":
         _kill_connections(target, peer)
+
+
+def _established_specs(tag: str, action: list[str], source: Target, destination: Target) -> list[list[str]]:
+    """Rules for the connections `source` already holds to `destination`'s ports: a socket keeps
+    the cgroup it was created in, so the cgroup match only catches new ones. These are
+    matched by their local (ephemeral) ports, both ways."""
+    local_ports = [int(local.rsplit(":", 1)[1])
+                   for local, _ in rules.established_connections(source.pids, destination.ports)]
+    if not local_ports:
+        return []
+    return (rules.rule_specs(tag, action, None, sports=local_ports)
+            + rules.rule_specs(tag, action, None, dports=local_ports))
 
 
 def _kill_connections(target: Target, peer: Target | None) -> None:

@@ -83,6 +83,12 @@ def tagged_rules(table: str) -> list[list[str]]:
     return [shlex.split(line)[1:] for line in listing if RULE_TAG in line and line.startswith("-A ")]
 
 
+def rule_packets(table: str, tag: str) -> int:
+    """Packets the rules tagged `tag` have matched in `table`'s OUTPUT chain."""
+    listing = run([table, "-L", "OUTPUT", "-v", "-x", "-n"], check=False).stdout.splitlines()
+    return sum(int(line.split()[0]) for line in listing if f"{RULE_TAG}:{tag} " in line + " ")
+
+
 # ---- cgroups (v2) that name a process tree -------------------------------------------------
 
 def cgroup2_root() -> Path | None:

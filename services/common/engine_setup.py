@@ -44,7 +44,8 @@ def kv_transfer_config(settings: InstanceSettings) -> KVTransferConfig | None:
         role = KVConnectorRole.BOTH
     return KVTransferConfig(UCX_CONNECTOR, role, host=settings.ucx_host, port=settings.ucx_port,
                             max_staging_bytes=int(settings.kv_staging_max_mb * MIB),
-                            send_wait_s=settings.kv_send_wait_ms / 1e3)
+                            send_wait_s=settings.kv_send_wait_ms / 1e3,
+                            transfer_timeout_s=settings.kv_transfer_timeout_s)
 
 
 def engine_config(settings: InstanceSettings) -> EngineConfig:

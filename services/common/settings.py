@@ -21,6 +21,7 @@ from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
 from shared.engine.loading import DTYPES
 from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
+from shared.kv_transfer.types import DEFAULT_TRANSFER_TIMEOUT_S
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 from shared.lora.config import LoRAConfig
@@ -128,6 +129,10 @@ class InstanceSettings(TracingSettings):
     kv_send_wait_ms: float = _setting(30.0, "a prefill step that started KV sends waits up to this long for them to "
                                             "end, so those prompts are answered with it, not after the next step's "
                                             "compute (0 = never wait)", ge=0)
+    kv_transfer_timeout_s: float = _setting(
+        DEFAULT_TRANSFER_TIMEOUT_S, "longest one KV transfer may take, connection set-up included; a prefill "
+                                    "whose send to the decode instance fails or times out answers ABORTED and the "
+                                    "gateway retries the prompt on another prefill instance", gt=0)
     kv_host_tier_gb: float = _setting(-1.0, "KV host tier: shared memory for KV blocks evicted from (or finished "
                                             "in) the pools of this host's instances, which all share it, GiB (-1 = "
                                             "sized to the machine: an eighth of its memory, at most half of "

@@ -292,6 +292,9 @@ class EngineCore:
             self.executor.commit_received_blocks(self.kv_manager.block_ids(request.request_id)[num_skip:])
             request.has_remote_kv = True
         else:
+            # A failed transfer may have written part of its chunks over KV that arrived before
+            # (a retried prefill after one that completed): never decode from a mix of the two.
+            request.has_remote_kv = False
             logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error)
         self._kv_arrivals.append((outcome.request_id, outcome.error))
 

@@ -14,8 +14,9 @@ class KVArrivalWait:
     waiters: list[asyncio.Future] = field(default_factory=list)
 
     def settle(self, error: str | None) -> None:
-        """A transfer ended: waiters return (arrived) or get KVTransferFailedError."""
-        self.has_arrived = self.has_arrived or error is None
+        """A transfer ended: waiters return (arrived) or get KVTransferFailedError. A failed
+        transfer undoes an earlier arrival: it may have overwritten part of those blocks."""
+        self.has_arrived = error is None
         self.fail(KVTransferFailedError(error) if error is not None else None)
 
     def fail(self, error: BaseException | None) -> None:

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 DEFAULT_MAX_STAGING_BYTES = 256 << 20
 # Loopback sends of a few MB end in ~5-25 ms (docs/autoscaling.md, section 6).
 DEFAULT_SEND_WAIT_S = 0.03
+# The longest one KV transfer may take, connection set-up included (docs/network_faults.md):
+# a sender that cannot connect, or gets no answer, gives up after it and the request is
+# retried on another prefill instance.
+DEFAULT_TRANSFER_TIMEOUT_S = 10.0
 
 
 class KVConnectorRole(enum.Enum):
@@ -34,6 +38,9 @@ class KVTransferConfig:
     # A producer's step that started sends waits up to this long for them to end, so their
     # requests' final outputs go out with it rather than after the next step (0: never wait).
     send_wait_s: float = DEFAULT_SEND_WAIT_S
+    # A send gives up after this long (connection set-up included); a receiver drains a
+    # rejected transfer's payload at most this long.
+    transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S
 
 
 @dataclass(frozen=True)

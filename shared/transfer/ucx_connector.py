@@ -63,11 +63,12 @@ class UCXConnector(KVConnector):
     async def _start_ends(self) -> str:
         config = self.config
         if config.role.is_producer:
-            self.sender = KVSender(max_staging_bytes=config.max_staging_bytes)
+            self.sender = KVSender(timeout_s=config.transfer_timeout_s, max_staging_bytes=config.max_staging_bytes)
         if not config.role.is_consumer:
             return ""
         self.receiver = KVReceiver(self.kv_access.kv_cache, self.kv_access.kv_cache_layout, host=config.host,
-                                   port=config.port, max_staging_bytes=config.max_staging_bytes)
+                                   port=config.port, max_staging_bytes=config.max_staging_bytes,
+                                   discard_timeout_s=config.transfer_timeout_s)
         return await self.receiver.start()
 
     def shutdown(self) -> None:

@@ -18,6 +18,13 @@ scratch memory and dropped, and its connection ends. The cache is written only b
 is still expected, so a request withdrawn (e.g. by a timeout) is never written again. A chunk
 that fails its checksum stops the transfer: chunks before it may already be in the
 destination blocks, which stay the caller's to free or to fill by a retried transfer.
+
+A transfer whose sender stalled (a partition, a sender that gave up on its timeout and went
+quiet) would keep its request "in flight" for as long as its connection looks open, which over
+a partition can be forever. So a new header for the same request, with the reservation's token,
+supersedes it: the stalled transfer's connection is aborted, it writes no further chunk (each
+write checks that its transfer is still the current one), and the retry is received in full.
+Withdrawing a request also aborts the connection of a transfer still in flight for it.
 """
 
 import asyncio
@@ -47,7 +54,7 @@ from shared.transfer.wire import (adapter_mismatch, as_numpy_bytes, check_kv_cac
 
 logger = logging.getLogger(__name__)
 TOKEN_FIELD = "transfer_token"
-_DISCARD_TIMEOUT_S = 5.0  # how long a rejected transfer's payload may take to arrive and be dropped
+DEFAULT_DISCARD_TIMEOUT_S = 5.0  # how long a rejected transfer's payload may take to arrive and be dropped
 
 
 @dataclass
@@ -61,6 +68,12 @@ class _ExpectedTransfer:
     adapter_key: str = ""  # the reservation's LoRA adapter; empty: the base model
     is_in_flight: bool = False
     is_withdrawn: bool = False
+    generation: int = 0  # bumped by every admitted transfer: a superseded one writes no more
+    endpoint: object = None  # the connection of the transfer in flight
+
+    def is_current(self, generation: int) -> bool:
+        """Whether the transfer admitted as `generation` may still write."""
+        return self.generation == generation and not self.is_withdrawn
 
 
 def _ack(request_id: str, status: int, error: KVTransferError | None = None) -> pb.KVTransferAck:
@@ -75,12 +88,14 @@ class KVReceiver:
     `host` is the address advertised to senders (ucxx listeners accept on all interfaces);
     `port=0` lets the OS pick a free port. `verify_checksum=False` skips the per-chunk CRC-32
     check even when the sender supplies one. `max_staging_bytes` bounds the free staging
-    buffers kept for reuse.
+    buffers kept for reuse. `discard_timeout_s` bounds how long a rejected transfer's payload
+    is drained (so that the answer reaches its sender) before its connection is dropped.
     """
 
     def __init__(
         self, kv_cache: torch.Tensor, layout: KVCacheLayout, host: str = "127.0.0.1", port: int = 0,
         verify_checksum: bool = True, max_staging_bytes: int = DEFAULT_MAX_FREE_BYTES,
+        discard_timeout_s: float = DEFAULT_DISCARD_TIMEOUT_S,
     ):
         check_kv_cache(kv_cache, layout)
         self._kv_cache = kv_cache
@@ -88,6 +103,7 @@ class KVReceiver:
         self._host = host
         self._port = port
         self._verify_checksum_enabled = verify_checksum
+        self._discard_timeout_s = discard_timeout_s
         self._expected: dict[str, _ExpectedTransfer] = {}
         self._endpoints: set = set()
         self.staging = StagingPool(max_staging_bytes)
@@ -156,6 +172,8 @@ class KVReceiver:
         if expected is None:
             return
         expected.is_withdrawn = True
+        if expected.is_in_flight and expected.endpoint is not None and not expected.endpoint.closed:
+            expected.endpoint.abort()  # its pending receives end; nothing more is written
         if not expected.outcome.done():
             expected.outcome.set_exception(KVTransferError("request_id", f"{request_id!r} {reason}"))
         expected.outcome.exception()  # counts as retrieved even if nobody waits; waiters still see it
@@ -194,25 +212,28 @@ class KVReceiver:
         header = await recv_message(endpoint, pb.KVTransferHeader, MAX_HEADER_BYTES)
         started = time.perf_counter()
         try:
-            expected = self._admit(header)
+            expected = self._admit(header, endpoint)
         except KVTransferError as error:
             await self._reject(endpoint, header, error)
             await self._drain_payload(endpoint, header)
             return False
+        generation = expected.generation
         chunks = plan_chunks(self._layout, header.num_blocks, header.rows_per_chunk, header.has_chunk_crc32)
         staging = self.staging.acquire(staging_bytes(chunks))
         receives = [
             asyncio.ensure_future(endpoint.recv(message_view(staging, chunk), tag=PAYLOAD_TAG)) for chunk in chunks
         ]
         try:
-            await self._write_chunks_as_they_arrive(header, expected, staging, chunks, receives)
+            await self._write_chunks_as_they_arrive(header, expected, generation, staging, chunks, receives)
         except KVTransferError as error:
-            expected.is_in_flight = False
+            self._end_flight(expected, generation)
+            if endpoint.closed:  # superseded or withdrawn: its connection is already cut
+                return False
             await self._reject(endpoint, header, error)
-            await asyncio.wait(receives, timeout=_DISCARD_TIMEOUT_S)  # the sender stops on our answer
+            await asyncio.wait(receives, timeout=self._discard_timeout_s)  # the sender stops on our answer
             return False
         finally:
-            expected.is_in_flight = False
+            self._end_flight(expected, generation)
             self._settle_staging(staging, receives)
         result = self._record(header, time.perf_counter() - started)
         if not expected.outcome.done():
@@ -221,20 +242,22 @@ class KVReceiver:
         return True
 
     async def _write_chunks_as_they_arrive(
-        self, header: pb.KVTransferHeader, expected: _ExpectedTransfer, staging: torch.Tensor,
+        self, header: pb.KVTransferHeader, expected: _ExpectedTransfer, generation: int, staging: torch.Tensor,
         chunks: list[PayloadChunk], receives: list[asyncio.Future],
     ) -> None:
         """Verify and scatter chunk i once it is in, with no await between the check and the write.
 
-        A lost connection fails the waiter ("connection") and re-raises the UCX error.
+        A lost connection fails the waiter ("connection", unless a retry superseded this
+        transfer) and re-raises the UCX error.
         """
         dst_block_ids = np.asarray(expected.dst_block_ids, dtype=np.int64)
         for chunk, receive in zip(chunks, receives):
             try:
                 await receive
             except ucxx.exceptions.UCXError as error:
-                expected.is_in_flight = False
-                self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
+                if expected.generation == generation:
+                    self._end_flight(expected, generation)
+                    self._fail_expected(header.request_id, KVTransferError("connection", f"lost mid-payload: {error}"))
                 raise
             message = message_view(staging, chunk)
             if header.has_chunk_crc32 and self._verify_checksum_enabled:
@@ -243,6 +266,8 @@ class KVReceiver:
                     raise KVTransferError("chunk_crc32", problem)
             if expected.is_withdrawn:
                 raise KVTransferError("request_id", f"{header.request_id!r} was withdrawn by the receiver")
+            if not expected.is_current(generation):
+                raise KVTransferError("request_id", f"a newer transfer for {header.request_id!r} superseded this one")
             scatter_chunk(message, self._kv_cache, self._layout, dst_block_ids, chunk)
 
     def _settle_staging(self, staging: torch.Tensor, receives: list[asyncio.Future]) -> None:
@@ -279,7 +304,7 @@ class KVReceiver:
         num_chunks = len(range(0, num_sender_rows, header.rows_per_chunk))
         chunk_bytes = header.payload_bytes // num_sender_rows * header.rows_per_chunk
         scratch = self.staging.acquire(chunk_bytes + CRC32_TRAILER_BYTES)  # every chunk message fits
-        deadline = time.monotonic() + _DISCARD_TIMEOUT_S
+        deadline = time.monotonic() + self._discard_timeout_s
         receives: list[asyncio.Future] = []
         try:
             for _ in range(num_chunks):
@@ -295,8 +320,9 @@ class KVReceiver:
             keep_until_done(receives)  # never cancelled: UCX may still write into scratch
             self.staging.discard(scratch)  # never reused; a pending receive keeps it alive
 
-    def _admit(self, header: pb.KVTransferHeader) -> _ExpectedTransfer:
-        """Check `header` against the layout and the expected transfers; marks it in flight."""
+    def _admit(self, header: pb.KVTransferHeader, endpoint) -> _ExpectedTransfer:
+        """Check `header` against the layout and the expected transfers; marks it in flight, as
+        the current transfer (superseding a stalled one)."""
         validate_header(header, self._layout)
         expected = self._expected.get(header.request_id)
         if expected is None:
@@ -306,14 +332,35 @@ class KVReceiver:
         mismatch = adapter_mismatch(header.adapter_key, expected.adapter_key)
         if mismatch is not None:
             raise KVTransferError("adapter_key", mismatch)
-        if expected.is_in_flight or expected.outcome.done():
-            raise KVTransferError("request_id", f"a transfer for {header.request_id!r} is already in flight or done")
+        if expected.outcome.done():
+            raise KVTransferError("request_id", f"a transfer for {header.request_id!r} is already done")
         if tuple(header.dst_block_ids) != expected.dst_block_ids:
             raise KVTransferError(
                 "dst_block_ids", f"sender {list(header.dst_block_ids)}, receiver {list(expected.dst_block_ids)}"
             )
+        if expected.is_in_flight:
+            self._supersede(expected)
         expected.is_in_flight = True
+        expected.generation += 1
+        expected.endpoint = endpoint
         return expected
+
+    def _supersede(self, expected: _ExpectedTransfer) -> None:
+        """A retry arrived while an earlier transfer for the request is still in flight (its
+        sender gave up, or stalled): the earlier one writes no more and its connection goes."""
+        logger.warning("KV transfer %r: a retry supersedes the transfer still in flight", expected.request_id)
+        expected.generation += 1
+        stalled = expected.endpoint
+        if stalled is not None and not stalled.closed:
+            stalled.abort()
+
+    @staticmethod
+    def _end_flight(expected: _ExpectedTransfer, generation: int) -> None:
+        """The transfer admitted as `generation` is over; unless a retry superseded it, the
+        request is no longer in flight."""
+        if expected.generation == generation:
+            expected.is_in_flight = False
+            expected.endpoint = None
 
     def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
         result = TransferResult(header.request_id, header.payload_bytes, seconds)
