@@ -38,6 +38,8 @@ from shared.model.default_model import resolve_model  # noqa: E402
 from shared.tokenization.chat import apply_chat_template  # noqa: E402
 from shared.tokenization.tokenizer import load_tokenizer  # noqa: E402
 
+KV_CACHE_GB = 0.25  # per pdserve instance
+VLLM_MEMORY_UTILIZATION = 0.05  # vLLM's share of RAM (weights and KV) per server on its CPU backend
 PARTS = ("offline", "served", "vllm-offline", "vllm-served")
 
 
@@ -92,7 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="pdserve-bench-lora-") as root:
         adapters = write_adapters(Path(root) / "adapters", config, max(args.adapters), args.rank)
         run_dir = args.run_dir or Path(root) / "runs"
-        options = ServerOptions(model=args.model, dtype=args.dtype, vllm_python=args.vllm_python, vllm_args=("--max-model-len", "2048"))
+        # Two servers run side by side: each gets a small KV pool (plenty for these requests).
+        options = ServerOptions(model=args.model, dtype=args.dtype, vllm_python=args.vllm_python,
+                                vllm_memory_utilization=VLLM_MEMORY_UTILIZATION, vllm_args=("--max-model-len", "2048"),
+                                env={"PDSERVE_KV_CACHE_MEMORY_GB": str(KV_CACHE_GB)})
         for part in parts:
             if part == "offline":
                 rates = run_pdserve(folder, args.dtype, args.num_threads, conversations, args.max_tokens, adapters,

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-MEMORY_UTILIZATION = 0.1
+MEMORY_UTILIZATION = 0.05  # of RAM, per engine (weights and KV)
 
 
 def rate(llm, prompts, params, requests) -> float:
