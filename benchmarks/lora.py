@@ -39,7 +39,7 @@ from shared.tokenization.chat import apply_chat_template  # noqa: E402
 from shared.tokenization.tokenizer import load_tokenizer  # noqa: E402
 
 KV_CACHE_GB = 0.25  # per pdserve instance
-VLLM_MEMORY_UTILIZATION = 0.05  # vLLM's share of RAM (weights and KV) per server on its CPU backend
+VLLM_MEMORY_UTILIZATION = 0.1  # vLLM's share of RAM (weights and KV) per server on its CPU backend
 PARTS = ("offline", "served", "vllm-offline", "vllm-served")
 
 

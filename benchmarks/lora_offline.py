@@ -17,6 +17,7 @@ from benchmarks.lora_workload import Adapter, configurations, spread
 from shared.engine import LLM, LoRARequest, SamplingParams
 from shared.tokenization.chat import apply_chat_template
 
+BLOCK_SIZE = 16
 VLLM_PEER = Path(__file__).with_name("lora_vllm_peer.py")
 
 
@@ -36,15 +37,20 @@ def run_pdserve(folder: Path, dtype: str, num_threads: int | None, conversations
                 adapters: list[Adapter], counts: list[int], rank: int, rounds: int) -> dict[str, list[float]]:
     """Output tok/s per row, one figure per round."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    common = dict(model=str(folder), dtype=dtype, num_threads=num_threads)
+    # KV blocks for every request at once (prompts < 256 tokens), not the default pool: two
+    # engines live side by side, on a machine that may be short of memory.
+    num_blocks = len(conversations) * -(-(256 + max_tokens) // BLOCK_SIZE)
+    common = dict(model=str(folder), dtype=dtype, num_threads=num_threads, num_blocks=num_blocks,
+                  block_size=BLOCK_SIZE)
     rows = configurations(counts)
     rates: dict[str, list[float]] = {"base": []} | {label: [] for label, _ in rows}
     with LLM(**common) as base, LLM(**common, enable_lora=True, max_loras=max(counts), max_lora_rank=rank) as llm:
         texts = [apply_chat_template(llm.tokenizer, conversation) for conversation in conversations]
         plans = [(label, _lora_requests(spread(len(texts), adapters, count))) for label, count in rows]
-        base.generate(texts, params)  # warm-up: oneDNN's kernels for these shapes, adapters read
+        warm_up = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)  # oneDNN's shapes, adapters read
+        base.generate(texts, warm_up)
         for _, requests in plans:
-            llm.generate(texts, params, lora_request=requests)
+            llm.generate(texts, warm_up, lora_request=requests)
         for _ in range(rounds):
             rates["base"].append(_rate(base, texts, params, None))
             for label, requests in plans:

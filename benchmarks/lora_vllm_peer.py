@@ -6,14 +6,15 @@ script with that interpreter; it must import nothing from pdserve. Usage:
 {"model", "dtype", "prompts" (texts), "max_tokens", "rank", "rounds", "rows": [[label, adapter
 count], ...], "adapters": [[name, int id, path], ...]}; the result maps "base" and each row's
 label to its output tok/s, one figure per round. Like pdserve's part: an engine without LoRA
-and one with enable_lora (max_loras = the largest count) side by side, rows interleaved.
+and one with enable_lora (max_loras = the largest count) side by side, rows interleaved; both
+eager (no torch.compile) unless the request says "enforce_eager": false.
 """
 
 import json
 import sys
 import time
 
-MEMORY_UTILIZATION = 0.05  # of RAM, per engine (weights and KV)
+MEMORY_UTILIZATION = 0.1  # of RAM, per engine (weights, activations and KV)
 
 
 def rate(llm, prompts, params, requests) -> float:
@@ -31,7 +32,9 @@ def main(request_path: str, result_path: str) -> None:
         request = json.load(file)
     prompts, rows = request["prompts"], request["rows"]
     adapters = [LoRARequest(name, int_id, path) for name, int_id, path in request["adapters"]]
-    common = dict(model=request["model"], dtype=request["dtype"], seed=0, gpu_memory_utilization=MEMORY_UTILIZATION)
+    # enforce_eager: no torch.compile, which takes many minutes per engine on a busy 2-core machine.
+    common = dict(model=request["model"], dtype=request["dtype"], seed=0, gpu_memory_utilization=MEMORY_UTILIZATION,
+                  max_model_len=2048, enforce_eager=request.get("enforce_eager", True))
     base = LLM(**common)
     lora = LLM(**common, enable_lora=True, max_loras=max(count for _, count in rows),
                max_lora_rank=request["rank"])
