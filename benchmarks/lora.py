@@ -27,13 +27,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-
 from benchmarks.lora_offline import run_pdserve, run_vllm  # noqa: E402
 from benchmarks.lora_served import random_prompts, run_served  # noqa: E402
 from benchmarks.lora_workload import chat_prompts, format_rows, write_adapters  # noqa: E402
 from benchmarks.serve_servers import ServerOptions  # noqa: E402
 from shared.model.config import ModelConfig  # noqa: E402
+from shared.model.cpu_budget import default_num_threads  # noqa: E402
 from shared.model.default_model import resolve_model  # noqa: E402
 from shared.tokenization.chat import apply_chat_template  # noqa: E402
 from shared.tokenization.tokenizer import load_tokenizer  # noqa: E402
@@ -102,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
             if part == "offline":
                 rates = run_pdserve(folder, args.dtype, args.num_threads, conversations, args.max_tokens, adapters,
                                     args.adapters, args.rank, args.rounds)
-                print(format_rows(f"pdserve {offline_title}, {torch.get_num_threads()} threads", rates))
+                threads = args.num_threads or default_num_threads()
+                print(format_rows(f"pdserve {offline_title}, {threads} torch threads", rates))
             elif part == "vllm-offline":
                 tokenizer = load_tokenizer(folder)
                 texts = [apply_chat_template(tokenizer, conversation) for conversation in conversations]

@@ -107,9 +107,9 @@ def run_served(server: str, options: ServerOptions, run_dir: Path, adapters: lis
         asyncio.run(closed_loop(base_url, [base_model] * len(warm), warm, 8, concurrency))
         for _, count in rows:
             asyncio.run(closed_loop(lora_url, models(len(warm), count), warm, 8, concurrency))
-        for _ in range(rounds):
-            rates["base"].append(asyncio.run(closed_loop(base_url, [base_model] * len(prompts), prompts, output_len,
-                                                         concurrency)))
-            for label, models in plans:
-                rates[label].append(asyncio.run(closed_loop(lora_url, models, prompts, output_len, concurrency)))
+        for round_index in range(rounds):
+            for label, url, models in [("base", base_url, [base_model] * len(prompts))] + [
+                    (label, lora_url, models) for label, models in plans]:
+                rates[label].append(asyncio.run(closed_loop(url, models, prompts, output_len, concurrency)))
+                print(f"  round {round_index + 1}: {label}: {rates[label][-1]:.1f} output tok/s", flush=True)
     return rates
