@@ -5,8 +5,9 @@ output may be several peft modules side by side (`qkv_proj` = q | k | v, `gate_u
 up). Each step the model runner sets `StepAdapters.segments`: contiguous row ranges, each with
 the adapter slot its rows use (rows of the base model are in no segment). For each segment and
 each sub-module the adapter adapts, the layer adds `(x A^T) B^T` (B scaled) to those rows'
-output columns: one pair of small matmuls per segment, never a merged weight, so requests for
-different adapters and for the base share one step.
+output columns, never a merged weight, so requests for different adapters and for the base
+share one step. On the CPU all segments take two matmuls per projection over the active slots'
+stacked weights (shared.lora.cpu_deltas); on a GPU, Triton kernels (shared.lora.triton_lora).
 """
 
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from shared.errors import ConfigurationError
+from shared.lora.cpu_deltas import CpuDeltas, slot_piece
 from shared.model.config import ModelConfig
 
 # Our fused projections and the peft modules inside them, in output-column order.
@@ -33,9 +35,33 @@ class StepAdapters:
 
     segments: list[tuple[int, int, int]] = field(default_factory=list)
     _on_device: tuple | None = None  # the segments as the Triton kernels take them, made once a step
+    _active: tuple[int, ...] | None = None  # the slots the segments use, ascending
+    _masks: dict = field(default_factory=dict)  # the CPU path's row masks, by (layout, rows, dtype, device)
 
     def set(self, segments: list[tuple[int, int, int]]) -> None:
-        self.segments, self._on_device = segments, None
+        self.segments, self._on_device, self._active = segments, None, None
+        self._masks.clear()
+
+    def active_slots(self) -> tuple[int, ...]:
+        if self._active is None:
+            self._active = tuple(sorted({slot for _, _, slot in self.segments}))
+        return self._active
+
+    def row_mask(self, layout: tuple[tuple[int, int, int], ...], num_rows: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        """(num_rows x K) ones where a row's slot owns the column in `layout` ((slot, first column,
+        end column) of each slot), zeros elsewhere; rows past the segments (padding) are zero.
+        Made once a step per layout (layers adapting the same sub-modules share it)."""
+        key = (layout, num_rows, dtype, device)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = torch.zeros(num_rows, layout[-1][2], dtype=dtype)
+            columns = {slot: (first, end) for slot, first, end in layout}
+            for first_row, end_row, slot in self.segments:
+                if slot in columns:
+                    mask[first_row:end_row, columns[slot][0]:columns[slot][1]] = 1
+            mask = self._masks[key] = mask.to(device)
+        return mask
 
     def for_kernels(self, device: torch.device) -> tuple[tuple[torch.Tensor, ...], int]:
         """(first rows, end rows, slots) int32 tensors on `device`, and the longest segment."""
@@ -67,21 +93,16 @@ class LoRALinear(nn.Module):
         # Triton path: per sub-module (A: slots x max_rank x in, B: slots x out x max_rank), made
         # on first use; None where no slot's adapter adapts the sub-module.
         self.stacked: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(modules)
+        self.cpu = None if max_rank else CpuDeltas(base, num_slots)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.base(x)
-        if self.max_rank:
-            return self._forward_triton(x, out)
-        for first, end, slot in self.step.segments:
-            rows = x[first:end]
-            for weights, (start, stop) in zip(self.slots[slot], self.columns):
-                if weights is not None:
-                    lora_a, lora_b = weights
-                    out[first:end, start:stop] += (rows @ lora_a.T) @ lora_b.T
-        return out
+        if self.cpu is not None:
+            return self.cpu.forward(self.base, x, self.step)
+        return self._forward_triton(x)
 
-    def _forward_triton(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
         from shared.lora.triton_lora import add_lora_deltas
+        out = self.base(x)
         if not self.step.segments:
             return out
         segments, longest = self.step.for_kernels(x.device)
@@ -94,7 +115,9 @@ class LoRALinear(nn.Module):
     def set_slot(self, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put an adapter's weights for this layer (by peft module name) into `slot`."""
         self.slots[slot] = [weights.get(module) for module in self.modules_in_output]
-        if self.max_rank:
+        if self.cpu is not None:
+            self.cpu.set_piece(slot, slot_piece(self.slots[slot], self.columns))
+        else:
             self._stack_slot(slot)
 
     def _stack_slot(self, slot: int) -> None:
