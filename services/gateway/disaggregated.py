@@ -34,7 +34,7 @@ from services.gateway.deadline import Deadline
 from services.gateway.decode_calls import DecodeStart, LocalPrefillRefused, decode_stream, local_prefill_stream
 from services.gateway.errors import GatewayError
 from services.gateway.first_token import RelayedToken, early_message, ending_message, ends_with_first_token
-from services.gateway.migration import continuation, final_message, fix_usage, is_complete
+from services.gateway.migration import continuation, final_message, fix_usage, is_complete, retry_of
 from services.gateway.placement import PREFILL_POOL, Placement, place_prefill, prefill_backlog
 from services.gateway.prefill_calls import stream_prefill_under_lease
 from services.gateway.relay_context import RelayContext
@@ -54,6 +54,8 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
     streamed: list[int] = []
     while True:
         attempt = continuation(sub, streamed) if streamed else sub
+        if lost:  # what the lost attempt left on the instances (a hung one's work) never collides with it
+            attempt = retry_of(attempt, sub.request_id, len(lost))
         with span("gateway.attempt", {"pdserve.attempt": len(lost), "pdserve.num_resumed_tokens": len(streamed),
                                       "pdserve.completion_index": sub.index}) as attempt_span:
             reservation = await reserve(ctx, attempt, candidates, deadline, excluded=lost)

@@ -40,7 +40,7 @@ class HangTimeouts:
 
     control_call_s: float = 10.0  # Reserve, Release, Renew answer at once when the instance runs
     stall_s: float = 5.0  # no message on a stream for this long: probe the instances' health
-    health_probe_s: float = 1.0  # no health answer within this: the instance is lost (hung or dead)
+    health_probe_s: float = 2.0  # no health answer within this: the instance is lost (hung or dead)
 
 
 @dataclass

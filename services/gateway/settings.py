@@ -65,7 +65,7 @@ class GatewaySettings(RequestLimits, TracingSettings):
              "instances' health probed; one that does not answer is hung and the stream moves elsewhere, "
              "seconds", gt=0)
     health_probe_timeout_s: float = _setting(
-        1.0, "a health probe of an instance (a stalled stream, a failed call) must answer within this, "
+        2.0, "a health probe of an instance (a stalled stream, a failed call) must answer within this, "
              "seconds; one that does not counts as a lost instance", gt=0)
     routing_cache_s: float = _setting(0.5, "reuse of the live-instance listing, seconds", ge=0)
     prefer_colocated: bool = _setting(False, "route to colocated instances first")

@@ -74,5 +74,13 @@ async def watched(ctx: RelayContext, messages: AsyncIterator[Message],
                 return
             yield message
     finally:
-        if next_message is not None and not next_message.done():
+        if next_message is not None:
             next_message.cancel()
+            next_message.add_done_callback(_retrieve)
+
+
+def _retrieve(read: asyncio.Future) -> None:
+    """The abandoned read's outcome (the call's own failure, after the caller moved on) is
+    not an error of anyone's: mark it retrieved."""
+    if not read.cancelled():
+        read.exception()

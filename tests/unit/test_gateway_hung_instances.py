@@ -117,6 +117,10 @@ def test_a_prefill_stalled_by_a_hung_decode_moves_to_another_decode(redis_server
             assert d1.methods() == ["Reserve", "Decode"]
             assert gate.stats.hung_instances == {"decode": 1}  # p0 answered its probe: not blamed
             assert gate.stats.num_prefill_retries == 0
+            # p0 may still be sending the first attempt's KV when the second reaches it: the
+            # second has an id of its own, so the two never collide there.
+            assert [r.request_id for r in p0.requests_of("StreamPrefill")] == ["r1", "r1@1"]
+            assert [r.request_id for r in d1.requests_of("Reserve")] == ["r1@1"]
     run(scenario)
 
 
