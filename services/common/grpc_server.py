@@ -106,8 +106,11 @@ def keepalive_options(keepalive_s: float, timeout_s: float) -> tuple[tuple[str, 
     hold, until it resumes."""
     return (("grpc.keepalive_time_ms", max(1, round(keepalive_s * 1000))),
             ("grpc.keepalive_timeout_ms", max(1, round(timeout_s * 1000))),
+            ("grpc.http2.ping_timeout_ms", max(1, round(timeout_s * 1000))),
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0))
+            ("grpc.http2.max_pings_without_data", 0),
+            # A stream whose caller sends nothing (a Decode) must not hold the pings back.
+            ("grpc.http2.min_sent_ping_interval_without_data_ms", max(1, round(keepalive_s * 1000))))
 
 
 def instance_grpc_server(servicer: instance_pb2_grpc.InstanceServicer, host: str, port: int,

@@ -34,7 +34,7 @@ def stack(smollm2_folder, tmp_path_factory):
     from services.launcher import LocalStack
 
     config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("hung"), extra_args={
-        "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5", "--heartbeat-ttl-s", "2"],
+        "instance": ["--num-blocks", "256"],
         "prefill": ["--max-num-batched-tokens", "64"],  # long prompts take many steps: a stop lands mid-prompt
         "gateway": ["--stall-timeout-s", "2", "--health-probe-timeout-s", "3", "--control-call-timeout-s", "5",
                     "--lease-s", str(LEASE_S)]})
