@@ -60,9 +60,9 @@ def test_a_decode_that_never_answers_its_decode_call_is_left_after_the_first_tok
     run(scenario)
 
 
-def _never_answering(fake: FakeInstance):
+def _never_answering(fake: FakeInstance, method: str = "Decode"):
     async def decode(request, context):
-        fake.calls.append(("Decode", request))
+        fake.calls.append((method, request))
         await fake._wait_for_cancel()
         yield  # pragma: no cover - never reached
     return decode
@@ -153,6 +153,22 @@ def _slow_decode(fake: FakeInstance, go_on: asyncio.Event):
         async for message in original(fake, request, context):
             yield message
     return decode
+
+
+def test_a_hung_colocated_instance_is_skipped_before_it_streams(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with gateway(redis_server.url, model, **HANG) as gate:
+            c0 = FakeInstance("c0", "colocated")
+            c1 = FakeInstance("c1", "colocated")
+            c0.Generate = _never_answering(c0, "Generate")
+            await gate.add(c0, c1)
+            c0.hang()
+            messages = await collect(gate.stub.Generate(generate_request(max_tokens=3)))
+            assert _tokens(messages) == [42, 43, 44]
+            assert c1.methods() == ["Generate"]
+            await asyncio.wait_for(c0.cancelled.wait(), 5)
+            assert gate.stats.hung_instances == {"colocated": 1}
+    run(scenario)
 
 
 def test_the_hang_timeouts_are_settings(monkeypatch):
