@@ -68,8 +68,14 @@ def child_named(stack: StackHarness, name: str):
 
 
 def busy_instance(stack: StackHarness, role: str, field: str) -> str:
-    return stack.wait_for(lambda: next((name for name, status in stack.statuses(role).items()
-                                        if getattr(status, field) > 0), None), 60.0, f"a busy {role} instance", 0.02)
+    """The first instance of `role` whose status shows `field` > 0 (a slow status answer on a
+    busy machine is asked again)."""
+    def find() -> str | None:
+        try:
+            return next((name for name, status in stack.statuses(role).items() if getattr(status, field) > 0), None)
+        except grpc.RpcError:
+            return None
+    return stack.wait_for(find, 120.0, f"a busy {role} instance", 0.02)
 
 
 def test_a_decode_stopped_mid_stream_has_its_streams_migrated_with_the_same_tokens(stack):
