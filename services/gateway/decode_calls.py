@@ -7,8 +7,9 @@ SERVING any more, or the reservation unknown there (NOT_FOUND: its engine core r
 forgot it) is DecodeLost (the caller moves the completion elsewhere); anything else is the
 client's error. A stream that brings nothing for stall_timeout_s from an instance that then
 leaves a health probe unanswered is DecodeLost too ("hung": services.gateway.stall_watch); its
-call is cancelled, so the instance, when it resumes, aborts the request and frees its blocks. PrefillLocally refused for lack of room (RESOURCE_EXHAUSTED before any
-token) is LocalPrefillRefused: the reservation is still there for a prefill on the pool.
+call is cancelled, so the instance, when it resumes, aborts the request and frees its blocks.
+PrefillLocally refused for lack of room (RESOURCE_EXHAUSTED before any token) is
+LocalPrefillRefused: the reservation is still there for a prefill on the pool.
 """
 
 import logging
