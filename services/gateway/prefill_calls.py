@@ -2,8 +2,9 @@
 fails (up to the retries), the reservation's lease renewed meanwhile.
 
 A prefill stream that brings nothing for stall_timeout_s has its prefill instance and then its
-decode instance probed (services.gateway.stall_watch): a hung prefill instance is replaced like
-a failed one, a hung decode instance is DecodeLost.
+decode instance probed (services.gateway.stall_watch): a hung decode instance is DecodeLost; a
+hung prefill instance is ReservationAbandoned when it was sending into a reservation (the
+caller starts over on a fresh one), else replaced like a failed one.
 
 The events of each attempt are passed on as they come: the first token (as soon as the
 prefill instance sampled it) and the outcome. An attempt that fails after its first token is
@@ -26,7 +27,9 @@ from services.gateway.errors import GatewayError, from_rpc_error
 from services.gateway.peer_source import add_peer_source
 from services.gateway.relay_context import RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
-from services.gateway.reservations import Reservation, check_decode_alive, raise_if_decode_hung, renew_until_cancelled
+from services.gateway.reservations import (
+    Reservation, ReservationAbandoned, check_decode_alive, raise_if_decode_hung, renew_until_cancelled,
+)
 from services.gateway.router import Candidate, prefills_for, rank
 from services.gateway.stall_watch import InstanceHung, raise_if_hung, watched
 
@@ -69,6 +72,8 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
                 await _note_failure(ctx, sub, reservation, target, error, failed)
             except InstanceHung as hung:
                 record_failure(attempt_span, "DEADLINE_EXCEEDED", str(hung))
+                if reservation is not None:
+                    raise ReservationAbandoned(str(hung)) from hung
                 failed[target.instance_id] = str(hung)
                 logger.warning("request %s: %s; retrying elsewhere", sub.request_id, hung)
             finally:

@@ -46,6 +46,13 @@ class DecodeLost(Exception):
         self.reason = reason  # "failure" (unreachable), "drain" (answers NOT_SERVING) or "hung" (stalled)
 
 
+class ReservationAbandoned(Exception):
+    """The prefill instance sending into the reservation hung (services.gateway.stall_watch):
+    its transfer may be stuck half-way, and the decode instance would refuse a second one into
+    the same reservation. The reservation is given back, which withdraws the transfer (a late
+    write of the hung sender is refused), and the completion starts over on a fresh one."""
+
+
 async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                   deadline: Deadline, excluded: Collection[str] = ()) -> Reservation:
     """The first decode instance (best first, none of `excluded`, only those some prefill
