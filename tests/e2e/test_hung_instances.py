@@ -36,7 +36,9 @@ def stack(smollm2_folder, tmp_path_factory):
     config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("hung"), extra_args={
         "instance": ["--num-blocks", "256"],
         "prefill": ["--max-num-batched-tokens", "64"],  # long prompts take many steps: a stop lands mid-prompt
-        "gateway": ["--stall-timeout-s", "2", "--health-probe-timeout-s", "3", "--control-call-timeout-s", "5",
+        # A probe waits long: on a machine at load 60 a live instance answered a health probe
+        # late, was taken for hung, and with the other decode instance stopped nothing was left.
+        "gateway": ["--stall-timeout-s", "3", "--health-probe-timeout-s", "10", "--control-call-timeout-s", "10",
                     "--lease-s", str(LEASE_S)]})
     config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
     local = LocalStack(config)
