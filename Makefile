@@ -51,7 +51,7 @@ help:
 	@echo "make gpu-check      the CUDA path on an NVIDIA GPU: kernels, parity, throughput, bandwidth (BENCH_ARGS=...)"
 	@echo "make bench-spec     speculative decoding: decode tok/s with and without, batch 1-64 (BENCH_ARGS=...)"
 	@echo "make bench-lora     multi-LoRA: output tok/s with 1, 4 and 16 adapters mixed vs the base model, offline and served (+ vLLM with PDSERVE_VLLM_PYTHON) (BENCH_ARGS=...)"
-	@echo "make bench-faults   kills and SIGTERMs (and a KV holder killed mid-pull) under streaming load: ok/failed/migrated, recovery, p99, stranded blocks (BENCH_ARGS=..., --scenario TEXT)"
+	@echo "make bench-faults   kills, SIGTERMs and 20 s SIGSTOPs (and a KV holder killed mid-pull) under streaming load: ok/failed/migrated, recovery, p99, stranded blocks (BENCH_ARGS=..., --scenario TEXT)"
 	@echo "make bench-multiturn multi-turn chats: pdserve with/without KV tiers vs vllm serve, TTFT per turn (BENCH_ARGS=..., PDSERVE_VLLM_PYTHON)"
 	@echo "make bench-autoscale load ramp with --autoscale vs fixed 1P+1D, plots + simulator replay (BENCH_ARGS=...)"
 	@echo "make bench-sim-validate the simulator vs the local 1P+1D stack at 3 Poisson rates (needs a quiet machine)"

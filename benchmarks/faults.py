@@ -5,7 +5,9 @@ unasked is restarted, as under `pdserve up`), then per scenario runs greedy stre
 (random prompts of 100-300 tokens, 64 output tokens, EOS ignored) and injects the fault once
 some streams are running. Prints one row per scenario: requests ok / failed, streams migrated
 (the gateway's `pdserve:migrations_total`), recovery time (fault until the victim is back,
-SERVING and registered, or for Redis until every instance is registered again), and p99 TTFT
+SERVING and registered, or for Redis until every instance is registered again; for a SIGSTOP
+scenario, whose victim's process tree stays stopped for 20 s and is then continued, from the
+stop until every instance is registered again), and p99 TTFT
 of the requests that started in the fault window and p99 inter-token latency inside it, and
 blocks stranded: blocks still held on live instances once the load is over (target 0).
 
@@ -38,7 +40,8 @@ import redis.asyncio  # noqa: E402
 
 from benchmarks import fault_pull  # noqa: E402
 from benchmarks.fault_chat_load import ChatLoad  # noqa: E402
-from benchmarks.fault_load import StreamingLoad, StreamResult  # noqa: E402
+from benchmarks.fault_load import StreamingLoad, StreamResult, failures  # noqa: E402
+from benchmarks.freeze import Frozen  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402
 from services.launcher.supervisor import RestartPolicy  # noqa: E402
 from shared.cluster.instances import InstanceRegistry  # noqa: E402
@@ -56,7 +59,12 @@ SCENARIOS = (
     ("decode kill -9 (migration)", "decode-0", signal.SIGKILL),
     ("decode SIGTERM (drain)", "decode-1", signal.SIGTERM),
     ("prefill SIGTERM (drain)", "prefill-1", signal.SIGTERM),
+    # Hung, not dead: the victim's process tree is stopped for HUNG_S, then continued.
+    ("decode SIGSTOP 20s", "decode-0", signal.SIGSTOP),
+    ("prefill SIGSTOP 20s", "prefill-0", signal.SIGSTOP),
+    ("redis SIGSTOP 20s", "redis", signal.SIGSTOP),
 )
+HUNG_S = 20.0  # how long a SIGSTOP scenario's victim stays stopped
 # Runs on its own stack (host tier off, chats); the victim is the holder the pulls used.
 PULL_SCENARIO = "holder kill -9 mid-pull"
 
@@ -125,6 +133,25 @@ def wait_recovered(stack: LocalStack, victim: str, restarts_before: int, timeout
     return float("nan")
 
 
+def wait_registered(stack: LocalStack, started: float, timeout_s: float = 300.0) -> float:
+    """Seconds from `started` until every instance is registered (a resumed one again)."""
+    names = {child.name for child in stack.instances}
+    while time.monotonic() - started < timeout_s:
+        if registered_ids(stack) == names:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    return float("nan")
+
+
+def stop_for(stack: LocalStack, victim: str, seconds: float) -> float:
+    """SIGSTOP the victim's process tree for `seconds`, SIGCONT it; seconds from the stop until
+    every instance is registered again."""
+    started = time.monotonic()
+    with Frozen(next(child for child in stack.children() if child.name == victim)):
+        time.sleep(seconds)  # the fault's length (a benchmark's fixed duration, not a synchronization)
+    return wait_registered(stack, started)
+
+
 def migrations(stack: LocalStack) -> int:
     http_address = stack.ready_info["gateway"]["http_address"]
     text = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
@@ -152,15 +179,20 @@ def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namesp
         load.wait_in_flight(min(4, args.concurrency), timeout_s=300)
         fault_at = time.monotonic()
         recovery_s = 0.0
-        if victim is not None:
+        if signum == signal.SIGSTOP:
+            recovery_s = stop_for(stack, victim, HUNG_S)
+        elif victim is not None:
             os.kill(next(child for child in stack.children() if child.name == victim).pid, signum)
             recovery_s = wait_recovered(stack, victim, restarts_before)
         results = load.results()
     window_end = fault_at + recovery_s if victim is not None else max(r.ended_at for r in results)
     ttft, itl = window_latencies(results, fault_at, window_end)
     num_ok = sum(result.is_ok for result in results)
+    longest_gap = max((gap for r in results for _, gap in r.gaps), default=0.0)
+    notes = [f"longest gap in a stream {longest_gap:.1f} s"] if signum == signal.SIGSTOP else []
+    notes += failures(results)[:3]
     return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s, ttft, itl,
-               fault_pull.stranded_blocks(stack))
+               fault_pull.stranded_blocks(stack), note="; ".join(notes))
 
 
 def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: int) -> Row:
@@ -249,6 +281,8 @@ def main() -> None:
             for seed, scenario in enumerate(scenarios, start=1):
                 rows.append(run_scenario(stack, stub, scenario, args, seed))
                 print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+                if rows[-1].note:
+                    print(f"  {rows[-1].note}", flush=True)
     if PULL_SCENARIO in selected:
         stack = start_stack(args.dtype, tuple(fault_pull.STACK_INSTANCE_ARGS), tuple(fault_pull.STACK_GATEWAY_ARGS))
         with running(stack, run_dirs) as (stack, stub):

@@ -99,11 +99,27 @@ class GrpcServer:
         await self.server.stop(grace_s)
 
 
+def keepalive_options(keepalive_s: float, timeout_s: float) -> tuple[tuple[str, int], ...]:
+    """Ping every caller's connection each `keepalive_s`, with or without calls in flight, and
+    close it (cancelling its calls) when a ping stays unanswered for `timeout_s`: a caller
+    that is alive but not running (SIGSTOPped, hung) otherwise holds its calls, and what they
+    hold, until it resumes."""
+    return (("grpc.keepalive_time_ms", max(1, round(keepalive_s * 1000))),
+            ("grpc.keepalive_timeout_ms", max(1, round(timeout_s * 1000))),
+            ("grpc.http2.ping_timeout_ms", max(1, round(timeout_s * 1000))),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # A stream whose caller sends nothing (a Decode) must not hold the pings back.
+            ("grpc.http2.min_sent_ping_interval_without_data_ms", max(1, round(keepalive_s * 1000))))
+
+
 def instance_grpc_server(servicer: instance_pb2_grpc.InstanceServicer, host: str, port: int,
-                         credentials: grpc.ServerCredentials | None = None) -> GrpcServer:
+                         credentials: grpc.ServerCredentials | None = None,
+                         keepalive: Sequence[tuple[str, int]] = ()) -> GrpcServer:
     """An instance's server: the Instance service, internal message limits, requests that must
-    arrive whole (services.common.malformed_requests)."""
+    arrive whole (services.common.malformed_requests), `keepalive` (keepalive_options)."""
     return GrpcServer(INSTANCE_SERVICE_NAME, lambda server: instance_pb2_grpc.add_InstanceServicer_to_server(
                           servicer, server),
-                      host, port, credentials, port_setting="grpc_port", options=message_size_options(),
+                      host, port, credentials, port_setting="grpc_port",
+                      options=(*message_size_options(), *keepalive),
                       interceptors=[*server_interceptors(), MalformedRequestInterceptor()])

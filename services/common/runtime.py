@@ -33,7 +33,7 @@ from shared.hosts import host_port, is_wildcard
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from services.common.engine_restart import RestartBudget
 from services.common.engine_setup import start_engine
-from services.common.grpc_server import GrpcServer, instance_grpc_server
+from services.common.grpc_server import GrpcServer, instance_grpc_server, keepalive_options
 from services.common.metrics import InstanceMetrics
 from services.common.peer_handler import PeerHandler
 from services.common.presence import ClusterPresence
@@ -92,7 +92,9 @@ class InstanceRuntime:
 
     async def start(self) -> None:
         self.server = instance_grpc_server(InstanceServicer(self), self.settings.host, self.settings.bound_grpc_port,
-                                           instance_credentials(self.settings))
+                                           instance_credentials(self.settings), keepalive_options(
+                                               self.settings.client_keepalive_s,
+                                               self.settings.client_keepalive_timeout_s))
         port = await self.server.start()
         self.grpc_address = host_port(advertised_host(self.settings), port)
         logger.info("%s %s: gRPC on %s, loading the engine", self.role, self.instance_id, self.grpc_address)

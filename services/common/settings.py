@@ -123,6 +123,12 @@ class InstanceSettings(TracingSettings):
     drain_timeout_s: float = _setting(20.0, "on SIGTERM, seconds to finish accepted work (prefills, granted "
                                             "reservations, running decodes) before stopping", ge=0)
     shutdown_grace_s: float = _setting(5.0, "seconds in-flight RPCs get to finish after the drain", ge=0)
+    # A hung gateway (stopped, not dead) leaves its TCP connections open: HTTP/2 pings find it.
+    client_keepalive_s: float = _setting(10.0, "ping each caller's connection (a gateway's) after this many seconds; "
+                                               "see --client-keepalive-timeout-s", gt=0)
+    client_keepalive_timeout_s: float = _setting(10.0, "a caller that leaves a ping unanswered this long is hung: "
+                                                       "its connection is closed and its calls cancelled, which "
+                                                       "frees what they held", gt=0)
     ready_file: str = _setting("", "write {grpc_address, ucx_address, instance_id, role} JSON here once serving")
     kv_staging_max_mb: float = _setting(128.0, "free KV-transfer staging buffers kept for reuse, MiB "
                                                "(sender and receiver each)", ge=0)

@@ -1,7 +1,8 @@
 """One completion on a colocated instance (prefill and decode in one engine).
 
 Instances are tried best first; one that refuses or fails before streaming anything is
-skipped. Once tokens have reached the client, a failure is the client's error.
+skipped, and so is one that hangs (services.gateway.stall_watch). Once tokens have reached the
+client, a failure is the client's error (UNAVAILABLE when the instance hung).
 """
 
 import logging
@@ -16,6 +17,7 @@ from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
 from services.gateway.relay_context import RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, rank
+from services.gateway.stall_watch import InstanceHung, raise_if_hung, watched
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +38,15 @@ async def run_colocated(ctx: RelayContext, sub: SubRequest, candidates: list[Can
         call = ctx.channels.stub(target.grpc_address).Generate(request, timeout=deadline.remaining())
         has_streamed = False
         try:
-            async for message in call:
+            async for message in watched(ctx, call, lambda: raise_if_hung(ctx, target)):
                 has_streamed = True
                 yield message
             return
+        except InstanceHung as hung:
+            if has_streamed:
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"colocated {hung}") from hung
+            ctx.stats.num_colocated_failovers += 1
+            logger.warning("request %s: %s; trying another", sub.request_id, hung)
         except grpc.aio.AioRpcError as error:
             if has_streamed or not is_failover(error):
                 raise from_rpc_error(error, f"colocated instance {target.instance_id}") from error

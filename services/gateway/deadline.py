@@ -20,6 +20,9 @@ class Deadline:
             raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
         return left if cap_s is None else min(left, cap_s)
 
+    def has_passed(self) -> bool:
+        return self.clock() >= self.expires_at
+
 
 def client_deadline(time_remaining: float | None, default_s: float) -> Deadline:
     """The client's remaining time (grpc `context.time_remaining()`), else the default."""

@@ -5,8 +5,11 @@ is computed on the decode instance itself: conditional disaggregation).
 A failure of either is told apart by the decode instance's health: handed back by a drain, not
 SERVING any more, or the reservation unknown there (NOT_FOUND: its engine core restarted and
 forgot it) is DecodeLost (the caller moves the completion elsewhere); anything else is the
-client's error. PrefillLocally refused for lack of room (RESOURCE_EXHAUSTED before any
-token) is LocalPrefillRefused: the reservation is still there for a prefill on the pool.
+client's error. A stream that brings nothing for stall_timeout_s from an instance that then
+leaves a health probe unanswered is DecodeLost too ("hung": services.gateway.stall_watch); its
+call is cancelled, so the instance, when it resumes, aborts the request and frees its blocks.
+PrefillLocally refused for lack of room (RESOURCE_EXHAUSTED before any token) is
+LocalPrefillRefused: the reservation is still there for a prefill on the pool.
 """
 
 import logging
@@ -24,7 +27,10 @@ from services.gateway.first_token import RelayedToken, strip
 from services.gateway.migration import fix_usage
 from services.gateway.relay_context import RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
-from services.gateway.reservations import DecodeLost, Reservation, check_decode_alive, release_unanswered
+from services.gateway.reservations import (
+    DecodeLost, Reservation, check_decode_alive, raise_if_decode_hung, release_unanswered,
+)
+from services.gateway.stall_watch import watched
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +58,7 @@ async def decode_stream(ctx: RelayContext, sub: SubRequest, reservation: Reserva
     call = ctx.channels.stub(reservation.decode.grpc_address).Decode(request, timeout=deadline.remaining())
     is_first = True
     try:
-        async for message in call:
+        async for message in watched(ctx, call, lambda: raise_if_decode_hung(ctx, reservation)):
             if is_first:
                 is_first = False
                 if start.relayed is not None:
@@ -79,7 +85,7 @@ async def local_prefill_stream(ctx: RelayContext, sub: SubRequest, reservation: 
         instance_pb2.LocalPrefillRequest(request_id=sub.request_id), timeout=deadline.remaining())
     has_streamed = is_refused = False
     try:
-        async for message in call:
+        async for message in watched(ctx, call, lambda: raise_if_decode_hung(ctx, reservation)):
             has_streamed = True
             fix_usage(sub, message)
             yield message

@@ -17,7 +17,10 @@ Release in the background; once Decode runs, cancelling its call is enough.
 
 A decode instance that dies (or drains away) is told apart from a failing prefill instance by
 its health check: the gateway then reserves on another decode instance and runs the prefill
-again toward it, and only the lost decode instance is marked suspect. When the client already
+again toward it, and only the lost decode instance is marked suspect. A prefill instance that
+hangs while it prefills into a reservation (services.gateway.stall_watch) costs the
+reservation: it is given back and the completion starts over on a fresh one (at most
+--max-prefill-retries times). Every attempt after the first runs under an id of its own. When the client already
 has some of the completion's tokens, the new attempt continues after them (migration.py).
 """
 
@@ -34,12 +37,12 @@ from services.gateway.deadline import Deadline
 from services.gateway.decode_calls import DecodeStart, LocalPrefillRefused, decode_stream, local_prefill_stream
 from services.gateway.errors import GatewayError
 from services.gateway.first_token import RelayedToken, early_message, ending_message, ends_with_first_token
-from services.gateway.migration import continuation, final_message, fix_usage, is_complete
+from services.gateway.migration import continuation, final_message, fix_usage, is_complete, retry_of
 from services.gateway.placement import PREFILL_POOL, Placement, place_prefill, prefill_backlog
 from services.gateway.prefill_calls import stream_prefill_under_lease
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import SubRequest
-from services.gateway.reservations import DecodeLost, Reservation, release, reserve
+from services.gateway.reservations import DecodeLost, Reservation, ReservationAbandoned, release, reserve
 from services.gateway.router import Candidate, prefills_for
 
 logger = logging.getLogger(__name__)
@@ -52,8 +55,12 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
     tokens already streamed); yields the client's messages."""
     lost: dict[str, str] = {}
     streamed: list[int] = []
+    num_attempts = num_abandoned = 0
     while True:
         attempt = continuation(sub, streamed) if streamed else sub
+        if num_attempts:  # what an earlier attempt left on the instances (a hung one's work) never collides
+            attempt = retry_of(attempt, sub.request_id, num_attempts)
+        num_attempts += 1
         with span("gateway.attempt", {"pdserve.attempt": len(lost), "pdserve.num_resumed_tokens": len(streamed),
                                       "pdserve.completion_index": sub.index}) as attempt_span:
             reservation = await reserve(ctx, attempt, candidates, deadline, excluded=lost)
@@ -68,6 +75,13 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
             except DecodeLost as loss:
                 record_failure(attempt_span, "UNAVAILABLE", str(loss), **{"pdserve.loss_reason": loss.reason})
                 _note_loss(ctx, sub, loss, lost, len(streamed))
+            except ReservationAbandoned as abandoned:
+                record_failure(attempt_span, "UNAVAILABLE", str(abandoned))
+                num_abandoned += 1
+                if num_abandoned > ctx.max_prefill_retries:
+                    raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"prefill hung {num_abandoned} times; "
+                                                                    f"the last: {abandoned}") from abandoned
+                logger.warning("request %s: %s; starting over on a fresh reservation", sub.request_id, abandoned)
         candidates = await ctx.view.candidates(sub.parent.hashes)  # restarts, new ones
         if is_complete(sub, streamed):
             yield final_message(sub, streamed)

@@ -19,7 +19,7 @@ from shared.lora.request import validate_adapter_name
 from shared.pb.pdserve.v1 import instance_pb2
 
 from services.gateway.errors import GatewayError, invalid_argument
-from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext
+from services.gateway.relay_context import RelayContext
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ async def _on_every_instance(relay: RelayContext, method: str, request, what: st
     if not targets:
         raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no live instance to {what} on")
     results = await asyncio.gather(*(getattr(relay.channels.stub(address), method)(
-        request, timeout=CONTROL_CALL_TIMEOUT_S) for _, address in targets), return_exceptions=True)
+        request, timeout=relay.hang.control_call_s) for _, address in targets), return_exceptions=True)
     relay.view.refresh()
     done = [instance_id for (instance_id, _), result in zip(targets, results) if not isinstance(result, BaseException)]
     failed = [(instance_id, result) for (instance_id, _), result in zip(targets, results)

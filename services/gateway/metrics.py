@@ -49,7 +49,7 @@ class GatewayCollector(Collector):
                                     "code", sorted(stats.failures.items()))
         yield _routing_family(make, stats.routing)
         yield make.labelled_counter("pdserve:migrations", "Streams moved to another decode instance mid-way "
-                                    "(reason: failure or drain).", "reason", sorted(stats.migrations.items()))
+                                    "(reason: failure, drain or hung).", "reason", sorted(stats.migrations.items()))
         yield make.labelled(CounterMetricFamily, "pdserve:gateway_prefill_placement",
                             "Where prompts were prefilled (prefill_pool or decode_local: conditional "
                             "disaggregation) and why.", ("where", "reason"), sorted(stats.placements.items()))
@@ -70,6 +70,11 @@ class GatewayCollector(Collector):
                            admission.num_shed)
         yield make.gauge("pdserve:gateway_requests_waiting_first_token", "This gateway's admitted requests "
                          "still waiting for their first token.", admission.num_waiting)
+        yield make.counter("pdserve:gateway_stall_probes", "Health probes of instances whose stream brought no "
+                           "message for --stall-timeout-s.", stats.num_stall_probes)
+        yield make.labelled_counter("pdserve:gateway_hung_instances", "Instances found hung (alive, not "
+                                    "answering) by a stalled stream's probe or a control call's timeout, by role.",
+                                    "role", sorted(stats.hung_instances.items()))
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
         yield _live_instances_family(make, relay.view)

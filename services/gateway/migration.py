@@ -22,6 +22,13 @@ def continuation(sub: SubRequest, streamed_token_ids: list[int]) -> SubRequest:
     return dataclasses.replace(sub, params=params, resumed_token_ids=tuple(streamed_token_ids))
 
 
+def retry_of(attempt: SubRequest, base_id: str, num_lost: int) -> SubRequest:
+    """The attempt after `num_lost` lost ones, under an id of its own (`<base_id>@<n>`): an instance that hung holds the lost attempt's work under the old id until it
+    resumes (a prefill still sending its KV, a reservation), and the new attempt may land on
+    that same prefill instance."""
+    return dataclasses.replace(attempt, request_id=f"{base_id}@{num_lost}")
+
+
 def is_complete(sub: SubRequest, streamed_token_ids: list[int]) -> bool:
     """Every token max_tokens allows was streamed (only the final message was lost)."""
     return sub.params.max_tokens is not None and len(streamed_token_ids) >= sub.params.max_tokens

@@ -1,6 +1,11 @@
 """StreamPrefill on the prefill pool: the best prefill instance first, the next one when it
 fails (up to the retries), the reservation's lease renewed meanwhile.
 
+A prefill stream that brings nothing for stall_timeout_s has its prefill instance and then its
+decode instance probed (services.gateway.stall_watch): a hung decode instance is DecodeLost; a
+hung prefill instance is ReservationAbandoned when it was sending into a reservation (the
+caller starts over on a fresh one), else replaced like a failed one.
+
 The events of each attempt are passed on as they come: the first token (as soon as the
 prefill instance sampled it) and the outcome. An attempt that fails after its first token is
 retried like any other; the caller keeps the first token it already relayed (a retry samples
@@ -22,8 +27,11 @@ from services.gateway.errors import GatewayError, from_rpc_error
 from services.gateway.peer_source import add_peer_source
 from services.gateway.relay_context import RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
-from services.gateway.reservations import Reservation, check_decode_alive, renew_until_cancelled
+from services.gateway.reservations import (
+    Reservation, ReservationAbandoned, check_decode_alive, raise_if_decode_hung, renew_until_cancelled,
+)
 from services.gateway.router import Candidate, prefills_for, rank
+from services.gateway.stall_watch import InstanceHung, raise_if_hung, watched
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +60,7 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
                   kind="client") as attempt_span:
             call = ctx.channels.stub(target.grpc_address).StreamPrefill(message, timeout=deadline.remaining())
             try:
-                async for event in call:
+                async for event in watched(ctx, call, _hang_check(ctx, target, reservation)):
                     if event.HasField("done"):
                         attempt_span.set_attributes(_outcome_attributes(event.done))
                     else:
@@ -62,6 +70,12 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
             except grpc.aio.AioRpcError as error:
                 record_failure(attempt_span, error.code().name, error.details() or "")
                 await _note_failure(ctx, sub, reservation, target, error, failed)
+            except InstanceHung as hung:
+                record_failure(attempt_span, "DEADLINE_EXCEEDED", str(hung))
+                if reservation is not None:
+                    raise ReservationAbandoned(str(hung)) from hung
+                failed[target.instance_id] = str(hung)
+                logger.warning("request %s: %s; retrying elsewhere", sub.request_id, hung)
             finally:
                 if not call.done():
                     call.cancel()
@@ -70,6 +84,17 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
                                                         f"{reservation.decode.instance_id}")
     raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                        f"prefill failed on every instance tried: {failed or 'none live'}")
+
+
+def _hang_check(ctx: RelayContext, target: Candidate, reservation: Reservation | None):
+    """What a stalled StreamPrefill probes: the prefill instance (InstanceHung: the next one is
+    tried), then the decode instance its KV goes to (DecodeLost: a stopped receiver stalls
+    the transfer, and with it the prefill)."""
+    async def check() -> None:
+        await raise_if_hung(ctx, target)
+        if reservation is not None:
+            await raise_if_decode_hung(ctx, reservation)
+    return check
 
 
 def _outcome_attributes(done: instance_pb2.PrefillResponse) -> dict[str, int | float]:

@@ -33,8 +33,14 @@ def is_failover(error: grpc.aio.AioRpcError) -> bool:
     return not any(key == REQUEST_FAILED_METADATA_KEY for key, _ in (error.trailing_metadata() or ()))
 
 
-# Control calls (Reserve, Release) answer at once; a hung instance must not hold a request.
-CONTROL_CALL_TIMEOUT_S = 10.0
+@dataclass(frozen=True)
+class HangTimeouts:
+    """How long the gateway waits on an instance that may be hung (alive, not answering):
+    the gateway settings control_call_timeout_s, stall_timeout_s and health_probe_timeout_s."""
+
+    control_call_s: float = 10.0  # Reserve, Release, Renew answer at once when the instance runs
+    stall_s: float = 5.0  # no message on a stream for this long: probe the instances' health
+    health_probe_s: float = 2.0  # no health answer within this: the instance is lost (hung or dead)
 
 
 @dataclass
@@ -46,6 +52,7 @@ class RelayContext:
     lease_s: float = 30.0
     prefer_colocated: bool = False
     placement: PlacementPolicy = field(default_factory=PlacementPolicy)  # conditional disaggregation
+    hang: HangTimeouts = field(default_factory=HangTimeouts)
     background: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coroutine: Coroutine, name: str) -> asyncio.Task:

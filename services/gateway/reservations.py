@@ -16,9 +16,10 @@ from shared.tracing import add_event, span
 
 from services.gateway.deadline import Deadline
 from services.gateway.errors import GatewayError, from_rpc_error, no_capacity
-from services.gateway.relay_context import CONTROL_CALL_TIMEOUT_S, RelayContext, is_failover
+from services.gateway.relay_context import RelayContext, is_failover
 from services.gateway.request_prep import SubRequest
 from services.gateway.router import Candidate, no_pair_reason, pairable_decodes, rank
+from services.gateway.stall_watch import is_unresponsive, note_hung
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +27,6 @@ logger = logging.getLogger(__name__)
 UNANSWERED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                               grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN})
 
-
-# How long a health check may take to tell a dead decode instance from a failed prefill.
-HEALTH_PROBE_TIMEOUT_S = 1.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -45,7 +43,14 @@ class DecodeLost(Exception):
         super().__init__(f"decode instance {decode.instance_id} lost ({reason}): {why}")
         self.decode = decode
         self.why = why
-        self.reason = reason  # "failure" (unreachable) or "drain" (answers NOT_SERVING)
+        self.reason = reason  # "failure" (unreachable), "drain" (answers NOT_SERVING) or "hung" (stalled)
+
+
+class ReservationAbandoned(Exception):
+    """The prefill instance sending into the reservation hung (services.gateway.stall_watch):
+    its transfer may be stuck half-way, and the decode instance would refuse a second one into
+    the same reservation. The reservation is given back, which withdraws the transfer (a late
+    write of the hung sender is refused), and the completion starts over on a fresh one."""
 
 
 async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
@@ -82,7 +87,7 @@ async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list
     for decode in choice.ranked:
         try:
             reply = await ctx.channels.stub(decode.grpc_address).Reserve(
-                message, timeout=deadline.remaining(CONTROL_CALL_TIMEOUT_S))
+                message, timeout=deadline.remaining(ctx.hang.control_call_s))
             return Reservation(decode, reply)
         except asyncio.CancelledError:
             release_unanswered(ctx, decode, sub.request_id)
@@ -93,7 +98,7 @@ async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list
             add_event("reserve_failed", {"pdserve.instance": decode.instance_id,
                                          "rpc.grpc.status_code": error.code().name,
                                          "message": (error.details() or "")[:300]})
-            num_refused += _note_reserve_failure(ctx, sub, decode, error)
+            num_refused += _note_reserve_failure(ctx, sub, decode, error, deadline)
     if num_refused:
         raise no_capacity(num_refused)
     raise GatewayError(grpc.StatusCode.UNAVAILABLE,
@@ -107,8 +112,15 @@ def release_unanswered(ctx: RelayContext, decode: Candidate, request_id: str) ->
 
 
 def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
-                          error: grpc.aio.AioRpcError) -> int:
-    """1 if the instance refused for lack of room, 0 if it failed; raises for other errors."""
+                          error: grpc.aio.AioRpcError, deadline: Deadline) -> int:
+    """1 if the instance refused for lack of room, 0 if it failed or did not answer within
+    control_call_timeout_s (hung); raises for other errors (the request's deadline passing too)."""
+    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not deadline.has_passed():
+        ctx.stats.num_decode_failovers += 1
+        note_hung(ctx, decode)
+        logger.warning("request %s: Reserve on %s got no answer in %g s (hung?); trying another", sub.request_id,
+                       decode.instance_id, ctx.hang.control_call_s)
+        return 0
     if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
         ctx.stats.num_decode_refusals += 1
         logger.info("request %s: decode %s refused: %s", sub.request_id, decode.instance_id,
@@ -125,9 +137,18 @@ def _note_reserve_failure(ctx: RelayContext, sub: SubRequest, decode: Candidate,
 
 async def check_decode_alive(ctx: RelayContext, reservation: Reservation, why: str) -> None:
     """Raise DecodeLost unless the reservation's decode instance still answers SERVING."""
-    status = await ctx.channels.health(reservation.decode.grpc_address, HEALTH_PROBE_TIMEOUT_S)
+    status = await ctx.channels.health(reservation.decode.grpc_address, ctx.hang.health_probe_s)
     if status != SERVING:
         raise DecodeLost(reservation.decode, why, "failure" if status is None else "drain")
+
+
+async def raise_if_decode_hung(ctx: RelayContext, reservation: Reservation) -> None:
+    """DecodeLost ("hung") when the decode instance of a stalled stream does not answer a
+    health probe (services.gateway.stall_watch)."""
+    if await is_unresponsive(ctx, reservation.decode):
+        note_hung(ctx, reservation.decode)
+        raise DecodeLost(reservation.decode, f"no message for {ctx.hang.stall_s:g} s and no answer to a health "
+                                             f"probe in {ctx.hang.health_probe_s:g} s", "hung")
 
 
 async def release(ctx: RelayContext, reservation: Reservation, request_id: str) -> None:
@@ -140,7 +161,7 @@ async def release_at(ctx: RelayContext, decode: Candidate, request_id: str, quie
     ctx.stats.num_releases += 1
     try:
         await ctx.channels.stub(decode.grpc_address).Release(
-            instance_pb2.ReleaseRequest(request_id=request_id), timeout=CONTROL_CALL_TIMEOUT_S)
+            instance_pb2.ReleaseRequest(request_id=request_id), timeout=ctx.hang.control_call_s)
     except grpc.aio.AioRpcError as error:
         if quiet and error.code() == grpc.StatusCode.NOT_FOUND:
             return
@@ -156,7 +177,7 @@ async def renew_until_cancelled(ctx: RelayContext, reservation: Reservation, req
     while True:
         await asyncio.sleep(ctx.lease_s / 3)
         try:
-            await stub.Renew(message, timeout=CONTROL_CALL_TIMEOUT_S)
+            await stub.Renew(message, timeout=ctx.hang.control_call_s)
             ctx.stats.num_lease_renewals += 1
         except grpc.aio.AioRpcError as error:
             logger.warning("request %s: Renew on %s failed (%s: %s)", request_id, reservation.decode.instance_id,

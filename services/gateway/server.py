@@ -39,7 +39,7 @@ from services.gateway.http.server import HttpFrontDoor
 from services.gateway.http.tool_choice import ToolOptions
 from services.gateway.limits import RequestLimits, check_fits_internal_hops
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.relay_context import RelayContext
+from services.gateway.relay_context import HangTimeouts, RelayContext
 from services.gateway.served_model import ServedModel, load_served_model
 from services.gateway.servicer import GatewayServicer, GatewayState
 from services.gateway.security_setup import (
@@ -117,7 +117,9 @@ class GatewayServer:
         self._garbage_collector = asyncio.create_task(view.collect_garbage_forever(INDEX_GC_INTERVAL_S))
         self.state.relay = RelayContext(
             view, self.channels, max_prefill_retries=self.settings.max_prefill_retries, lease_s=self.settings.lease_s,
-            prefer_colocated=self.settings.prefer_colocated, placement=self.settings.placement_policy())
+            prefer_colocated=self.settings.prefer_colocated, placement=self.settings.placement_policy(),
+            hang=HangTimeouts(self.settings.control_call_timeout_s, self.settings.stall_timeout_s,
+                              self.settings.health_probe_timeout_s))
         logger.info("prefill placement: %s", self.state.relay.placement)
         self.state.model = model
         await self.health.set_serving(True)

@@ -59,6 +59,17 @@ class GatewaySettings(RequestLimits, TracingSettings):
     default_deadline_s: float = _setting(300.0, "deadline of calls that carry none, seconds", gt=0)
     max_prefill_retries: int = _setting(2, "other prefill instances tried after one fails", ge=0)
     lease_s: float = _setting(30.0, "how long a decode reservation waits for its Decode call, seconds", gt=0)
+    # Hung instances (services.gateway.stall_watch): alive (their sockets accept) but not answering.
+    control_call_timeout_s: float = _setting(
+        10.0, "Reserve, Release and Renew on an instance must answer within this, seconds; a Reserve that does "
+              "not is tried on another decode instance", gt=0)
+    stall_timeout_s: float = _setting(
+        5.0, "a StreamPrefill, Decode or PrefillLocally stream that brings no message for this long has its "
+             "instances' health probed; one that does not answer is hung and the stream moves elsewhere, "
+             "seconds", gt=0)
+    health_probe_timeout_s: float = _setting(
+        2.0, "a health probe of an instance (a stalled stream, a failed call) must answer within this, "
+             "seconds; one that does not counts as a lost instance", gt=0)
     routing_cache_s: float = _setting(0.5, "reuse of the live-instance listing, seconds", ge=0)
     prefer_colocated: bool = _setting(False, "route to colocated instances first")
     # Conditional disaggregation (services.gateway.placement): prompts prefilled on the decode

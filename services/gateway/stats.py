@@ -21,9 +21,14 @@ class GatewayStats:
     num_colocated_failovers: int = 0
     num_releases: int = 0  # reservations given back because Decode never started
     num_lease_renewals: int = 0  # Renew calls that extended a reservation while prefill ran
+    # Hung instances (services.gateway.stall_watch): health probes of stalled streams, and the
+    # instances found hung by them or by a control call past its timeout, by role.
+    num_stall_probes: int = 0
+    hung_instances: Counter = field(default_factory=Counter)
     # HTTP request fields this server does not know, by endpoint and name.
     unknown_fields: UnknownFields = field(default_factory=UnknownFields)
-    # Reason ("failure": the decode instance died; "drain": it was draining) -> streams moved
+    # Reason ("failure": the decode instance died; "drain": it was draining; "hung": it stopped
+    # answering) -> streams moved
     # mid-way to another decode instance.
     migrations: Counter = field(default_factory=Counter)
     # (where, reason) -> prefill placements (services.gateway.placement), e.g.

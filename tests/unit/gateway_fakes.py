@@ -45,6 +45,7 @@ class Behaviour:
     prefill_error: grpc.StatusCode | None = None
     prefill_request_failed: bool = False  # Prefill answers INTERNAL marked as the request's own failure
     prefill_blocks: bool = False  # Prefill waits until cancelled
+    prefill_blocks_toward: str = ""  # Prefill toward this UCX address waits until cancelled (a stopped receiver)
     prefill_fails_toward: str = ""  # Prefill toward this UCX address fails (ABORTED): a dead decode
     prefill_delay_s: float = 0.0  # Prefill answers after this long (a queued prompt)
     # StreamPrefill: after its first token, wait for this event before the outcome (the KV in flight).
@@ -77,6 +78,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.cancelled = asyncio.Event()  # a call of ours saw the client cancel
         self.started = asyncio.Event()  # Prefill or Decode began
         self.waiting = asyncio.Event()  # a call of ours waits until cancelled
+        self.is_hung = False  # health probes go unanswered (a SIGSTOPped process); see hang()
+        self.num_health_checks = 0
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -89,7 +92,7 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
     async def start(self) -> None:
         self.server = grpc.aio.server()
         instance_pb2_grpc.add_InstanceServicer_to_server(self, self.server)
-        self.health = health.aio.HealthServicer()  # SERVING by default, like a live instance
+        self.health = _HangableHealth(self)  # SERVING by default, like a live instance
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
@@ -101,6 +104,11 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
     async def set_serving(self, is_serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
         await self.health.set("", status)
+
+    def hang(self) -> None:
+        """Leave health probes unanswered from now on; combine with Behaviour's blocking flags
+        (reserve_blocks, prefill_blocks, decode_blocks_after_first) for calls that never answer."""
+        self.is_hung = True
 
     async def Reserve(self, request, context):
         self.calls.append(("Reserve", request))
@@ -148,7 +156,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         if self.behaviour.prefill_request_failed:
             await context.abort(grpc.StatusCode.INTERNAL, "request failed in the engine: sampling failed",
                                 trailing_metadata=((REQUEST_FAILED_METADATA_KEY, "1"),))
-        if self.behaviour.prefill_blocks:
+        blocks_toward = self.behaviour.prefill_blocks_toward
+        if self.behaviour.prefill_blocks or (blocks_toward and request.decode_ucx_address == blocks_toward):
             await self._wait_for_cancel()
 
     async def PrefillLocally(self, request, context):
@@ -209,6 +218,20 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+
+class _HangableHealth(health.aio.HealthServicer):
+    """The standard health service, except that a hung fake never answers."""
+
+    def __init__(self, fake: FakeInstance):
+        super().__init__()
+        self.fake = fake
+
+    async def Check(self, request, context):
+        self.fake.num_health_checks += 1
+        if self.fake.is_hung:
+            await asyncio.sleep(60)  # until the prober's timeout cancels the call
+        return await super().Check(request, context)
 
 
 async def register(registry: InstanceRegistry, fake: FakeInstance, model: str,
