@@ -67,6 +67,7 @@ class GatewayCollector(Collector):
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
         yield _live_instances_family(make, relay.view)
+        yield _draining_instances_family(make, relay.view)
         pairing = relay.view.pairing
         yield make.gauge("pdserve:gateway_live_incompatible_pairs", "Prefill/decode pairs in the last listing "
                          "whose cache settings differ (never paired).", pairing.num_incompatible_pairs)
@@ -88,8 +89,15 @@ def _live_instances_family(make: FamilyMaker, view) -> GaugeMetricFamily:
     listing = view._listing or []  # noqa: SLF001 - the cached listing: no Redis call per scrape
     counts = Counter(info.role for info, _ in listing)
     return make.labelled(GaugeMetricFamily, "pdserve:gateway_live_instances",
-                         "Live instances in the gateway's last listing, by role.", ("role",),
+                         "Live instances taking new work in the gateway's last listing, by role.", ("role",),
                          [((role,), counts[role]) for role in ROLES])
+
+
+def _draining_instances_family(make: FamilyMaker, view) -> GaugeMetricFamily:
+    counts = Counter(info.role for info, _ in view.draining())
+    return make.labelled(GaugeMetricFamily, "pdserve:gateway_draining_instances",
+                         "Draining instances (registered, given no new work) in the gateway's last listing, "
+                         "by role.", ("role",), [((role,), counts[role]) for role in ROLES])
 
 
 class GatewayMetrics:
