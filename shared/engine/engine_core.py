@@ -292,7 +292,8 @@ class EngineCore:
             self.executor.commit_received_blocks(self.kv_manager.block_ids(request.request_id)[num_skip:])
             request.has_remote_kv = True
         else:
-            logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error)
+            logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error,
+                           extra={"request_id": outcome.request_id})
         self._kv_arrivals.append((outcome.request_id, outcome.error))
 
     def _on_kv_sent(self, outcome: KVTransferOutcome) -> EngineCoreOutput | None:
@@ -397,7 +398,7 @@ class EngineCore:
             request = self.scheduler.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
-            logger.warning("request %s failed: %s", request_id, message)
+            logger.warning("request %s failed: %s", request_id, message, extra={"request_id": request_id})
             request.error = message
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
             failed.append(request)
