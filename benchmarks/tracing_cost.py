@@ -1,10 +1,12 @@
 """What request tracing costs: the serving benchmark with tracing off and on, same run
 (`make bench-tracing`, `python -m benchmarks.tracing_cost [flags]`).
 
-It starts one disaggregated stack per configuration (gateway, 1 prefill, 1 decode, each
-instance with its engine-core process; pinned as `make bench` pins its disaggregated mode:
-prefill, gateway, Redis and the load generator on CPU 0, decode on CPU 1), all of them before
-the first measurement, and they stay up for the whole run:
+Each configuration runs on a disaggregated stack of its own (gateway, 1 prefill, 1 decode,
+each instance with its engine-core process; pinned as `make bench` pins its disaggregated
+mode: prefill, gateway, Redis and the load generator on CPU 0, decode on CPU 1), started for
+each of its runs and stopped after it (one stack in memory at a time), or, with
+`--all-stacks-up`, all started before the first run and kept up (fewer starts, three stacks'
+memory; the idle ones only heartbeat):
 
   off        no --otlp-traces-endpoint (the default: no SDK, no interceptor, nothing on the wire)
   on         every service and engine core exporting every trace (ratio 1.0) over OTLP/gRPC
@@ -15,8 +17,7 @@ counts spans (a real collector would run elsewhere; this one shares CPU 0). Runs
 interleaved: each round runs every configuration once, in a rotated order, each on a fresh
 prompt set (no prefix-cache hits), so the machine's drift and other users' load fall on all
 of them alike; the table gives each configuration's median over rounds and the spread
-(min-max), which says how noisy the machine was. Only one stack serves at a time; the idle
-ones only heartbeat.
+(min-max), which says how noisy the machine was. Only one stack serves at a time.
 
 Workload (defaults): 24 random-token prompts of 128-256 tokens, 64 output tokens, EOS ignored,
 greedy, Poisson arrivals at 2 requests/s, through the gRPC gateway.
@@ -79,6 +80,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--model", default=None, help="HF folder or GGUF (default: bundled SmolLM2)")
+    parser.add_argument("--all-stacks-up", action="store_true",
+                        help="start every configuration's stack once and keep them all up")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="results.json goes here (default: a new /tmp/pdserve-bench-tracing-* folder)")
     return parser.parse_args()
@@ -110,6 +113,16 @@ class SpanSink:
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=30)
+
+
+def start_stack(exit_stack: contextlib.ExitStack, name: str, endpoint: str, args: argparse.Namespace,
+                suffix: str = "") -> LocalStack:
+    started = time.perf_counter()
+    stack = exit_stack.enter_context(LocalStack(stack_config(SETTINGS[name], endpoint, args,
+                                                             args.out_dir / f"stack-{name}{suffix}")))
+    stack.start()
+    logger.warning("%s stack SERVING after %.1f s", name, time.perf_counter() - started)
+    return stack
 
 
 def run_once(stack: LocalStack, prompts, rate: float, seed: int, label: str, warmup) -> RunResult:
@@ -153,19 +166,20 @@ def main() -> None:
     sink = SpanSink()
     try:
         with contextlib.ExitStack() as stacks:
-            started = {}
-            for name in names:
-                stack = stacks.enter_context(LocalStack(stack_config(SETTINGS[name], sink.endpoint, args,
-                                                                     args.out_dir / f"stack-{name}")))
-                stack.start()
-                started[name] = stack
-            logger.warning("%d stacks SERVING (%s); span sink at %s", len(started), ", ".join(names), sink.endpoint)
+            kept = {}
+            if args.all_stacks_up:
+                for name in names:
+                    kept[name] = start_stack(stacks, name, sink.endpoint, args)
             for round_index in range(args.rounds):
                 for name in rotated(names, round_index):
                     prompts = prompt_sets[len(loads)]
-                    load_before = os.getloadavg()
-                    run = run_once(started[name], prompts, args.request_rate, args.seed + len(loads),
-                                   f"{name} round {round_index}", warmup if round_index == 0 else None)
+                    with contextlib.ExitStack() as this_run:
+                        stack = kept.get(name) or start_stack(this_run, name, sink.endpoint, args,
+                                                              f"-{round_index}")
+                        load_before = os.getloadavg()
+                        run = run_once(stack, prompts, args.request_rate, args.seed + len(loads),
+                                       f"{name} round {round_index}",
+                                       warmup if round_index == 0 or not kept else None)
                     runs[name].append(run)
                     loads.append({"setting": name, "round": round_index, "load_before": load_before,
                                   "load_after": os.getloadavg()})
