@@ -19,8 +19,9 @@ prompt set (no prefix-cache hits), so the machine's drift and other users' load 
 of them alike; the table gives each configuration's median over rounds and the spread
 (min-max), which says how noisy the machine was. Only one stack serves at a time.
 
-Workload (defaults): 24 random-token prompts of 128-256 tokens, 64 output tokens, EOS ignored,
-greedy, Poisson arrivals at 2 requests/s, through the gRPC gateway.
+Workload (defaults): 24 random-token prompts of 128-256 tokens, 64 output tokens, EOS
+ignored, greedy, Poisson arrivals at 2 requests/s, through the gRPC gateway; each instance has
+a 512-block KV pool and no host tier.
 """
 
 import argparse
@@ -51,6 +52,9 @@ from services.launcher import LocalStack, StackConfig  # noqa: E402
 
 logger = logging.getLogger("benchmarks.tracing_cost")
 NUM_WARMUPS = 2
+# A KV pool of 512 blocks (8192 tokens, ~190 MB for SmolLM2) and no host tier: room for the
+# workload, little memory (the machine is shared).
+INSTANCE_ARGS = ("--num-blocks", "512", "--kv-host-tier-gb", "0")
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def stack_config(setting: TracingSetting, endpoint: str, args: argparse.Namespac
                        ready_timeout_s=300.0, stop_grace_s=10.0,
                        env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
                        num_prefill=1, num_decode=1, num_threads=1, prefill_cpus=PREFILL_CPUS, decode_cpus=(1,),
-                       gateway_cpus=PREFILL_CPUS, **tracing)
+                       gateway_cpus=PREFILL_CPUS, extra_args={"instance": list(INSTANCE_ARGS)}, **tracing)
 
 
 class SpanSink:
