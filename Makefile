@@ -30,7 +30,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak bench-chaos gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak bench-chaos bench-tracing gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -57,6 +57,7 @@ help:
 	@echo "make bench-sim-validate the simulator vs the local 1P+1D stack at 3 Poisson rates (needs a quiet machine)"
 	@echo "make bench-soak     soak: 1P+1D stack under a mixed load for SOAK_MINUTES (default 30), RSS and latency (BENCH_ARGS=...)"
 	@echo "make bench-chaos    chaos: 2P+2D+2 gateways under Poisson load, a seeded fault every 30-90 s, for CHAOS_MINUTES (default 5); report + plot in bench-results/chaos/ (BENCH_ARGS=...)"
+	@echo "make bench-tracing  the serving benchmark with tracing off, on (ratio 1.0) and on at 0.1, interleaved rounds (BENCH_ARGS=...)"
 	@echo "make convert        convert the default GGUF model to a HF folder"
 	@echo "make proto          regenerate gRPC stubs from proto/"
 	@echo "make clean          remove caches and build outputs (keeps .venv)"
@@ -93,6 +94,9 @@ demo: setup
 
 bench: setup
 	$(PYTHON) -m benchmarks.serve_compare $(BENCH_ARGS)
+
+bench-tracing: setup
+	$(PYTHON) -m benchmarks.tracing_cost $(BENCH_ARGS)
 
 bench-vllm-serve: setup
 	$(PYTHON) -m benchmarks.serve_vs_vllm $(BENCH_ARGS)

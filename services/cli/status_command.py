@@ -1,4 +1,5 @@
-"""`pdserve status`: the instances registered in Redis, their load, and block leases.
+"""`pdserve status`: the instances registered in Redis (serving or draining), their load,
+and block leases.
 
 Reads the cluster state of one deployment and model (the same namespace the services use)
 and prints a table; `--json` prints the same as JSON.
@@ -73,7 +74,7 @@ async def _read(redis_url: str, namespace):
 
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=3.0, socket_connect_timeout=3.0)
     try:
-        instances = await InstanceRegistry(client, namespace).list_live()
+        instances = await InstanceRegistry(client, namespace).list_live(include_draining=True)
         leases = await list_mirrored_leases(client, namespace)
         board = parse_board(await client.hgetall(supervisor_key(namespace.deployment)))
         tiers = await TierBoard(client, namespace, ttl_s=1.0).read(info.instance_id for info, _ in instances)
@@ -95,9 +96,12 @@ def _as_json(namespace, instances, leases) -> dict:
 
 
 def print_table(namespace, instances, leases) -> None:
-    print(f"deployment {namespace.deployment}, model {namespace.model}: {len(instances)} live instances")
-    header = ("INSTANCE", "ROLE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS", "CACHE", "VERSION")
-    rows = [(info.instance_id, info.role, info.grpc_address, info.ucx_address or "-",
+    num_draining = sum(info.is_draining for info, _ in instances)
+    print(f"deployment {namespace.deployment}, model {namespace.model}: {len(instances)} live instances"
+          + (f" ({num_draining} draining)" if num_draining else ""))
+    header = ("INSTANCE", "ROLE", "STATE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS", "CACHE",
+              "VERSION")
+    rows = [(info.instance_id, info.role, info.state, info.grpc_address, info.ucx_address or "-",
              str(load.queue_depth), str(load.num_running_requests),
              f"{load.num_free_blocks}/{load.num_total_blocks}", _cache_summary(info.cache), _version_summary(info))
             for info, load in instances]

@@ -1,6 +1,8 @@
 """An instance's presence in Redis: registration (with its cache settings, which gateways
 read to hash prompts as it does and to pair it) and heartbeats carrying its load, its
-prefix-index entry, and the mirror of its block leases. Never blocks serving on Redis:
+prefix-index entry, and the mirror of its block leases. A draining instance stays registered,
+as DRAINING (no reader gives it new work), with its prefix-index entry dropped, until it
+withdraws. Never blocks serving on Redis:
 every Redis write happens in background tasks that retry, and shutdown is best effort.
 """
 
@@ -55,9 +57,11 @@ class ClusterPresence:
         self.read_more_tiers: Callable[[], tuple] = tuple
         # Called after a Redis restart (or lapse) once re-registered: republish what Redis lost.
         self.resync_hooks: list[Callable[[], Awaitable[None] | None]] = []
+        self.is_draining = False
 
     def start(self, info: InstanceInfo, engine: EngineClient) -> None:
         """Register (first beat), then keep beating and publishing the prefix index."""
+        self.is_draining = info.is_draining
         self.publisher = PrefixPublisher(self.prefix_index, info.instance_id, engine,
                                          self.settings.prefix_publish_interval_s, tier_id=info.kv_tier_id)
         self.heartbeater = Heartbeater(self.registry, info, lambda: instance_load(engine),
@@ -84,9 +88,23 @@ class ClusterPresence:
         except Exception as error:  # noqa: BLE001 - the registration catches up on the next beats
             logger.warning("updating the registration of %s failed (%r)", info.instance_id, error)
 
+    async def mark_draining(self, info: InstanceInfo, engine: EngineClient) -> None:
+        """Stay registered and beating, as DRAINING (`info.state`), so `pdserve status` shows
+        the instance while it finishes its work; stop publishing and drop the prefix-index
+        entry. Redis trouble is logged: the next beats carry the state."""
+        if self.heartbeater is None:
+            return
+        self.is_draining = True
+        if self.publisher is not None:
+            await self.publisher.stop()
+            await self.publisher.drop()
+        await self.update_info(info, engine)
+
     async def _resync(self) -> None:
-        """Republish the prefix index, then whatever the role handlers keep in Redis (leases)."""
-        await self.publisher.republish()
+        """Republish the prefix index (not while draining), then whatever the role handlers
+        keep in Redis (leases)."""
+        if not self.is_draining:
+            await self.publisher.republish()
         await run_resync_hooks(self.resync_hooks)
 
     async def _publish_tiers_forever(self, instance_id: str, engine: EngineClient) -> None:
@@ -115,6 +133,7 @@ class ClusterPresence:
             await self.heartbeater.stop()
         if self.publisher is not None:
             await self.publisher.drop()
+        self.heartbeater = None
 
     async def close(self) -> None:
         """After the last lease is released: flush the lease mirror, then close the client."""

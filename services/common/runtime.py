@@ -11,10 +11,11 @@ engine failure (the step loop died: forward pass, worker, memory; or the engine-
           --max-engine-restarts within --engine-restart-window-s; past that (a crash loop), or
           for an engine thread, `failed` is set and the entry stops the instance and exits
           non-zero so a supervisor restarts it; it never stays registered answering 503s.
-stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> deregistered and prefix
-          index dropped (gateways stop routing here) -> accepted work finishes, up to
-          --drain-timeout-s: running prefills, Decode calls for granted reservations (their RPCs
-          are still accepted), running decodes -> gRPC server stopped with grace (what is still
+stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> registered as DRAINING
+          and prefix index dropped (gateways stop routing here; `pdserve status` shows it) ->
+          accepted work finishes, up to --drain-timeout-s: running prefills, Decode calls for
+          granted reservations (their RPCs are still accepted), running decodes -> deregistered
+          -> gRPC server stopped with grace (what is still
           in flight is cancelled, which frees what it held) -> role handlers stopped (reservations
           released, UCX closed) -> Redis client closed -> engine thread stopped -> /metrics
           listener closed. Safe after a partial start.
@@ -26,7 +27,7 @@ import socket
 import uuid
 from collections.abc import Callable
 
-from shared.cluster.instances import InstanceInfo
+from shared.cluster.instances import DRAINING, SERVING, InstanceInfo
 from shared.engine.client import EngineClient, EngineDeadError
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.hosts import host_port, is_wildcard
@@ -188,7 +189,8 @@ class InstanceRuntime:
         return InstanceInfo(self.instance_id, self.role, self.grpc_address, self.ucx_address,
                             self.presence.namespace.model, cache=self.engine.info.cache,
                             kv_tier_id=self.engine.info.kv_tier_id,
-                            lora_adapters=tuple(sorted(self.adapters.registered().items())))
+                            lora_adapters=tuple(sorted(self.adapters.registered().items())),
+                            state=DRAINING if self.is_draining else SERVING)
 
     def _load_lora_modules(self) -> None:
         """The --lora-modules adapters, checked before the model loads (a bad one stops the start)."""
@@ -254,9 +256,11 @@ class InstanceRuntime:
         self._is_stopped = True
         logger.info("%s %s shutting down", self.role, self.instance_id)
         await self.begin_draining()
+        if self.presence is not None and self.engine is not None:
+            await self.presence.mark_draining(self.info(), self.engine)
+        await self._finish_accepted_work(self.settings.drain_timeout_s)
         if self.presence is not None:
             await self.presence.withdraw()
-        await self._finish_accepted_work(self.settings.drain_timeout_s)
         if self.server is not None:
             await self.server.stop(self.settings.shutdown_grace_s)
         for handler in reversed(self._started_handlers):

@@ -28,6 +28,7 @@ class AccessControl:
         self.keys = keys or ApiKeys()
         self.limiter = limiter or KeyRateLimiter()
         self.metrics_requires_key = metrics_requires_key
+        self.num_unauthenticated = 0  # calls refused for a missing or wrong key
 
     @property
     def is_enabled(self) -> bool:
@@ -47,6 +48,7 @@ class AccessControl:
         key_id = self.keys.identify(authorization)
         if key_id is None:
             reason = "missing" if not authorization else "not valid"
+            self.num_unauthenticated += 1
             raise AccessDenied(grpc.StatusCode.UNAUTHENTICATED,
                                f"the API key is {reason}: send 'Authorization: Bearer <key>'")
         return key_id

@@ -2,7 +2,9 @@
 of a prompt each one holds (one prefix-index round trip per request and hash recipe: each
 instance is asked about the prompt hashed exactly as it hashes, from its registered cache
 settings; one that registered none holds nothing). Every fresh listing goes through the
-PairingMonitor, which logs prefill/decode pairs whose cache settings differ.
+PairingMonitor, which logs prefill/decode pairs whose cache settings differ. Draining
+instances (registered as DRAINING until their accepted work is done) are counted
+(`draining()`) but never candidates, paired, or offered adapters.
 
 Redis trouble never fails a request by itself: the last good listing is reused (logged) and
 prefix overlap counts as zero. Right after Redis comes back (a failed listing before, or a new
@@ -42,7 +44,8 @@ class ClusterView:
         self.reconnect_grace_s = reconnect_grace_s
         self.clock = clock
         self.num_redis_errors = 0
-        self._listing: Listing | None = None
+        self._listing: Listing | None = None  # instances that take new work
+        self._registered: Listing = []  # ... and the draining ones
         self._listed_at = float("-inf")
         self._suspect_until: dict[str, float] = {}
         self._redis_run_id: str | None = None
@@ -56,7 +59,7 @@ class ClusterView:
         if self._listing is not None and now - self._listed_at < self.cache_s:
             return self._listing
         try:
-            listing = await self.registry.list_live()
+            listing = await self.registry.list_live(include_draining=True)
             run_id = await self.registry.server_run_id()
         except Exception as error:  # noqa: BLE001 - Redis down: keep serving with what we knew
             self.num_redis_errors += 1
@@ -65,10 +68,15 @@ class ClusterView:
             return self._listing or []
         self._note_reconnect(run_id, now)
         if self.is_reconnecting() and self._listing is not None:
-            listing = _merged(listing, self._listing)
-        self._listing, self._listed_at = listing, now
-        self.pairing.observe(listing)
+            listing = _merged(listing, self._registered)
+        self._registered = listing
+        self._listing, self._listed_at = [record for record in listing if not record[0].is_draining], now
+        self.pairing.observe(self._listing)
         return self._listing
+
+    def draining(self) -> Listing:
+        """The draining instances of the last listing (no Redis call)."""
+        return [record for record in self._registered if record[0].is_draining]
 
     def is_reconnecting(self) -> bool:
         """True within the grace period after Redis came back (the registry may be partial)."""
@@ -150,7 +158,7 @@ class ClusterView:
             if self.is_reconnecting():
                 continue
             try:
-                live_ids = await self.registry.live_instance_ids()
+                live_ids = await self.registry.live_instance_ids(include_draining=True)
                 dropped = await self.prefix_index.collect_garbage(live_ids)
             except Exception as error:  # noqa: BLE001 - Redis down: try again next round
                 logger.warning("prefix-index garbage collection failed (%r)", error)

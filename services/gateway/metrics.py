@@ -3,7 +3,8 @@
 Counters and gauges are read at scrape time from GatewayStats (requests, failures by status
 code, routing decisions by role and reason, retries, failovers, refusals, releases) and from
 the cluster view (Redis errors, the live instances of its last listing and the prefill/decode
-pairs in it whose cache settings differ: no Redis call per scrape). Latencies are real
+pairs in it whose cache settings differ: no Redis call per scrape), and from the access
+control (per API key id: requests admitted, refused by the per-key limits, running). Latencies are real
 histograms observed by RequestTimer as messages reach the client.
 They are named `pdserve:gateway_*`, not `vllm:*`: the gateway's time to first token includes
 routing, Reserve and the prefill (a pool prefill's first token comes before its KV transfer
@@ -27,14 +28,16 @@ from shared.metrics.registry import new_registry
 from services.common.metrics_server import MetricsServer
 
 if TYPE_CHECKING:
+    from services.gateway.access import AccessControl
     from services.gateway.generation import GatewayState
 
 ROLES = ("prefill", "decode", "colocated")
 
 
 class GatewayCollector(Collector):
-    def __init__(self, state: "GatewayState"):
+    def __init__(self, state: "GatewayState", access: "AccessControl | None" = None):
         self.state = state
+        self.access = access
 
     def collect(self) -> Iterator:
         model, relay = self.state.model, self.state.relay
@@ -77,7 +80,10 @@ class GatewayCollector(Collector):
                                     "role", sorted(stats.hung_instances.items()))
         yield make.counter("pdserve:gateway_redis_errors", "Failed Redis reads (routing fell back).",
                            relay.view.num_redis_errors)
+        if self.access is not None:
+            yield from _key_families(make, self.access)
         yield _live_instances_family(make, relay.view)
+        yield _draining_instances_family(make, relay.view)
         pairing = relay.view.pairing
         yield make.gauge("pdserve:gateway_live_incompatible_pairs", "Prefill/decode pairs in the last listing "
                          "whose cache settings differ (never paired).", pairing.num_incompatible_pairs)
@@ -95,20 +101,47 @@ def _routing_family(make: FamilyMaker, routing: Counter) -> CounterMetricFamily:
                          "Instances picked, by role and reason (prefix, load, only, retry).", ("role", "reason"), rows)
 
 
+def _key_families(make: FamilyMaker, access: "AccessControl") -> Iterator:
+    """Per API key id (`key-<n>`, or "anonymous" without keys; never the key): requests
+    admitted, refused over its rate or concurrency limit, running now; and calls refused for a
+    missing or wrong key."""
+    stats = access.limiter.stats()
+    yield make.labelled(CounterMetricFamily, "pdserve:gateway_key_requests_admitted",
+                        "Requests admitted, by API key id.", ("key",),
+                        [((s.key_id,), s.num_admitted) for s in stats])
+    yield make.labelled(CounterMetricFamily, "pdserve:gateway_key_requests_limited",
+                        "Requests refused with RESOURCE_EXHAUSTED (HTTP 429) by the per-key limits, by API key "
+                        "id and limit (rate, concurrency).", ("key", "limit"),
+                        [row for s in stats for row in (((s.key_id, "rate"), s.num_over_rate),
+                                                        ((s.key_id, "concurrency"), s.num_over_concurrency))])
+    yield make.labelled(GaugeMetricFamily, "pdserve:gateway_key_requests_running",
+                        "Requests running now (what the concurrency limit counts), by API key id.", ("key",),
+                        [((s.key_id,), s.num_running) for s in stats])
+    yield make.counter("pdserve:gateway_unauthenticated_requests", "Calls refused for a missing or wrong API key.",
+                       access.num_unauthenticated)
+
+
 def _live_instances_family(make: FamilyMaker, view) -> GaugeMetricFamily:
     listing = view._listing or []  # noqa: SLF001 - the cached listing: no Redis call per scrape
     counts = Counter(info.role for info, _ in listing)
     return make.labelled(GaugeMetricFamily, "pdserve:gateway_live_instances",
-                         "Live instances in the gateway's last listing, by role.", ("role",),
+                         "Live instances taking new work in the gateway's last listing, by role.", ("role",),
                          [((role,), counts[role]) for role in ROLES])
+
+
+def _draining_instances_family(make: FamilyMaker, view) -> GaugeMetricFamily:
+    counts = Counter(info.role for info, _ in view.draining())
+    return make.labelled(GaugeMetricFamily, "pdserve:gateway_draining_instances",
+                         "Draining instances (registered, given no new work) in the gateway's last listing, "
+                         "by role.", ("role",), [((role,), counts[role]) for role in ROLES])
 
 
 class GatewayMetrics:
     """One per GatewayServer; GatewayState.metrics points at it for RequestTimer."""
 
-    def __init__(self, state: "GatewayState"):
+    def __init__(self, state: "GatewayState", access: "AccessControl | None" = None):
         self.registry = new_registry()
-        self.registry.register(GatewayCollector(state))
+        self.registry.register(GatewayCollector(state, access))
         labels = ["model_name"]
         self.ttft = Histogram("pdserve:gateway_time_to_first_token_seconds", "Request received to first "
                               "token sent to the client, seconds.", labels, registry=self.registry,

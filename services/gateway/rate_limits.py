@@ -17,6 +17,19 @@ class _Bucket:
     tokens: float
     updated: float
     num_running: int = 0
+    # What the key's requests met so far (the gateway's per-key metrics).
+    num_admitted: int = 0
+    num_over_rate: int = 0
+    num_over_concurrency: int = 0
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    key_id: str
+    num_admitted: int
+    num_over_rate: int
+    num_over_concurrency: int
+    num_running: int
 
 
 class KeyRateLimiter:
@@ -36,13 +49,21 @@ class KeyRateLimiter:
         """None: admitted (call `release` when done); else the seconds to wait before retrying."""
         bucket = self._bucket(key_id)
         if self.max_concurrent and bucket.num_running >= self.max_concurrent:
+            bucket.num_over_concurrency += 1
             return 1.0
         if self.requests_per_s > 0:
             if bucket.tokens < 1.0:
+                bucket.num_over_rate += 1
                 return (1.0 - bucket.tokens) / self.requests_per_s
             bucket.tokens -= 1.0
         bucket.num_running += 1
+        bucket.num_admitted += 1
         return None
+
+    def stats(self) -> list[KeyStats]:
+        """Per key id that has sent requests (configured keys and "anonymous": a bounded set)."""
+        return [KeyStats(key_id, b.num_admitted, b.num_over_rate, b.num_over_concurrency, b.num_running)
+                for key_id, b in sorted(self._buckets.items())]
 
     def release(self, key_id: str) -> None:
         bucket = self._buckets.get(key_id)

@@ -62,10 +62,10 @@ class GatewayServer:
         self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits,
                                   lora_modules=settings.lora_module_names,
                                   admission=Admission(settings.max_queued_per_instance))
-        self.metrics = GatewayMetrics(self.state)
+        self.access = access_control(settings)
+        self.metrics = GatewayMetrics(self.state, self.access)
         self.state.metrics = self.metrics
         self.metrics_address: str | None = None  # "host:port" of the own /metrics listener, if any
-        self.access = access_control(settings)
         interceptors = [*server_interceptors(), MalformedRequestInterceptor(settings.request_read_timeout_s),
                         AccessInterceptor(self.access)]
         servicer = GatewayServicer(self.state)

@@ -15,6 +15,10 @@ from shared.engine.client import CacheSettings
 from shared.errors import InvalidRequestError
 
 ROLES = ("prefill", "decode", "colocated")
+# An instance's state in the registry: SERVING takes new work; DRAINING (after SIGTERM, until
+# its accepted work is done and it deregisters) is shown and counted but never given new work.
+SERVING, DRAINING = "serving", "draining"
+STATES = (SERVING, DRAINING)
 
 
 def validate_role(role: object) -> str:
@@ -26,7 +30,8 @@ def validate_role(role: object) -> str:
 
 @dataclass(frozen=True)
 class InstanceInfo:
-    """Identity of one engine instance; fixed for its lifetime."""
+    """Identity of one engine instance; fixed for its lifetime but for `state` (and the
+    LoRA adapters it serves)."""
 
     instance_id: str
     role: str
@@ -43,6 +48,12 @@ class InstanceInfo:
     kv_protocol_version: int = KV_PROTOCOL_VERSION
     # The LoRA adapters it serves: (name, key) pairs, the key part of their block hashes.
     lora_adapters: tuple[tuple[str, str], ...] = ()
+    # SERVING or DRAINING; records of older releases carry none and read as SERVING.
+    state: str = SERVING
+
+    @property
+    def is_draining(self) -> bool:
+        return self.state == DRAINING
 
     def adapter_key(self, name: str) -> str | None:
         """The key of adapter `name` here, None when it does not serve it."""
@@ -65,6 +76,8 @@ class InstanceInfo:
         if (isinstance(self.kv_protocol_version, bool) or not isinstance(self.kv_protocol_version, int)
                 or self.kv_protocol_version < 0):
             raise InvalidRequestError("kv_protocol_version", f"must be an int >= 0, got {self.kv_protocol_version!r}")
+        if self.state not in STATES:
+            raise InvalidRequestError("state", f"must be one of {STATES}, got {self.state!r}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,7 @@ class InstanceLoad:
 
 
 _COUNT_FIELDS = tuple(f for f in fields(InstanceLoad) if f.name != "resident_lora_adapters")
-_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters")
+_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters", "state")
 _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
 
@@ -112,6 +125,7 @@ def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
     if info.cache is not None:
         encoded.update(encode_cache_settings(info.cache))
     encoded["lora_adapters"] = json.dumps(dict(info.lora_adapters), sort_keys=True)
+    encoded["state"] = info.state
     return encoded
 
 

@@ -3,6 +3,9 @@
 Each instance keeps one Redis hash (InstanceInfo + InstanceLoad fields) with a TTL; the
 instance's Heartbeater calls `heartbeat` every interval to refresh the TTL and load, so an
 instance that stops beating disappears after `ttl_s`. Gateways call `list_live` to route.
+A draining instance stays registered with state DRAINING until its accepted work is done:
+`list_live` leaves it out (no reader gives it new work) unless asked to include it
+(`pdserve status`, counts).
 Every write stores the full hash, so a heartbeat after the key vanished (TTL lapse, Redis
 restart) re-registers the instance; `heartbeat` reports that so the caller can republish.
 """
@@ -13,7 +16,9 @@ from redis.asyncio import Redis
 
 from shared.cluster.decoding import as_text, as_text_dict
 from shared.cluster.instance_records import (
+    DRAINING,
     ROLES,
+    SERVING,
     InstanceInfo,
     InstanceLoad,
     decode_instance,
@@ -23,7 +28,7 @@ from shared.cluster.instance_records import (
 from shared.cluster.keys import ClusterNamespace, validate_name
 from shared.errors import ConfigurationError, InternalError
 
-__all__ = ["ROLES", "InstanceInfo", "InstanceLoad", "InstanceRegistry"]
+__all__ = ["DRAINING", "ROLES", "SERVING", "InstanceInfo", "InstanceLoad", "InstanceRegistry"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +80,10 @@ class InstanceRegistry:
             await pipe.execute()
 
     async def list_live(
-        self, role: str | None = None
+        self, role: str | None = None, include_draining: bool = False
     ) -> list[tuple[InstanceInfo, InstanceLoad]]:
-        """Live instances (optionally of one role), sorted by instance id."""
+        """Live instances (optionally of one role), sorted by instance id: those that take new
+        work, and with `include_draining` also the draining ones."""
         if role is not None:
             validate_role(role)
         members = await self.redis.smembers(self.namespace.instances())
@@ -92,7 +98,9 @@ class InstanceRegistry:
                 vanished_ids.append(instance_id)
                 continue
             record = self._decode_or_none(instance_id, as_text_dict(reply))
-            if record is not None and (role is None or record[0].role == role):
+            if record is None or (role is not None and record[0].role != role):
+                continue
+            if include_draining or not record[0].is_draining:
                 live.append(record)
         await self._forget_vanished(vanished_ids)
         return live
@@ -101,9 +109,9 @@ class InstanceRegistry:
         """Redis's run id: it changes when the server restarts (state possibly lost)."""
         return as_text((await self.redis.info("server")).get("run_id", ""))
 
-    async def live_instance_ids(self, role: str | None = None) -> set[str]:
+    async def live_instance_ids(self, role: str | None = None, include_draining: bool = False) -> set[str]:
         """Ids of live instances (what PrefixIndex.longest_prefix wants)."""
-        return {info.instance_id for info, _ in await self.list_live(role)}
+        return {info.instance_id for info, _ in await self.list_live(role, include_draining)}
 
     async def _write(self, info: InstanceInfo, load: InstanceLoad) -> int:
         """Store the full hash and TTL atomically; return how many fields were new."""

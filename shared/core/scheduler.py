@@ -282,7 +282,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
-        logger.debug("preempted %s", request.request_id)
+        logger.debug("preempted %s", request.request_id, extra={"request_id": request.request_id})
 
     def _schedule_waiting(self, output: SchedulerOutput, budget: int, share: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

@@ -295,7 +295,8 @@ class EngineCore:
             # A failed transfer may have written part of its chunks over KV that arrived before
             # (a retried prefill after one that completed): never decode from a mix of the two.
             request.has_remote_kv = False
-            logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error)
+            logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error,
+                           extra={"request_id": outcome.request_id})
         self._kv_arrivals.append((outcome.request_id, outcome.error))
 
     def _on_kv_sent(self, outcome: KVTransferOutcome) -> EngineCoreOutput | None:
@@ -400,7 +401,7 @@ class EngineCore:
             request = self.scheduler.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
-            logger.warning("request %s failed: %s", request_id, message)
+            logger.warning("request %s failed: %s", request_id, message, extra={"request_id": request_id})
             request.error = message
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
             failed.append(request)

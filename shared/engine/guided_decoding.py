@@ -158,7 +158,8 @@ class GuidedDecoding:
                 continue
             if not is_accepted:
                 logger.warning("request %s: token %d breaks its %s constraint; aborting",
-                               request.request_id, token_id, request.sampling_params.guided.kind)
+                               request.request_id, token_id, request.sampling_params.guided.kind,
+                               extra={"request_id": request.request_id})
                 to_finish.append((request, RequestStatus.FINISHED_ABORTED))
             elif matcher.is_terminated():
                 to_finish.append((request, RequestStatus.FINISHED_STOPPED))

@@ -88,7 +88,8 @@ class PeerSends:
             return False
         self.kv.pool.free(list(reversed(blocks)))
         if not outcome.is_ok:
-            logger.warning("peer send %s failed: %s", outcome.request_id, outcome.error)
+            logger.warning("peer send %s failed: %s", outcome.request_id, outcome.error,
+                           extra={"request_id": outcome.request_id})
         return True
 
     @property

@@ -10,6 +10,7 @@ Log request ids, counts and timings; never prompt or generated text.
 """
 
 from shared.logging_setup.configure import LOG_FORMATS, configure_child_logging, configure_logging
-from shared.logging_setup.context import bind_request_id, current_request_id
+from shared.logging_setup.context import bind_request_id, current_request_id, remember_trace_id
 
-__all__ = ["LOG_FORMATS", "bind_request_id", "configure_child_logging", "configure_logging", "current_request_id"]
+__all__ = ["LOG_FORMATS", "bind_request_id", "configure_child_logging", "configure_logging", "current_request_id",
+           "remember_trace_id"]

@@ -6,7 +6,9 @@ decode containers of the image `make image` built, then, each phase under greedy
 load from this process (gRPC, EOS ignored, a fixed number of tokens each):
 
   up and healthy; the OpenAI client (chat, streamed completion, guided JSON) and a gRPC client
-  (the same greedy text); `up --scale decode=3`; `docker kill` of a streaming decode container
+  (the same greedy text); one request's trace, which every container exports to an OTLP
+  receiver in this process (host networking), holding spans of the gateway, a prefill and a
+  decode container and both engine cores; `up --scale decode=3`; `docker kill` of a streaming decode container
   (then `up` brings it back); a decode's process killed inside its container (the restart
   policy brings it back); `docker kill` of Redis (then `up`); `docker stop` of a prefill
   container (SIGTERM: it drains; then `docker start`); `up --scale prefill=1`; a rolling
@@ -22,6 +24,7 @@ summary.json to --out, and exits 1 if a target was missed or a step failed.
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -43,7 +46,8 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
 from tests.compose import compose_cli as cli  # noqa: E402
 from tests.compose.cluster import ClusterView  # noqa: E402
 from tests.compose.load import LoadUntilStopped, lost  # noqa: E402
-from tests.helpers.gateway_client import generate, generate_request  # noqa: E402
+from tests.helpers.gateway_client import generate, generate_request, random_token_ids  # noqa: E402
+from tests.helpers.otlp_collector import CollectedSpan, OtlpCollector  # noqa: E402
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,10 +96,12 @@ class Scenario:
         self.args = args
         self.image = args.image
         self.ports = {name: free_port() for name in ("redis", "gateway", "http", "planner")}
+        self.collector = OtlpCollector()  # on the host's loopback, which the containers share
         self.project = cli.ComposeProject(args.project, {
             "PDSERVE_IMAGE": args.image, "TEST_REDIS_IMAGE": args.redis_image, "TEST_PROJECT": args.project,
             "TEST_REDIS_PORT": str(self.ports["redis"]), "TEST_GATEWAY_PORT": str(self.ports["gateway"]),
-            "TEST_HTTP_PORT": str(self.ports["http"]), "TEST_PLANNER_PORT": str(self.ports["planner"])})
+            "TEST_HTTP_PORT": str(self.ports["http"]), "TEST_PLANNER_PORT": str(self.ports["planner"]),
+            "TEST_OTLP_ENDPOINT": self.collector.endpoint})
         self.scale = {"prefill": 2, "decode": 2}
         self.http = f"127.0.0.1:{self.ports['http']}"
         self.cluster = ClusterView(f"redis://127.0.0.1:{self.ports['redis']}/0",
@@ -183,6 +189,23 @@ class Scenario:
         if set(city) != {"city", "country"}:
             result.misses.append(f"guided JSON {city} lacks the schema's keys")
         self.check_json_logs(result)
+
+    def phase_trace(self, result: PhaseResult) -> None:
+        """One request under the client's traceparent: its trace holds spans of the gateway, a
+        prefill and a decode container and both their engine-core processes."""
+        trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+        request = generate_request(token_ids=random_token_ids(120, seed=27), max_tokens=8, ignore_eos=True)
+        call = self.stub.Generate(request, timeout=300, metadata=(("traceparent", f"00-{trace_id}-{span_id}-01"),))
+        num_tokens = sum(len(message.token_ids) for message in call)
+        result.requests = 1
+        if num_tokens != 8 or dict(call.trailing_metadata()).get("x-trace-id") != trace_id:
+            result.misses.append(f"{num_tokens} tokens, x-trace-id {dict(call.trailing_metadata()).get('x-trace-id')}")
+        spans = self.collector.wait_for(trace_id, is_whole_trace, timeout_s=120)
+        by_service = {}
+        for span in spans:
+            by_service.setdefault(span.service_name, set()).add(str(span.resource.get("service.instance.id", "?")))
+        result.notes.append(f"trace {trace_id}: {len(spans)} spans; " + "; ".join(
+            f"{service} {sorted(ids)}" for service, ids in sorted(by_service.items())))
 
     def check_json_logs(self, result: PhaseResult) -> None:
         for container in self.project.containers():
@@ -353,6 +376,7 @@ class Scenario:
     PHASES = (
         ("up: redis, gateway, 2 prefill, 2 decode", "phase_up"),
         ("OpenAI + gRPC clients, JSON logs", "phase_clients"),
+        ("one request's trace: gateway, prefill, decode, engine cores", "phase_trace"),
         ("up --scale decode=3 under load", "phase_scale_decode_out"),
         ("docker kill decode mid-stream, then up", "phase_docker_kill_decode"),
         ("decode process killed: restart policy", "phase_decode_crash"),
@@ -370,7 +394,9 @@ class Scenario:
                       "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                       "load": f"{self.args.concurrency} greedy gRPC streams at a time, prompts of 60-160 tokens, "
                               f"{self.args.max_tokens} output tokens each"}
-        print(f"compose scenario: project {self.args.project}, ports {self.ports}", flush=True)
+        print(f"compose scenario: project {self.args.project}, ports {self.ports}, OTLP receiver "
+              f"{self.collector.endpoint}", flush=True)
+        self.collector.__enter__()
         try:
             for title, method in self.PHASES:
                 if self.args.phase and not any(text in title for text in self.args.phase) and method != "phase_up":
@@ -393,6 +419,7 @@ class Scenario:
         finally:
             self.channel.close()
             self.cleanup()
+            self.collector.__exit__(None, None, None)
         return not any(result.misses for result in self.results)
 
     def dump_logs(self) -> None:
@@ -407,6 +434,18 @@ class Scenario:
                 self.project.down()
             except cli.CommandFailed as error:
                 print(f"cleanup: {error}", file=sys.stderr)
+
+
+TRACED_ROLES = ("pdserve-gateway", "pdserve-prefill", "pdserve-decode", "pdserve-engine-core")
+
+
+def is_whole_trace(spans: list[CollectedSpan]) -> bool:
+    """Spans of every service, an engine core of each pool, and the gateway's request span
+    (which ends last) have arrived."""
+    services = {span.service_name for span in spans}
+    core_roles = {span.resource.get("pdserve.role") for span in spans if span.service_name == "pdserve-engine-core"}
+    return (set(TRACED_ROLES) <= services and {"prefill", "decode"} <= core_roles
+            and any(span.name == "gateway.request" for span in spans))
 
 
 SHUTDOWN_STEPS = (("shutting down", "SIGTERM"), ("drained: no accepted work left", "accepted work done"),

@@ -125,11 +125,15 @@ def test_sigterm_drains_a_prefill_and_nothing_fails(stack):
 
 def test_sigterm_drains_a_decode_hands_back_what_outlasts_the_drain_and_nothing_fails(stack):
     """decode-0 gets SIGTERM while it streams; streams of 160 tokens (several seconds even on a
-    fast CPU) outlast its 3 s drain: the rest of each moves elsewhere."""
+    fast CPU) outlast its 3 s drain: the rest of each moves elsewhere. While it drains it stays
+    in the registry as `draining` (and out of what routing lists)."""
     def sigterm_decode_0_while_it_streams():
         stack.wait_for(lambda: getattr(stack.statuses("decode").get("decode-0"), "num_running", 0) > 0, 60.0,
                        "decode-0 to stream", 0.02)
         signal_child(stack, "decode-0", signal.SIGTERM)
+        stack.wait_for(lambda: stack.registered_states().get("decode-0") == "draining", 60.0,
+                       "decode-0 registered as draining", 0.02)
+        assert "decode-0" not in stack.registered_ids("decode")
 
     before = restarts(stack, "decode-0")
     run_with_fault(stack, sigterm_decode_0_while_it_streams, seed=6, max_tokens=160)

@@ -37,7 +37,9 @@ def collector():
 def stack(smollm2_folder, tmp_path_factory, collector):
     config = make_stack_config(smollm2_folder, "bfloat16", num_prefill=1, num_decode=2,
                                run_dir=tmp_path_factory.mktemp("tracing"), otlp_traces_endpoint=collector.endpoint,
-                               extra_args={"instance": ["--num-blocks", "256"]})
+                               extra_args={"instance": ["--num-blocks", "256"],
+                                           # the engine core logs each arrival at DEBUG
+                                           "prefill": ["--log-level", "DEBUG"]})
     config.env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # export every 0.1 s, not every 5 s
     local = LocalStack(config)
     local.start()
@@ -136,9 +138,11 @@ def test_one_request_is_one_trace_across_every_process(stack, collector):
     # What the phases leave out is the client's own hop and a few statements between them.
     assert client_ttft_ns - covered_ns <= max(0.5 * client_ttft_ns, 500e6), (covered_ns, client_ttft_ns)
 
-    # The trace id is on the log lines of the request in every service.
+    # The trace id is on the log lines of the request in every service and engine core.
     for name in ("gateway", "prefill-0"):
         assert f"trace={trace_id}" in (stack.stack.run_dir / "logs" / f"{name}.log").read_text()
+    prefill_log = (stack.stack.run_dir / "logs" / "prefill-0.log").read_text().splitlines()
+    assert [line for line in prefill_log if "engine-core[" in line and "arrived" in line and f"trace={trace_id}" in line]
 
 
 def test_the_http_api_takes_the_traceparent_and_answers_the_trace_id(stack, collector):

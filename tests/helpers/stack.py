@@ -149,10 +149,18 @@ class StackHarness:
     # ---- cluster state in Redis ----------------------------------------------------------
 
     def registered_ids(self, role: str | None = None) -> set[str]:
-        """Instance ids with a live registration in Redis."""
+        """Instance ids with a live registration in Redis that take new work (not draining)."""
         async def read() -> set[str]:
             async with redis.asyncio.Redis.from_url(self.stack.redis_url) as client:
                 return await InstanceRegistry(client, self.namespace).live_instance_ids(role)
+        return asyncio.run(read())
+
+    def registered_states(self) -> dict[str, str]:
+        """Every registered instance's state ("serving" or "draining"), by instance id."""
+        async def read() -> dict[str, str]:
+            async with redis.asyncio.Redis.from_url(self.stack.redis_url) as client:
+                listing = await InstanceRegistry(client, self.namespace).list_live(include_draining=True)
+                return {info.instance_id: info.state for info, _ in listing}
         return asyncio.run(read())
 
     def prefix_holders(self, token_ids: list[int], instance_ids: set[str]) -> dict[str, int]:

@@ -7,7 +7,7 @@ import json
 import grpc
 
 from services.cli.main import build_parser
-from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.instances import DRAINING, InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.leases import LeaseTable
@@ -44,7 +44,7 @@ def test_generate_reports_grpc_errors(redis_server, model, capsys):  # noqa: F81
     assert "RESOURCE_EXHAUSTED" in capsys.readouterr().err
 
 
-def test_status_lists_instances_and_leases(redis_server, capsys):
+def test_status_lists_serving_and_draining_instances_and_leases(redis_server, capsys):
     namespace = ClusterNamespace("prod", "m1")
 
     async def setup():
@@ -52,8 +52,8 @@ def test_status_lists_instances_and_leases(redis_server, capsys):
         registry = InstanceRegistry(client, namespace)
         await registry.register(InstanceInfo("d0", "decode", "127.0.0.1:7001", "127.0.0.1:9001", "m1",
                                              cache=fake_cache_settings("m1")), InstanceLoad(2, 3, 40, 64))
-        await registry.register(InstanceInfo("p0", "prefill", "127.0.0.1:7002", "", "m1"),
-                                InstanceLoad(1, 0, 64, 64))
+        await registry.register(InstanceInfo("p0", "prefill", "127.0.0.1:7002", "", "m1", state=DRAINING),
+                                InstanceLoad(1, 0, 64, 64))  # finishing its work after a SIGTERM
         mirror = LeaseMirror(client, namespace)
         LeaseTable("d0", mirror=mirror).grant("req-9", [4, 5, 6], ttl_s=30)
         await mirror.flush()
@@ -65,12 +65,12 @@ def test_status_lists_instances_and_leases(redis_server, capsys):
     args = build_parser().parse_args(base)
     assert args.run(args) == 0
     table = capsys.readouterr().out
-    assert "2 live instances" in table and "1 block leases" in table
+    assert "2 live instances (1 draining)" in table and "1 block leases" in table
     rows = [line.split() for line in table.splitlines()]
     version = f"{PDSERVE_VERSION}/kv{KV_PROTOCOL_VERSION}"  # pdserve and KV wire protocol versions
-    assert ["d0", "decode", "127.0.0.1:7001", "127.0.0.1:9001", "2", "3", "40/64", "16/sha256/bfloat16/tp1",
-            version] in rows
-    assert ["p0", "prefill", "127.0.0.1:7002", "-", "1", "0", "64/64", "-", version] in rows  # no cache settings
+    assert ["d0", "decode", "serving", "127.0.0.1:7001", "127.0.0.1:9001", "2", "3", "40/64",
+            "16/sha256/bfloat16/tp1", version] in rows
+    assert ["p0", "prefill", "draining", "127.0.0.1:7002", "-", "1", "0", "64/64", "-", version] in rows
     assert "req-9" in table
     args = build_parser().parse_args(base + ["--json"])
     assert args.run(args) == 0
@@ -78,6 +78,7 @@ def test_status_lists_instances_and_leases(redis_server, capsys):
     assert [i["instance_id"] for i in status["instances"]] == ["d0", "p0"]
     assert status["instances"][0]["cache"]["block_size"] == 16 and status["instances"][1]["cache"] is None
     assert status["instances"][0]["kv_protocol_version"] == KV_PROTOCOL_VERSION
+    assert [i["state"] for i in status["instances"]] == ["serving", "draining"]
     assert status["leases"][0]["block_ids"] == [4, 5, 6]
 
 

@@ -1,10 +1,12 @@
 """InstanceRegistry against a real redis-server: registration, load, TTL, isolation."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.instances import DRAINING, InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.instance_records import decode_instance, encode_instance
 from shared.cluster.keys import ClusterNamespace
 from shared.errors import ConfigurationError, InternalError, InvalidRequestError
 from tests.helpers.redis_server import connect_async
@@ -71,6 +73,33 @@ def test_heartbeat_after_key_vanished_re_registers_and_says_so(redis_server):
     asyncio.run(scenario())
 
 
+def test_a_draining_instance_stays_registered_but_is_listed_only_when_asked(redis_server):
+    async def scenario():
+        client = connect_async(redis_server.url)
+        registry = InstanceRegistry(client, NAMESPACE, ttl_s=10.0)
+        await registry.register(make_info("d0", "decode"))
+        await registry.register(make_info("d1", "decode"))
+        draining = dataclasses.replace(make_info("d1", "decode"), state=DRAINING)
+        await registry.update_info(draining, InstanceLoad(0, 2, 5, 10))
+        assert await registry.live_instance_ids() == {"d0"}  # what routing and the planner read
+        assert await registry.list_live("decode", include_draining=True) == [
+            (make_info("d0", "decode"), InstanceLoad()), (draining, InstanceLoad(0, 2, 5, 10))]
+        assert await registry.heartbeat("d1", InstanceLoad(0, 1, 6, 10)) is False  # beats keep the state
+        assert await registry.live_instance_ids(include_draining=True) == {"d0", "d1"}
+        assert (await registry.list_live(include_draining=True))[1][0].is_draining
+        await registry.deregister("d1")  # its work done
+        assert await registry.live_instance_ids(include_draining=True) == {"d0"}
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_record_without_a_state_reads_as_serving():
+    fields = encode_instance(make_info("p0"), InstanceLoad())
+    del fields["state"]  # an instance of an older release
+    assert decode_instance(fields)[0].state == "serving"
+
+
 def test_two_deployments_sharing_one_redis_do_not_see_each_other(redis_server):
     async def scenario():
         client = connect_async(redis_server.url)
@@ -105,6 +134,7 @@ def test_bad_registry_calls_name_the_field(redis_server):
     ("role", lambda: InstanceInfo("p0", "router", "127.0.0.1:1", "", MODEL)),
     ("instance_id", lambda: InstanceInfo("p:0", "prefill", "127.0.0.1:1", "", MODEL)),
     ("grpc_address", lambda: InstanceInfo("p0", "prefill", "", "", MODEL)),
+    ("state", lambda: InstanceInfo("p0", "prefill", "127.0.0.1:1", "", MODEL, state="stopping")),
     ("queue_depth", lambda: InstanceLoad(queue_depth=-1)),
     ("num_running_requests", lambda: InstanceLoad(num_running_requests=True)),
     ("num_free_blocks", lambda: InstanceLoad(num_free_blocks=11, num_total_blocks=10)),

@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.api_keys import ApiKeys, load_api_keys
-from services.gateway.rate_limits import KeyRateLimiter
+from services.gateway.rate_limits import KeyRateLimiter, KeyStats
 from services.gateway.settings import add_arguments, settings_from_args
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
@@ -69,6 +69,7 @@ def test_token_bucket_refuses_past_the_burst_and_refills_with_time():
     clock.now += 0.5
     assert limiter.admit("k") is None
     assert limiter.admit("k") == pytest.approx(0.5)
+    assert [(s.key_id, s.num_admitted, s.num_over_rate) for s in limiter.stats()] == [("k", 4, 2), ("other", 1, 0)]
 
 
 def test_concurrency_cap_frees_a_slot_on_release():
@@ -77,6 +78,7 @@ def test_concurrency_cap_frees_a_slot_on_release():
     assert limiter.admit("k") is not None
     limiter.release("k")
     assert limiter.admit("k") is None
+    assert limiter.stats() == [KeyStats("k", num_admitted=3, num_over_rate=0, num_over_concurrency=1, num_running=2)]
 
 
 def test_http_needs_the_key_except_on_health_and_metrics(redis_server, model, caplog):
@@ -164,4 +166,19 @@ def test_a_key_over_its_rate_gets_429_with_retry_after_on_both_doors(redis_serve
                     await call
                 assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert dict(refused.value.trailing_metadata())["retry-after"] == headers["retry-after"]
+            await apost(address, "/v1/completions", BODY, headers={"authorization": "Bearer sk-wrong"})
+            metrics = await asyncio.to_thread(get_text, f"http://{address}/metrics")
+            model_label = f'model_name="{gate.server.state.model.name}"'
+            for series in ('pdserve:gateway_key_requests_admitted_total{key="key-0",%s} 2.0',
+                           'pdserve:gateway_key_requests_admitted_total{key="key-1",%s} 1.0',
+                           'pdserve:gateway_key_requests_limited_total{key="key-0",limit="rate",%s} 2.0',
+                           'pdserve:gateway_key_requests_limited_total{key="key-0",limit="concurrency",%s} 0.0',
+                           'pdserve:gateway_key_requests_running{key="key-0",%s} 0.0',
+                           'pdserve:gateway_unauthenticated_requests_total{%s} 1.0'):
+                assert series % model_label in metrics.splitlines(), series
     run(scenario)
+
+
+def get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read().decode()

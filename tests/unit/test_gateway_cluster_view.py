@@ -6,13 +6,14 @@ truth (a dead instance drops out)."""
 import asyncio
 
 from services.gateway.cluster_view import ClusterView
-from shared.cluster.instances import InstanceInfo, InstanceLoad
+from services.gateway.prompt_hashes import PromptHashes
+from shared.cluster.instances import DRAINING, SERVING, InstanceInfo, InstanceLoad
 
 LOAD = InstanceLoad(0, 0, 10, 10)
 
 
-def record(instance_id: str, role: str = "decode"):
-    return InstanceInfo(instance_id, role, f"{instance_id}:1", "", "m"), LOAD
+def record(instance_id: str, role: str = "decode", state: str = SERVING):
+    return InstanceInfo(instance_id, role, f"{instance_id}:1", "", "m", state=state), LOAD
 
 
 class FakeRegistry:
@@ -21,10 +22,10 @@ class FakeRegistry:
         self.run_id = "run-1"
         self.is_down = False
 
-    async def list_live(self):
+    async def list_live(self, include_draining=False):
         if self.is_down:
             raise ConnectionError("redis is down")
-        return list(self.listing)
+        return [r for r in self.listing if include_draining or not r[0].is_draining]
 
     async def server_run_id(self):
         return self.run_id
@@ -86,4 +87,28 @@ def test_without_a_reconnect_a_listing_replaces_the_view():
         registry.listing = [record("d1")]  # d0's registration lapsed
         clock.now += 1
         assert ids(await view.live()) == ["d1"]
+    asyncio.run(scenario())
+
+
+def test_a_draining_instance_is_counted_but_never_a_candidate():
+    async def scenario():
+        view, registry, clock = make_view()
+        registry.listing = [record("d0"), record("d1", state=DRAINING), record("p0", "prefill", DRAINING)]
+        assert ids(await view.live()) == ["d0"]
+        assert ids(view.draining()) == ["d1", "p0"]
+        assert [c.instance_id for c in await view.candidates(PromptHashes([], None))] == ["d0"]
+        registry.listing = [record("d0")]  # d1 and p0 finished and deregistered
+        clock.now += 1
+        assert ids(await view.live()) == ["d0"] and view.draining() == []
+    asyncio.run(scenario())
+
+
+def test_an_instance_that_drains_during_a_reconnect_leaves_routing_at_once():
+    async def scenario():
+        view, registry, clock = make_view()
+        registry.listing = [record("d0"), record("d1")]
+        await view.live()
+        registry.listing, registry.run_id = [record("d1", state=DRAINING)], "run-2"  # d0 not yet re-registered
+        clock.now += 1
+        assert ids(await view.live()) == ["d0"] and ids(view.draining()) == ["d1"]
     asyncio.run(scenario())

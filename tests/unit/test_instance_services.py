@@ -499,6 +499,38 @@ def test_a_decode_stream_in_flight_finishes_during_a_graceful_stop(redis_server,
     asyncio.run(scenario())
 
 
+def test_a_stopping_instance_is_registered_as_draining_until_its_work_is_done(redis_server, tiny_llama_folder):
+    """stop() (what SIGTERM runs): while a granted reservation is outstanding the instance stays
+    registered as DRAINING, with its load (`pdserve status` shows it), and no reader that hands
+    out new work lists it; once the reservation is released it deregisters."""
+    async def draining_records(registry):
+        return [record for record in await registry.list_live(include_draining=True) if record[0].is_draining]
+
+    async def scenario():
+        client = connect_async(redis_server.url)
+        registry = InstanceRegistry(client, ClusterNamespace(DEPLOYMENT, tiny_llama_folder.name))
+        runtime = InstanceRuntime(make_settings("colocated", tiny_llama_folder, redis_server.url, drain_timeout_s=120.0),
+                                  services.decode.build_handlers)
+        await runtime.start()
+        try:
+            async with grpc.aio.insecure_channel(runtime.grpc_address) as channel:
+                instance = Instance(runtime, InstanceStub(channel), channel)
+                await wait_until(registry.list_live)
+                await reserve(instance, "held", prompt_ids(23, 12), greedy(3))
+                stopping = asyncio.get_running_loop().create_task(runtime.stop())
+                [(info, load)] = await wait_until(lambda: draining_records(registry))
+                assert info.instance_id == runtime.instance_id and info.state == "draining"
+                assert load.queue_depth == 1  # the reservation it still holds
+                assert await registry.list_live() == [] and not stopping.done()
+                assert (await instance.stub.Release(pb.ReleaseRequest(request_id="held"))).released
+                await stopping
+            assert await registry.list_live(include_draining=True) == []
+        finally:
+            await runtime.stop()
+            await client.aclose()
+    asyncio.run(scenario())
+
+
 # ---- colocated -----------------------------------------------------------------------------------
 
 def test_colocated_generate_matches_offline_and_streams_n_completions(redis_server, tiny_llama_folder, offline):

@@ -68,7 +68,8 @@ def test_the_dashboard_covers_what_operators_watch():
                    "gateway_inter_token_latency_seconds_bucket", "gateway_e2e_request_latency_seconds_bucket",
                    "kv_cache_usage_perc", "kv_transfer_bytes_total", "kv_transfer_seconds_total",
                    "lease_expiries_total", "migrations_total", "planner_desired_replicas",
-                   "gateway_live_incompatible_pairs"):
+                   "gateway_live_incompatible_pairs", "gateway_draining_instances",
+                   "gateway_key_requests_admitted_total", "gateway_key_requests_limited_total"):
         assert metric in text, metric
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))

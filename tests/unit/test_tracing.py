@@ -17,10 +17,16 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared.errors import ConfigurationError
-from shared.logging_setup import configure_logging
+from shared.engine.core_process.request_spans import RequestSpans
+from shared.logging_setup import bind_request_id, configure_logging
 from shared.tracing import (NULL_SPAN, TracingConfig, configure_child_tracing, configure_tracing, current_trace_id,
                             extract_context, inject_context, is_enabled, record_failure, shutdown_tracing, span)
 from shared.tracing.runtime import CHILD_TRACING_ENV_VAR
+
+
+def current_request_id_var():
+    from shared.logging_setup.context import _request_id
+    return _request_id
 
 from services.common.tracing_interceptors import (TRACE_ID_METADATA, TracingServerInterceptor, client_interceptors,
                                                    server_interceptors)
@@ -128,6 +134,28 @@ def test_log_lines_inside_a_traced_request_carry_its_trace_id(exporter):
     inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
     assert inside["trace_id"] == trace_id
     assert "trace_id" not in outside
+
+
+def test_a_line_naming_a_traced_request_carries_its_trace_id_outside_the_request_context(exporter):
+    """The engine thread's observers and the engine-core process serve every request at once:
+    their lines name the request (`extra`), and the trace id remembered for it comes along."""
+    stream = io.StringIO()
+    configure_logging("INFO", "json", {"role": "test"}, stream=stream)
+    try:
+        logger = logging.getLogger("tests.tracing")
+        with span("rpc"):
+            rpc_trace_id = current_trace_id()
+            token = bind_request_id("req-1")  # what every RPC handler does
+            current_request_id_var().reset(token)
+        logger.info("finished", extra={"request_id": "req-1"})  # e.g. the engine thread's observer
+        logger.info("untraced", extra={"request_id": "req-2"})
+        RequestSpans().on_arrival("req-3", {"traceparent": CLIENT_PARENT}, "generate")  # in the core process
+        logger.warning("core", extra={"request_id": "req-3#1"})  # completion 1 of n
+    finally:
+        configure_logging("INFO", "text")
+    finished, untraced, core = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert finished["trace_id"] == rpc_trace_id and "trace_id" not in untraced
+    assert core["trace_id"] == TRACE_ID
 
 
 def test_a_child_process_traces_as_its_parent(exporter):

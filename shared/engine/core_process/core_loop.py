@@ -177,6 +177,8 @@ class CoreLoop:
         if isinstance(message, AddRequest):
             if self.spans is not None:
                 self.spans.on_arrival(message.request_id, message.trace_context, "generate", message.kv_send)
+            logger.debug("request %s arrived: %d prompt tokens", message.request_id, len(message.prompt_token_ids),
+                         extra={"request_id": message.request_id})
             if message.params.guided is not None:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
@@ -261,6 +263,8 @@ class CoreLoop:
     def _reserve(self, call: ReserveKV) -> KVReservation:
         if self.spans is not None:
             self.spans.on_arrival(call.request_id, call.trace_context, "reservation")
+        logger.debug("reservation %s arrived: %d prompt tokens", call.request_id, len(call.prompt_token_ids),
+                     extra={"request_id": call.request_id})
         try:
             reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id,
                                                     call.cache_salt, call.num_resumed_output_tokens,

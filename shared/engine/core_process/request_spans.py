@@ -20,6 +20,7 @@ from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import ModelRunnerOutput
 from shared.kv_transfer.types import KVSendParams
+from shared.logging_setup import remember_trace_id
 from shared.tracing import extract_context, record_failure, start_span
 
 
@@ -56,6 +57,9 @@ class RequestSpans:
         request_span = start_span("engine_core.request", parent=context, start_time_ns=now,
                                   attributes={"pdserve.request_id": request_id, "pdserve.kind": kind})
         self._tracked[request_id] = _Tracked(request_span, _child_context(request_span), now, kv_send)
+        span_context = request_span.get_span_context()
+        if span_context.is_valid:  # this process's log lines naming the request carry its trace id
+            remember_trace_id(request_id, format(span_context.trace_id, "032x"))
 
     def on_compiled(self, request_id: str, error: str | None = None) -> None:
         """A guided request's constraint compiled (or not): the compile span, and the queue wait
