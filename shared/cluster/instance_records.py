@@ -136,7 +136,8 @@ def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, Instance
                         cache=decode_cache_settings(hash_fields), kv_tier_id=hash_fields.get("kv_tier_id", ""),
                         pdserve_version=hash_fields.get("pdserve_version", ""),
                         kv_protocol_version=int(hash_fields.get("kv_protocol_version", UNREGISTERED_PROTOCOL)),
-                        lora_adapters=tuple(sorted((str(name), str(key)) for name, key in adapters.items())))
+                        lora_adapters=tuple(sorted((str(name), str(key)) for name, key in adapters.items())),
+                        state=hash_fields.get("state", SERVING))
     resident = json.loads(hash_fields.get("resident_lora_adapters", "[]"))  # absent from older records
     load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in _COUNT_FIELDS},
                         resident_lora_adapters=tuple(sorted(str(name) for name in resident)))
