@@ -11,7 +11,6 @@ one. Redis stopped: nothing fails. A second gateway stopped: the first serves on
 stopped one's reservations and streams on the instances are freed while it is still stopped.
 """
 
-import threading
 
 import grpc
 import pytest
@@ -23,7 +22,7 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from tests.e2e.test_pool_faults import gateway_metrics, start_second_gateway
 from tests.helpers.freeze import Frozen
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
-from tests.helpers.stack import StackHarness, make_stack_config
+from tests.helpers.stack import StackHarness, make_stack_config, running_supervised_stack
 
 DTYPE = "float32"  # a migrated greedy stream must equal the unmigrated one token for token
 LEASE_S = 3.0
@@ -31,8 +30,6 @@ LEASE_S = 3.0
 
 @pytest.fixture(scope="module")
 def stack(smollm2_folder, tmp_path_factory):
-    from services.launcher import LocalStack
-
     config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("hung"), extra_args={
         "instance": ["--num-blocks", "256"],
         "prefill": ["--max-num-batched-tokens", "64"],  # long prompts take many steps: a stop lands mid-prompt
@@ -41,17 +38,7 @@ def stack(smollm2_folder, tmp_path_factory):
         "gateway": ["--stall-timeout-s", "3", "--health-probe-timeout-s", "10", "--control-call-timeout-s", "10",
                     "--lease-s", str(LEASE_S)]})
     config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
-    local = LocalStack(config)
-    local.start()
-    stop_event = threading.Event()
-    supervisor = threading.Thread(target=local.supervise, args=(stop_event,), daemon=True)
-    supervisor.start()
-    try:
-        yield StackHarness(local, smollm2_folder)
-    finally:
-        stop_event.set()
-        supervisor.join(5)
-        local.stop()
+    yield from running_supervised_stack(config, smollm2_folder)
 
 
 @pytest.fixture(autouse=True)

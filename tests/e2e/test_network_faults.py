@@ -16,17 +16,15 @@ Tests wait on observable events (a fault's packet counter, registrations), never
 Needs root, iptables and cgroup v2 (skips naming what is missing).
 """
 
-import threading
 
 import grpc
 import pytest
 
 from benchmarks.harness import netfault
-from services.launcher import LocalStack
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.transfer.address import parse_address
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
-from tests.helpers.stack import StackHarness, make_stack_config
+from tests.helpers.stack import StackHarness, make_stack_config, running_supervised_stack
 
 DTYPE = "float32"  # outputs compared token for token with a fault-free run
 KV_TRANSFER_TIMEOUT_S = 3.0
@@ -51,17 +49,7 @@ def stack(injector, smollm2_folder, tmp_path_factory):
         "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S),
                      "--kv-transfer-timeout-s", str(KV_TRANSFER_TIMEOUT_S), "--no-kv-peer-reuse"],
         "gateway": ["--lease-s", "5"]})
-    local = LocalStack(config)
-    local.start()
-    stop_event = threading.Event()
-    supervisor = threading.Thread(target=local.supervise, args=(stop_event,), daemon=True)
-    supervisor.start()
-    try:
-        yield StackHarness(local, smollm2_folder)
-    finally:
-        stop_event.set()
-        supervisor.join(5)
-        local.stop()
+    yield from running_supervised_stack(config, smollm2_folder)
 
 
 def target(harness: StackHarness, name: str) -> netfault.Target:

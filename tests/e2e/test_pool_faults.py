@@ -11,7 +11,6 @@ instance leaves routing, restarts its core and registers again, and nothing fail
 import contextlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_
 from services.launcher.supervisor import RestartPolicy
 from benchmarks.fault_load import StreamingLoad, failures
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
-from tests.helpers.stack import make_stack_config, StackHarness
+from tests.helpers.stack import StackHarness, make_stack_config, running_supervised_stack
 
 DTYPE = "float32"  # a migrated greedy stream must equal the unmigrated one token for token
 HEARTBEAT_TTL_S = 2.0
@@ -35,8 +34,6 @@ CONCURRENCY = 4
 
 @pytest.fixture(scope="module")
 def stack(smollm2_folder, tmp_path_factory):
-    from services.launcher import LocalStack
-
     config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("faults"), extra_args={
         "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
                      "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S), "--drain-timeout-s", "60"],
@@ -46,17 +43,7 @@ def stack(smollm2_folder, tmp_path_factory):
         # A draining decode instance hands what still runs after 3 s back for migration.
         "decode": ["--drain-timeout-s", "3"]})
     config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
-    local = LocalStack(config)
-    local.start()
-    stop_event = threading.Event()
-    supervisor = threading.Thread(target=local.supervise, args=(stop_event,), daemon=True)
-    supervisor.start()
-    try:
-        yield StackHarness(local, smollm2_folder)
-    finally:
-        stop_event.set()
-        supervisor.join(5)
-        local.stop()
+    yield from running_supervised_stack(config, smollm2_folder)
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ check every test ends with.
 import asyncio
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -221,6 +222,22 @@ def start_test_stack(model_folder: Path, dtype: str, **kwargs) -> StackHarness:
     stack = LocalStack(config)
     stack.start()
     return StackHarness(stack, model_folder)
+
+
+def running_supervised_stack(config: StackConfig, model_folder: Path) -> Iterator[StackHarness]:
+    """For module-scoped fixtures: the stack of `config` with its supervisor running (dead children
+    restarted, as under `pdserve up`), stopped at the end."""
+    local = LocalStack(config)
+    local.start()
+    stop_event = threading.Event()
+    supervisor = threading.Thread(target=local.supervise, args=(stop_event,), daemon=True)
+    supervisor.start()
+    try:
+        yield StackHarness(local, model_folder)
+    finally:
+        stop_event.set()
+        supervisor.join(5)
+        local.stop()
 
 
 def running_stack(model_folder: Path, dtype: str, **kwargs) -> Iterator[StackHarness]:
