@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from benchmarks.fault_load import FINISHED, greedy_request, random_prompt
+from benchmarks.fault_load import FINISHED, greedy_request, random_prompt, record_stream
 
 OK, FAILED, LOST = "ok", "failed", "lost"
 
@@ -102,20 +102,10 @@ class PoissonLoad:
 
     def _run(self, result: ChaosResult) -> None:
         request = greedy_request(result.prompt_ids, result.max_tokens)
-        result.started_at = last = time.monotonic()
+        result.started_at = time.monotonic()
         call = self.stubs[result.gateway].Generate(request, timeout=self.timeout_s)
         try:
-            for message in call:
-                now = time.monotonic()
-                if result.ttft_s is None:
-                    result.ttft_s = now - result.started_at
-                elif message.token_ids:
-                    result.gaps.append((now, now - last))
-                last = now
-                result.token_ids.extend(message.token_ids)
-                result.finish_reason = message.finish_reason or result.finish_reason
-                if message.HasField("usage"):
-                    result.completion_tokens = message.usage.completion_tokens
+            record_stream(result, call)
         except grpc.RpcError as error:
             result.code, result.details = error.code().name, error.details() or ""
             result.retry_after = dict(error.trailing_metadata() or ()).get("retry-after", "")

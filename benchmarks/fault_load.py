@@ -104,19 +104,9 @@ class StreamingLoad:
         request = greedy_request(self.prompt_of(result.index), self.max_tokens)
         with self._lock:
             self._in_flight += 1
-        result.started_at = last = time.monotonic()
+        result.started_at = time.monotonic()
         try:
-            for message in self.stub.Generate(request, timeout=self.timeout_s):
-                now = time.monotonic()
-                if result.ttft_s is None:
-                    result.ttft_s = now - result.started_at
-                elif message.token_ids:
-                    result.gaps.append((now, now - last))
-                last = now
-                result.token_ids.extend(message.token_ids)
-                result.finish_reason = message.finish_reason or result.finish_reason
-                if message.HasField("usage"):
-                    result.completion_tokens = message.usage.completion_tokens
+            record_stream(result, self.stub.Generate(request, timeout=self.timeout_s))
         except grpc.RpcError as error:
             result.error = f"{error.code().name}: {error.details()}"
         finally:
@@ -129,3 +119,21 @@ def failures(results: list[StreamResult]) -> list[str]:
     """One line per stream that did not complete cleanly (empty when all did)."""
     return [f"#{r.index}: {r.error or 'finish ' + str(r.finish_reason)} after {len(r.token_ids)} tokens "
             f"(usage {r.completion_tokens})" for r in results if not r.is_ok]
+
+
+def record_stream(result, messages) -> None:
+    """Read a Generate stream into `result` (a StreamResult or ChaosResult, `started_at` set):
+    its tokens, finish reason and usage, the time to its first message and each later gap
+    between token messages (when the gap ended, its length)."""
+    last = result.started_at
+    for message in messages:
+        now = time.monotonic()
+        if result.ttft_s is None:
+            result.ttft_s = now - result.started_at
+        elif message.token_ids:
+            result.gaps.append((now, now - last))
+        last = now
+        result.token_ids.extend(message.token_ids)
+        result.finish_reason = message.finish_reason or result.finish_reason
+        if message.HasField("usage"):
+            result.completion_tokens = message.usage.completion_tokens
