@@ -1,12 +1,15 @@
-"""The engine-core process's loop: take the service's messages between steps, step, send.
+"""The engine core's loop: take the service's messages between steps, step, send. It runs
+in the engine-core process, or on a thread of the service process (shared.engine.thread_transport);
+either way it speaks the typed messages of shared.engine.core_process.messages over ZeroMQ.
 
 While requests run it never blocks: it drains whatever messages arrived, steps, and sends the
 step's token outputs with the load; the service detokenizes them while the next step runs.
 Idle, it waits for a message or for the KV connector's wake-up (a transfer ended), waking
 every `IDLE_POLL_MS` to trim memory. Grammar compilation happens on worker threads
 (GuidedDecoding.prepare): a guided request waits outside the scheduler until its grammar is
-ready, while the others keep stepping. A failure of the engine as a whole (a forward pass)
-propagates: the caller reports it and the process exits.
+ready, while the others keep stepping (a reservation's grammar likewise, before it is made).
+A failure of the engine as a whole (a forward pass) propagates: the caller reports it and the
+core ends. A failing `on_loop` hook is logged, never the loop's failure.
 """
 
 import asyncio
@@ -49,7 +52,7 @@ class GrammarPreparer:
         self.core = core
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def submit(self, message: AddRequest) -> Future:
+    def submit(self, message: AddRequest | ReserveKV) -> Future:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="grammar-prepare", daemon=True).start()
@@ -67,10 +70,15 @@ class WakeupPipe:
         self.read_fd, self._write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self._write_fd, False)
+        self._lock = threading.Lock()
+        self._is_closed = False
 
     def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # already full: the loop wakes anyway
-            os.write(self._write_fd, b"w")
+        with self._lock:  # never a write to a closed (and maybe reused) descriptor
+            if self._is_closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # already full: the loop wakes anyway
+                os.write(self._write_fd, b"w")
 
     def drain(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -78,8 +86,10 @@ class WakeupPipe:
                 pass
 
     def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self._write_fd)
+        with self._lock:
+            self._is_closed = True
+            os.close(self.read_fd)
+            os.close(self._write_fd)
 
 
 class CoreLoop:
@@ -97,7 +107,7 @@ class CoreLoop:
         if core.connector is not None:
             core.connector.set_wakeup(self.wakeup.wake)
         self.kv_transfer_address = engine_info(core).kv_transfer_address
-        self._compiling: dict[str, tuple[Future, AddRequest]] = {}
+        self._compiling: dict[str, tuple[Future, AddRequest | ReserveKV]] = {}
         # Each request's spans while tracing is on (None: off, nothing is tracked).
         self.spans = RequestSpans() if tracing_is_enabled() else None
         if self.spans is not None:
@@ -112,13 +122,18 @@ class CoreLoop:
             while not self._is_stopping:
                 self._run_once()
         finally:
+            if self.core.connector is not None:
+                self.core.connector.set_wakeup(lambda: None)
             self.preparer.stop()
             self.wakeup.close()
 
     def _run_once(self) -> None:
         is_stepping = self.core.scheduler.num_unfinished > 0
         if self.on_loop is not None:
-            self.on_loop(not is_stepping and not self._compiling)
+            try:
+                self.on_loop(not is_stepping and not self._compiling)
+            except Exception:  # noqa: BLE001 - memory trimming must not stop the engine
+                logger.exception("the engine loop's hook failed")
         timeout = 0 if is_stepping else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
         changed = self._wait_and_handle_messages(timeout)
         changed = self._admit_compiled() or changed
@@ -183,6 +198,8 @@ class CoreLoop:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
                 self._add(message)
+        elif isinstance(message, ReserveKV) and message.params.guided is not None:
+            self._compiling[message.request_id] = (self.preparer.submit(message), message)
         elif isinstance(message, (ReserveKV, ReleaseKV, SendCached, Query)):
             self._send(self._answer(message))
         elif isinstance(message, StartReserved):
@@ -228,19 +245,23 @@ class CoreLoop:
             self._send(Rejected(message.request_id, error.field, error.message))
 
     def _admit_compiled(self) -> bool:
-        """Admit the guided requests whose grammar is ready (or reject them); True if any."""
+        """Admit the guided requests and reservations whose grammar is ready (or refuse
+        them); True if any."""
         ready = [request_id for request_id, (future, _) in self._compiling.items() if future.done()]
         for request_id in ready:
             future, message = self._compiling.pop(request_id)
             error = future.exception()
             if self.spans is not None:
                 self.spans.on_compiled(request_id, None if error is None else str(error))
-            if error is None:
+            if error is not None and not isinstance(error, InvalidRequestError):
+                error = InvalidRequestError("guided", f"compiling the constraint failed: {error}")
+            if isinstance(message, ReserveKV):
+                self._send(self._answer(message) if error is None else CallResult(
+                    message.call_id, error_kind="invalid", error_field=error.field, error=error.message))
+            elif error is None:
                 self._add(message)
-            elif isinstance(error, InvalidRequestError):
-                self._reject(request_id, error.field, error.message)
             else:
-                self._reject(request_id, "guided", f"compiling the constraint failed: {error}")
+                self._reject(request_id, error.field, error.message)
         return bool(ready)
 
     def _answer(self, call: ReserveKV | ReleaseKV | SendCached | Query) -> CallResult:
