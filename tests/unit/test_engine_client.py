@@ -126,21 +126,6 @@ def test_reserve_refuses_when_full_and_bad_input_names_the_field(tiny_llama_fold
     asyncio.run(scenario())
 
 
-def test_generate_streams_and_closing_the_stream_aborts(tiny_llama_folder):
-    engine = AsyncEngine(connected_llm(tiny_llama_folder).engine)
-
-    async def scenario():
-        async with started(engine):
-            outputs = await collect(engine.generate(GenerateRequest("a", PROMPT, GREEDY)))
-            assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 6
-            stream = engine.generate(GenerateRequest("b", PROMPT, SamplingParams(max_tokens=50, ignore_eos=True)))
-            await anext(stream)
-            await stream.aclose()
-            await engine.status()  # runs after the abort
-            assert_whole(engine)
-    asyncio.run(scenario())
-
-
 def test_a_consumer_refuses_to_send(tiny_llama_folder):
     _, decode = pair(tiny_llama_folder)
     send = KVSendParams("memory:none", "c", (1, 2, 3), 0, b"")
