@@ -180,8 +180,8 @@ class OutputObserver(Protocol):
     loop, in the order below: see shared.engine.frontend)."""
 
     def on_start(self, request_id: str) -> None:
-        """A stream opened: a request is about to be queued (or, decode role, started from its
-        reservation)."""
+        """The engine took a streamed request (or, decode role, started it from its
+        reservation): called before its first outputs; never for a request it refused."""
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
         """Outputs about to be streamed."""

@@ -20,11 +20,13 @@ The same for either transport:
   with an EngineDeadError of that message, and so does every later call. After `stop()`
   they fail with EngineDeadError("the engine is stopped").
 - Hooks. Every hook runs on the event loop, and a hook that raises is logged, never the
-  request's failure. For each stream, in this order: `observer.on_start(request_id)` as the
-  stream opens, before the request is sent to the core (so before any of its outputs);
-  `observer.on_outputs(outputs)` for each batch of outputs, before the streams get them; and
-  `observer.on_stop(request_id)` exactly once when the stream closes, whether it finished,
-  was aborted, was refused by the core or the engine died.
+  request's failure. For each stream the engine took, in this order:
+  `observer.on_start(request_id)` once, just before its first outputs (or, for a stream that
+  closes before any output, just before its on_stop); `observer.on_outputs(outputs)` for each
+  batch of outputs, before the streams get them (an `abort()`'s final output included); and
+  `observer.on_stop(request_id)` once, when the stream closes, whether it finished, was
+  aborted or the engine died. A request the engine refused (InvalidRequestError) is never
+  seen by the observer: it did not start, so it is not counted as aborted either.
 - Text. Detokenization and stop strings run here, on the event loop, never on the core's
   thread; without a tokenizer outputs carry token ids only and stop strings are refused.
 
@@ -72,6 +74,7 @@ class EngineFrontend:
         self._connection: CoreConnection | None = None
         self._tasks: list[asyncio.Task] = []
         self._streams: dict[str, asyncio.Queue] = {}
+        self._unannounced: set[str] = set()  # streams whose on_start has not been called yet
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._output_processor = OutputProcessor(tokenizer)
@@ -164,9 +167,8 @@ class EngineFrontend:
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream gets the final (aborted) output and ends."""
         output = self._abort_here(request_id)
-        stream = self._streams.get(request_id)
-        if output is not None and stream is not None:
-            stream.put_nowait(output)
+        if output is not None and request_id in self._streams:
+            self._deliver([output])
 
     async def _stream(self, request: GenerateRequest, start) -> AsyncIterator[RequestOutput]:
         """Track `request`'s outputs, send `start` to the core, yield until it finishes."""
@@ -175,13 +177,14 @@ class EngineFrontend:
         self._streams[request_id] = stream
         self._output_processor.add_group(request_id, list(request.prompt_token_ids), request.params,
                                          request.num_resumed_output_tokens)
-        self._notify(self.observer and self.observer.on_start, request_id)
-        is_finished = False
+        self._unannounced.add(request_id)
+        is_finished = is_refused = False
         try:
             self._send(start)
             while not is_finished:
                 output = await stream.get()
                 if isinstance(output, BaseException):
+                    is_refused = isinstance(output, InvalidRequestError)
                     raise output
                 is_finished = output.finished
                 raise_if_failed(request_id, output)
@@ -190,7 +193,11 @@ class EngineFrontend:
             self._streams.pop(request_id, None)
             if not is_finished:
                 self._abort_here(request_id)
-            self._notify(self.observer and self.observer.on_stop, request_id)
+            if is_refused and request_id in self._unannounced:
+                self._unannounced.discard(request_id)  # the engine never had it
+            else:
+                self._announce(request_id)
+                self._notify(self.observer and self.observer.on_stop, request_id)
 
     def _check_request(self, request: GenerateRequest) -> None:
         request_id = request.request_id
@@ -348,12 +355,25 @@ class EngineFrontend:
             self._send(FinishRequests(processed.stopped_ids, "stop"))
         for child_id, error in processed.failed.items():
             self._send(FinishRequests([child_id], "error", error))
-        if processed.request_outputs:
-            self._notify(self.observer and self.observer.on_outputs, processed.request_outputs)
-        for output in processed.request_outputs:
+        self._deliver(processed.request_outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Outputs to the observer (announcing the streams it has not heard of), then to
+        their streams."""
+        if not outputs:
+            return
+        for output in outputs:
+            self._announce(output.request_id)
+        self._notify(self.observer and self.observer.on_outputs, outputs)
+        for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.put_nowait(output)
+
+    def _announce(self, request_id: str) -> None:
+        if request_id in self._unannounced:
+            self._unannounced.discard(request_id)
+            self._notify(self.observer and self.observer.on_start, request_id)
 
     @staticmethod
     def _notify(hook, *args) -> None:
