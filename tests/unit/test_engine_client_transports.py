@@ -3,11 +3,12 @@ test here runs against the core on a thread of this process (AsyncEngine) and in
 process (CoreProcessClient), on the tiny random-weight Llama with the SmolLM2 tokenizer and the
 in-memory KV connector (both directions, so one engine can send KV into its own reservation).
 
-Streaming, detokenized text and n > 1 groups equal the offline engine's; a stop string ends the request in
-the core; abort and an early close free the request; bad input names its field; the observer's
-hooks come in one order, on the event loop (a refused request never reaches them); a reservation's KV-arrival wait returns after the
-KV arrived and raises after a failed transfer; a failure of the engine as a whole reaches
-`on_failure`, every stream, call and KV wait as one EngineDeadError. Every test ends with every
+Streaming, detokenized text and n > 1 groups equal the offline engine's; a stop string ends
+the request in the core; abort and an early close free the request; bad input names its
+field; the observer's hooks come in one order, on the event loop (a refused request never
+reaches them); a reservation's KV-arrival wait returns after the KV arrived and raises after a
+failed transfer; a failure of the engine as a whole reaches `on_failure`, every stream, call
+and KV wait as one EngineDeadError. Every test ends with every
 block free. One engine per transport serves the module (a core process takes seconds to load),
 on an event loop of its own thread.
 """
