@@ -8,9 +8,9 @@ the request in the core; abort and an early close free the request; bad input na
 field; the observer's hooks come in one order, on the event loop (a refused request never
 reaches them); a reservation's KV-arrival wait returns after the KV arrived and raises after a
 failed transfer; a failure of the engine as a whole reaches `on_failure`, every stream, call
-and KV wait as one EngineDeadError. Every test ends with every
-block free. One engine per transport serves the module (a core process takes seconds to load),
-on an event loop of its own thread.
+and KV wait as one EngineDeadError. Every test ends with every block free. One engine per
+transport serves the module (a core process takes seconds to load), on an event loop of its
+own thread.
 """
 
 import asyncio
