@@ -14,7 +14,7 @@ from shared.errors import REQUEST_FAILED_METADATA_KEY
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.pb.pdserve.v1 import instance_pb2 as inst
 from shared.pb.pdserve.v1 import instance_pb2_grpc
-from shared.wire.handback import handed_back_message
+from shared.wire.handback import handed_back_message, handed_back_trailer
 
 # Gateway settings that keep every prompt on the prefill pool (no conditional disaggregation):
 # the fixtures' default, so that short test prompts take the path their tests are about.
@@ -182,7 +182,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             yield message
             if self.behaviour.decode_drains_after_first:
                 await self.set_serving(False)
-                await context.abort(grpc.StatusCode.UNAVAILABLE, handed_back_message(request.request_id))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, handed_back_message(request.request_id),
+                                    trailing_metadata=handed_back_trailer(request.request_id))
             if self.behaviour.decode_blocks_after_first:
                 await self._wait_for_cancel()
 
