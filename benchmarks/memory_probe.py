@@ -20,13 +20,13 @@ import numpy as np
 
 from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import GenerateRequest, KVSendParams
 from shared.engine.llm_engine import LLMEngine
+from shared.engine_api.client import GenerateRequest, KVSendParams
+from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.base import KVConnector
 from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorRole, KVTransferConfig, KVTransferOutcome, KVTransferResult,
 )
-from shared.guided.params import GuidedDecodingParams
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes

@@ -10,18 +10,18 @@ from shared.config import CacheConfig, EngineConfig
 from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.core_process.client import CoreProcessClient
-from shared.engine.loading import load_tokenizer_if_present
-from shared.model.default_model import resolve_model
-from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine
+from shared.engine.loading import load_tokenizer_if_present
+from shared.engine_api.client import EngineClient
+from shared.guided.limits import GuidedLimits
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_tier.cost_seeds import CostSeeds, load_cost_seeds
 from shared.kv_tier.sizing import default_host_tier_bytes
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
-from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
+from shared.model.default_model import resolve_model
 from services.common.settings import InstanceSettings, lora_config, parallel_config, speculative_config
 
 logger = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.cache_dir import pdserve_cache_dir
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_tier.arena import ArenaGeometry, KVArena
 from shared.kv_tier.block_copy import copy_block_to_slot, copy_slot_to_block
 
@@ -76,4 +77,5 @@ def _measure_arena(tier: str, directory: Path, kv_cache, layout, num_blocks: int
 
 def peer_points(transfer: list[TransferPoint], block_size: int) -> list[TierLoadPoint]:
     """Peer pulls of as many blocks as each transfer point moved (the wire part only)."""
-    return [TierLoadPoint("peer", -(-point.prompt_tokens // block_size), point.seconds) for point in transfer]
+    return [TierLoadPoint("peer", blocks_for_tokens(point.prompt_tokens, block_size), point.seconds)
+            for point in transfer]

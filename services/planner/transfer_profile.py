@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shared.kv_cache.blocks import blocks_for_tokens
+
 from services.common.profile_data import TransferPoint
 
 logger = logging.getLogger(__name__)
@@ -26,14 +28,10 @@ class TransferPlan:
 QUICK_TRANSFER_PLAN = TransferPlan(prompt_lengths=(16, 64), repeats=1)
 
 
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 async def _measure(kv_cache: torch.Tensor, layout, plan: TransferPlan) -> list[TransferPoint]:
     from shared.transfer.ucx_transport import KVReceiver, KVSender
 
-    most_blocks = _blocks_for(max(plan.prompt_lengths), layout.block_size)
+    most_blocks = blocks_for_tokens(max(plan.prompt_lengths), layout.block_size)
     if most_blocks > layout.num_blocks:
         raise ValueError(f"prompt_lengths: {max(plan.prompt_lengths)} tokens need {most_blocks} blocks, "
                          f"the cache has {layout.num_blocks}")
@@ -44,7 +42,7 @@ async def _measure(kv_cache: torch.Tensor, layout, plan: TransferPlan) -> list[T
     points, count = [], 0
     try:
         for tokens in (plan.prompt_lengths[0], *plan.prompt_lengths):  # the first is a warm-up (connection)
-            num_blocks = _blocks_for(tokens, layout.block_size)
+            num_blocks = blocks_for_tokens(tokens, layout.block_size)
             timings = []
             for _ in range(plan.repeats):
                 count += 1
@@ -66,7 +64,7 @@ async def _measure(kv_cache: torch.Tensor, layout, plan: TransferPlan) -> list[T
 
 def measure_transfer(kv_cache: torch.Tensor, layout, plan: TransferPlan) -> list[TransferPoint]:
     """(prompt tokens, seconds) for shipping that many tokens' blocks of `kv_cache`."""
-    from services.common.ucx import reset_ucx
+    from shared.transfer.ucx_lifecycle import reset_ucx
 
     try:
         return asyncio.run(_measure(kv_cache, layout, plan))

@@ -1,4 +1,4 @@
-"""AsyncEngine: the in-thread EngineClient (shared.engine.client). The LLMEngine steps on a
+"""AsyncEngine: the in-thread EngineClient (shared.engine_api.client). The LLMEngine steps on a
 thread of its own; asyncio services talk to it only through the typed API.
 
 All engine state is touched only on the engine thread: each API call becomes a command that
@@ -22,16 +22,15 @@ from typing import Any
 
 import torch
 
-from shared.engine.client import (
-    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-    KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
-)
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
 from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.llm_engine import LLMEngine
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import (
+    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+    KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
+)
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import SampledLogprobs
 
 logger = logging.getLogger(__name__)
 

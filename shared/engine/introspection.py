@@ -3,10 +3,10 @@ KV transfer, memory) and its prefix-cache events. Called on the engine's thread 
 consistent snapshot, or from another thread for a latest-values read (plain ints and lengths:
 each value some recent one, never a torn one)."""
 
-from shared.engine.client import (
+from shared.engine.llm_engine import LLMEngine
+from shared.engine_api.client import (
     CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, SpecDecodeCounts,
 )
-from shared.engine.llm_engine import LLMEngine
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_tier.manager import KVTierManager
 from shared.kv_transfer.types import KVConnectorStats

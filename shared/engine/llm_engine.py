@@ -10,14 +10,14 @@ import logging
 
 from shared.config import EngineConfig
 from shared.core.request import Request, RequestStatus
-from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.engine_core import EngineCore, Reservation
-from shared.engine.errors import CapacityError
 from shared.engine.output_processor import OutputProcessor
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import CachedSend
+from shared.engine_api.errors import CapacityError
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import Executor, SampledLogprobs
+from shared.executor.base import Executor
 from shared.kv_transfer.types import KVSendParams
 from shared.lora.request import LoRARequest
 from shared.model.config import ModelConfig

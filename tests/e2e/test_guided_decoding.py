@@ -14,7 +14,8 @@ import jsonschema
 import pytest
 
 from shared.engine import LLM, LLMEngine, SamplingParams
-from shared.engine.loading import kv_cache_layout, parse_dtype
+from shared.engine.loading import kv_cache_layout
+from shared.model.dtypes import parse_dtype
 from shared.executor.in_process import InProcessExecutor
 from shared.guided import GuidedDecodingParams as Guided
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2

@@ -11,7 +11,7 @@ from services.decode.reservations import ReservationBook
 from shared.cluster.leases import LeaseTable
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import GenerateRequest, KVSendParams
+from shared.engine_api.client import GenerateRequest, KVSendParams
 from tests.unit.kv_split import connected_llm
 
 PROMPT = tuple(range(30, 67))

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from shared.engine import SamplingParams
-from shared.engine.client import CacheSettings
-from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info
+from shared.engine_api.client import CacheSettings
+from shared.engine_api.errors import CapacityError
 from shared.errors import InvalidRequestError
 from shared.kv_transfer.types import FinishedTransfers, KVConnectorRole, KVTransferConfig
 from tests.unit.kv_split import connected_llm, first_token_params, run_prefill, run_split, send_params

@@ -14,7 +14,7 @@ import pytest
 import shared.engine.guided_decoding as guided_decoding
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine, RequestFailedError
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
 from shared.guided.limits import nesting_depth

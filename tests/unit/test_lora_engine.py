@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.engine import LLM, LoRARequest, SamplingParams
-from shared.engine.client import GenerateRequest
-from shared.engine.core_process.client import CoreProcessClient
 from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_config import SchedulerConfig
+from shared.engine import LLM, LoRARequest, SamplingParams
+from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.llm import engine_config_from_kwargs
+from shared.engine_api.client import GenerateRequest
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes

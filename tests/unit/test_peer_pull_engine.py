@@ -6,7 +6,7 @@ leaves the puller computing the prompt itself, with the same tokens, and every b
 import pytest
 
 from shared.engine import SamplingParams
-from shared.engine.client import CachedSend
+from shared.engine_api.client import CachedSend
 from shared.errors import InvalidRequestError
 from tests.unit.kv_split import connected_llm
 
