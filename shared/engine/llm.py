@@ -81,7 +81,7 @@ class LLM:
         self.shutdown()
 
     def kv_usage(self) -> KVUsage:
-        return self.engine.stats.kv_usage()
+        return self.engine.core.stats.kv_usage()
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

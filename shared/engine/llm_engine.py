@@ -44,21 +44,6 @@ class LLMEngine:
         """Release the KV connector and the executor (stops worker processes, if any)."""
         self.core.shutdown()
 
-    # The core's parts, for tests, metrics and the services that still reach them.
-    config = property(lambda self: self.core.config)
-    model_config = property(lambda self: self.core.model_config)
-    executor = property(lambda self: self.core.executor)
-    max_model_len = property(lambda self: self.core.max_model_len)
-    block_pool = property(lambda self: self.core.block_pool)
-    kv_manager = property(lambda self: self.core.kv_manager)
-    scheduler = property(lambda self: self.core.scheduler)
-    adapters = property(lambda self: self.core.adapters)
-    guided = property(lambda self: self.core.guided)
-    stats = property(lambda self: self.core.stats)
-    spec_stats = property(lambda self: self.core.spec_stats)
-    connector = property(lambda self: self.core.connector)
-    tiers = property(lambda self: self.core.tiers)
-
     # ---- requests ------------------------------------------------------------------------
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:

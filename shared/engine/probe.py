@@ -27,11 +27,11 @@ NEIGHBOUR_DECODE_TOKENS = 256
 class StepProbe:
     def __init__(self, engine: LLMEngine, time_kv_sends: KVSendTimer | None = None):
         self.engine = engine
-        self.info: EngineInfo = engine_info(engine)
+        self.info: EngineInfo = engine_info(engine.core)
         self._time_kv_sends = time_kv_sends
 
     def load(self) -> EngineLoad:
-        return engine_load(self.engine)
+        return engine_load(self.engine.core)
 
     def _kv_cache(self) -> tuple[torch.Tensor, KVCacheLayout]:
         executor = self.engine.core.executor

@@ -89,7 +89,7 @@ def test_a_disaggregated_request_equals_a_local_one(tiny_llama_folder):
 
 def test_a_failed_transfer_raises_on_both_sides_and_frees_the_producers_blocks(tiny_llama_folder):
     prefill, decode = pair(tiny_llama_folder)
-    prefill._engine.connector.fail_next_sends = 1  # white box: inject the failure
+    prefill._engine.core.connector.fail_next_sends = 1  # white box: inject the failure
 
     async def scenario():
         async with started(prefill, decode):
