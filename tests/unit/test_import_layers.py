@@ -1,10 +1,10 @@
 """The one-way layers of pyproject.toml's [tool.importlinter] contracts hold (issues 9, 29).
 
-engine core <- disaggregation <- services <- CLI, benchmarks on top; the engine imports no
-transport; no cycles between the packages of shared/ or of services/; services reach an engine
-only through its API (shared.engine_api), which imports none of the implementation, the
-composition root that builds engines excepted. The contracts are run
-by import-linter's own `lint-imports` (no cache, about a second). The planted-violation
+engine core <- disaggregation <- services <- bench load generator <- CLI, benchmarks on top;
+the engine imports no transport; no cycles between the packages of shared/ or of services/;
+services reach an engine only through its API (shared.engine_api), which imports none of the
+implementation, the composition root that builds engines excepted. The contracts are run by
+import-linter's own `lint-imports` (no cache, about a second). The planted-violation
 tests copy the source tree, add one bad import and check that the right contract breaks, so
 a contract that stopped checking anything would fail here too.
 """
@@ -51,6 +51,7 @@ def test_contracts_are_kept():
     ("shared/guided/bitmask.py", "import shared.core.request", "no import cycles"),
     ("services/gateway/server.py", "import services.cli.main", "never back"),
     ("services/common/metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
+    ("services/cli/bench_run.py", "import benchmarks.harness.netfault", "benchmarks sit on top"),
     ("services/gateway/router.py", "import shared.core.scheduler", "only through its API"),
     # Indirectly: the offline LLM imports the step-driven LLMEngine.
     ("services/decode/handler.py", "import shared.engine.llm", "only through its API"),
