@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TIER_NAMES = ["CLI", "bench harness", "services", "disaggregation", "engine core"]
+TIER_NAMES = ["CLI", "bench load generator", "services", "disaggregation", "engine core"]
 
 
 def layer_tiers(pyproject: Path = ROOT / "pyproject.toml") -> list[list[str]]:

@@ -18,7 +18,7 @@ import logging
 
 import grpc
 
-from shared.engine.client import CapacityError, EngineDeadError, RequestFailedError
+from shared.engine_api.client import CapacityError, EngineDeadError, RequestFailedError
 from shared.errors import REQUEST_FAILED_METADATA_KEY, ConfigurationError, InternalError, InvalidRequestError
 
 from services.common.bounded_text import bounded

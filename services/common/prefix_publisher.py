@@ -17,7 +17,7 @@ import logging
 
 from shared.cluster.prefix_index import PrefixIndex
 from shared.cluster.task_stop import stop_task
-from shared.engine.client import EngineClient, KVCacheEvents
+from shared.engine_api.client import EngineClient, KVCacheEvents
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.prefix_index import PrefixIndex
 from shared.cluster.task_stop import stop_task
 from shared.cluster.tier_board import TierBoard
-from shared.engine.client import EngineClient
+from shared.engine_api.client import EngineClient
 from services.common.prefix_publisher import PrefixPublisher
 from services.common.settings import InstanceSettings
 

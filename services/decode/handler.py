@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from shared.cluster.leases import LeaseTable
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.tracing import span

@@ -1,4 +1,4 @@
-"""AsyncEngine: the in-thread EngineClient (shared.engine.client). The LLMEngine steps on a
+"""AsyncEngine: the in-thread EngineClient (shared.engine_api.client). The LLMEngine steps on a
 thread of its own; asyncio services talk to it only through the typed API.
 
 All engine state is touched only on the engine thread: each API call becomes a command that
@@ -22,16 +22,15 @@ from typing import Any
 
 import torch
 
-from shared.engine.client import (
-    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-    KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
-)
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
 from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.llm_engine import LLMEngine
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import (
+    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+    KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
+)
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import SampledLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ class AsyncEngine:
         iteration, with whether it has nothing to run (memory trimming); `num_threads`: torch
         threads of the steps."""
         self._engine = engine
-        self.info: EngineInfo = engine_info(engine)
+        self.info: EngineInfo = engine_info(engine.core)
         self.observer = observer
         self.on_failure = on_failure
         self.on_loop = on_loop
@@ -73,8 +72,8 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = threading.Event()
         self.error: BaseException | None = None
-        if engine.connector is not None:
-            engine.connector.set_wakeup(lambda: self._commands.put(_WAKE))
+        if engine.core.connector is not None:
+            engine.core.connector.set_wakeup(lambda: self._commands.put(_WAKE))
 
     async def start(self) -> None:
         self._thread.start()
@@ -92,14 +91,14 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self._fail_queued_calls("the engine is stopped")
-        self._engine.guided.shutdown()
-        if self._engine.connector is not None:
-            self._engine.connector.shutdown()
+        self._engine.core.guided.shutdown()
+        if self._engine.core.connector is not None:
+            self._engine.core.connector.shutdown()
 
     # ---- requests -------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        await self._engine.guided.prepare(request.params.guided)  # worker threads, off the step loop
+        await self._engine.core.guided.prepare(request.params.guided)  # worker threads, off the step loop
         engine = self._engine
 
         def add() -> list[RequestOutput]:
@@ -120,7 +119,7 @@ class AsyncEngine:
         request_id = request.request_id
         if request_id in self._reservations:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
-        await self._engine.guided.prepare(request.params.guided)
+        await self._engine.core.guided.prepare(request.params.guided)
         engine, made = self._engine, []
 
         def reserve():
@@ -181,16 +180,17 @@ class AsyncEngine:
 
     def load(self) -> EngineLoad:
         """A racy but harmless snapshot for heartbeats and routing."""
-        return engine_load(self._engine)
+        return engine_load(self._engine.core)
 
     def latest_status(self) -> EngineStatus:
-        return engine_status(self._engine)
+        return engine_status(self._engine.core)
 
     async def status(self) -> EngineStatus:
-        return await self._call(engine_status, self._engine)
+        return await self._call(engine_status, self._engine.core)
 
     async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
-        return await self._call(kv_cache_events, self._engine.block_pool, snapshot, self._engine.tiers.manager)
+        core = self._engine.core
+        return await self._call(kv_cache_events, core.block_pool, snapshot, core.tiers.manager)
 
     # ---- streams --------------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ class AsyncEngine:
             if self._num_threads:
                 torch.set_num_threads(self._num_threads)  # per calling thread: set it where steps run
             while not self._stopping.is_set():
-                is_idle = not self._engine.scheduler.num_unfinished
+                is_idle = not self._engine.core.scheduler.num_unfinished
                 if self.on_loop is not None:
                     self._notify(self.on_loop, is_idle)
                 self._run_commands(block=is_idle)

@@ -5,7 +5,7 @@ arrived, and the futures waiting for it (touched on one event loop only). Both e
 import asyncio
 from dataclasses import dataclass, field
 
-from shared.engine.client import KVTransferFailedError
+from shared.engine_api.client import KVTransferFailedError
 
 
 @dataclass(kw_only=True)

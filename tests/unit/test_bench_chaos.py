@@ -8,7 +8,7 @@ import pytest
 from benchmarks import chaos
 from benchmarks.chaos_load import FAILED, LOST, OK, ChaosResult
 from benchmarks.chaos_report import FlaggedToken, flagged_tokens, latency_windows, outcomes, rescore
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.outputs import SampledLogprobs
 from shared.pb.pdserve.v1 import generation_pb2
 
 TIMEOUT_S = 100.0

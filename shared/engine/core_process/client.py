@@ -1,4 +1,4 @@
-"""The service side of the engine-core process: an EngineClient (shared.engine.client) whose
+"""The service side of the engine-core process: an EngineClient (shared.engine_api.client) whose
 scheduler and executor run in a child process.
 
 The service process keeps the text work: requests go to the core as token ids; the core's
@@ -23,10 +23,6 @@ import zmq
 import zmq.asyncio
 
 from shared.config import EngineConfig
-from shared.memory.idle_trim import TrimPolicy
-from shared.engine.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
-                                  EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-                                  raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, PrefillReserved, Query, Ready, Rejected, ReleaseKV,
                                                  ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
@@ -34,9 +30,12 @@ from shared.engine.core_process.messages import (AbortRequests, AddRequest, Call
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
 from shared.engine.kv_waits import KVArrivalWait
 from shared.engine.output_processor import OutputProcessor
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
+                                      EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+                                      raise_if_failed)
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import SampledLogprobs
+from shared.memory.idle_trim import TrimPolicy
 from shared.tracing import inject_context
 
 logger = logging.getLogger(__name__)
