@@ -34,7 +34,7 @@ def measure(args: argparse.Namespace, fair_prefill: bool) -> Measurement:
     llm = LLM(model=args.model, dtype=args.dtype, max_num_batched_tokens=args.max_num_batched_tokens,
               fair_prefill=fair_prefill, enable_prefix_caching=False, num_threads=args.num_threads or None)
     engine = llm.engine
-    long_prompt = [LONG_TOKEN_ID + i % 500 for i in range(min(args.prompt_tokens, engine.max_model_len - 1))]
+    long_prompt = [LONG_TOKEN_ID + i % 500 for i in range(min(args.prompt_tokens, engine.core.max_model_len - 1))]
     started = time.perf_counter()
     engine.add_request(long_prompt, SamplingParams(max_tokens=1, temperature=0), request_id="long")
     engine.step()  # the long prompt's first chunk: it is now part-way through

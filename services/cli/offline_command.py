@@ -72,13 +72,15 @@ def speculative_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Loads the model, generates for every prompt, prints the completions."""
-    from shared.engine import LLM, SamplingParams
     from shared.model.default_model import resolve_model
+    from shared.sampling.params import SamplingParams
+
+    from services.common.engine_setup import build_offline_llm
 
     params = SamplingParams(**sampling_kwargs(args))
-    llm = LLM(model=str(resolve_model(args.model)), dtype=args.dtype, **device_kwargs(args),
-              **speculative_kwargs(args), tensor_parallel_size=args.tensor_parallel_size,
-              pipeline_parallel_size=args.pipeline_parallel_size)
+    llm = build_offline_llm(str(resolve_model(args.model)), args.dtype, **device_kwargs(args),
+                            **speculative_kwargs(args), tensor_parallel_size=args.tensor_parallel_size,
+                            pipeline_parallel_size=args.pipeline_parallel_size)
     started = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]

@@ -19,8 +19,9 @@ from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistr
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.prefix_index import PrefixIndex
+from shared.cluster.task_stop import stop_task
 from shared.cluster.tier_board import TierBoard
-from shared.engine.client import EngineClient
+from shared.engine_api.client import EngineClient
 from services.common.prefix_publisher import PrefixPublisher
 from services.common.settings import InstanceSettings
 
@@ -123,9 +124,7 @@ class ClusterPresence:
         """Leave routing: stop beating and deregister, stop publishing and drop the prefix-index
         entry (best effort). Lease mirroring carries on until `close`."""
         if self._tier_task is not None:
-            self._tier_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tier_task
+            await stop_task(self._tier_task, "the KV tier publisher")
             self._tier_task = None
         if self.publisher is not None:
             await self.publisher.stop()

@@ -19,13 +19,13 @@ from pydantic_settings import NoDecode
 
 from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
-from shared.engine.loading import DTYPES
 from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
 from shared.kv_transfer.types import DEFAULT_TRANSFER_TIMEOUT_S
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 from shared.lora.config import LoRAConfig
 from shared.lora.request import validate_adapter_name
+from shared.model.dtypes import DTYPES
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 

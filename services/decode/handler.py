@@ -21,11 +21,11 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from shared.cluster.leases import LeaseTable
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.tracing import span
-from shared.wire.handback import handed_back_message
+from shared.wire.handback import handed_back_message, handed_back_trailer
 from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
@@ -148,7 +148,8 @@ class DecodeHandler(RoleHandler):
 
     def _raise_if_handed_back(self, request_id: str, output) -> None:
         if self._is_handing_back and output.finished and output.outputs[0].finish_reason == "abort":
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, handed_back_message(request_id))
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, handed_back_message(request_id),
+                               handed_back_trailer(request_id))
 
     async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         if not await self.book.release(request.request_id):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from shared.cluster.leases import LeaseTable
-from shared.engine.client import EngineClient, EngineDeadError, GenerateRequest, KVReservation, KVTransferFailedError
+from shared.engine_api.client import EngineClient, EngineDeadError, GenerateRequest, KVReservation, KVTransferFailedError
 from shared.errors import InvalidRequestError
 from shared.tracing import NULL_SPAN, record_failure, start_span
 from services.common.errors import ServiceError

@@ -32,7 +32,7 @@ import logging
 from collections import deque
 from dataclasses import replace
 
-from shared.core.kv_cache_manager import KVCacheManager, blocks_for_tokens
+from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_config import SchedulerConfig
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -40,6 +40,7 @@ from shared.core.speculation_support import supports_speculation
 from shared.core.stop_checks import token_stop_status
 from shared.core.verified_tokens import VerifiedTokens
 from shared.errors import InvalidRequestError
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_transfer.base import KVConnector
 
 logger = logging.getLogger(__name__)

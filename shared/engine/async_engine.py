@@ -5,7 +5,7 @@ Tests and offline tools use it, and services with `--engine-core thread`."""
 from collections.abc import Callable
 from typing import Any
 
-from shared.engine.client import EngineDeadError, KVTransferFailedError, OutputObserver, RequestFailedError
+from shared.engine_api.client import EngineDeadError, KVTransferFailedError, OutputObserver, RequestFailedError
 from shared.engine.frontend import EngineFrontend
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.thread_transport import ThreadTransport

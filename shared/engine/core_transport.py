@@ -17,7 +17,7 @@ from typing import Protocol
 
 import zmq.asyncio
 
-from shared.engine.client import EngineInfo
+from shared.engine_api.client import EngineInfo
 
 
 @dataclass

@@ -19,15 +19,16 @@ from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
-from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
-from shared.engine.errors import CapacityError
 from shared.engine.guided_decoding import GuidedDecoding
 from shared.engine.peer_sends import PeerSends
 from shared.engine.resume import resume_request, split_resumed
 from shared.engine.stats import EngineStats
+from shared.engine_api.client import CachedSend
+from shared.engine_api.errors import CapacityError
+from shared.engine_api.outputs import SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
+from shared.executor.base import Executor, ModelRunnerOutput
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_tier.attach import TierHooks
 from shared.kv_transfer.base import KVConnector

@@ -1,4 +1,4 @@
-"""EngineFrontend: the one engine client (shared.engine.client.EngineClient), whatever carries
+"""EngineFrontend: the one engine client (shared.engine_api.client.EngineClient), whatever carries
 its engine core (a `CoreTransport`, shared.engine.core_transport: a thread of this process or
 a child process).
 
@@ -41,9 +41,6 @@ from collections.abc import AsyncIterator, Callable
 
 import zmq
 
-from shared.engine.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
-                                  EngineStatus, GenerateRequest, KVCacheEvents, KVReservation, OutputObserver,
-                                  raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, PrefillReserved, Query, Ready, Rejected, ReleaseKV,
                                                  ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
@@ -51,9 +48,11 @@ from shared.engine.core_process.messages import (AbortRequests, AddRequest, Call
 from shared.engine.core_transport import CoreConnection, CoreTransport
 from shared.engine.kv_waits import KVArrivals
 from shared.engine.output_processor import OutputProcessor
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad,
+                                      EngineMemory, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+                                      OutputObserver, raise_if_failed)
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import SampledLogprobs
 from shared.tracing import inject_context
 
 logger = logging.getLogger(__name__)

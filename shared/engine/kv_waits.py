@@ -9,7 +9,7 @@ into a reservation (`settle`), and the client asks it for the rest.
 import asyncio
 from dataclasses import dataclass, field
 
-from shared.engine.client import GenerateRequest, KVTransferFailedError
+from shared.engine_api.client import GenerateRequest, KVTransferFailedError
 from shared.errors import InvalidRequestError
 
 

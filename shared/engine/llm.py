@@ -6,12 +6,12 @@ from dataclasses import fields
 from shared.config import CacheConfig, EngineConfig
 from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.llm_engine import LLMEngine
-from shared.engine.outputs import RequestOutput
+from shared.engine.stats import KVUsage
+from shared.engine_api.outputs import RequestOutput
+from shared.errors import ConfigurationError, InvalidRequestError
 from shared.guided.limits import GuidedLimits
 from shared.lora.config import LoRAConfig
 from shared.lora.request import LoRARequest
-from shared.engine.stats import KVUsage
-from shared.errors import ConfigurationError, InvalidRequestError
 from shared.parallel.config import ParallelConfig
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.config import SpeculativeConfig
@@ -81,7 +81,7 @@ class LLM:
         self.shutdown()
 
     def kv_usage(self) -> KVUsage:
-        return self.engine.stats.kv_usage()
+        return self.engine.core.stats.kv_usage()
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -10,14 +10,14 @@ import logging
 
 from shared.config import EngineConfig
 from shared.core.request import Request, RequestStatus
-from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.engine_core import EngineCore, Reservation
-from shared.engine.errors import CapacityError
 from shared.engine.output_processor import OutputProcessor
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import CachedSend
+from shared.engine_api.errors import CapacityError
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import Executor, SampledLogprobs
+from shared.executor.base import Executor
 from shared.kv_transfer.types import KVSendParams
 from shared.lora.request import LoRARequest
 from shared.model.config import ModelConfig
@@ -43,21 +43,6 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Release the KV connector and the executor (stops worker processes, if any)."""
         self.core.shutdown()
-
-    # The core's parts, for tests, metrics and the services that still reach them.
-    config = property(lambda self: self.core.config)
-    model_config = property(lambda self: self.core.model_config)
-    executor = property(lambda self: self.core.executor)
-    max_model_len = property(lambda self: self.core.max_model_len)
-    block_pool = property(lambda self: self.core.block_pool)
-    kv_manager = property(lambda self: self.core.kv_manager)
-    scheduler = property(lambda self: self.core.scheduler)
-    adapters = property(lambda self: self.core.adapters)
-    guided = property(lambda self: self.core.guided)
-    stats = property(lambda self: self.core.stats)
-    spec_stats = property(lambda self: self.core.spec_stats)
-    connector = property(lambda self: self.core.connector)
-    tiers = property(lambda self: self.core.tiers)
 
     # ---- requests ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from shared.engine.client import EngineInfo
+from shared.engine_api.client import EngineInfo
 from shared.engine.core_process.core_loop import CoreLoop
 from shared.engine.core_process.messages import Shutdown, encode
 from shared.engine.core_transport import CoreConnection

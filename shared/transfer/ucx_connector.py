@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Collection
 
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_transfer.base import KVCacheAccess, KVConnector
 from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorStats, KVSendParams, KVStagingUsage, KVTransferConfig, KVTransferCounts,
@@ -111,7 +112,7 @@ class UCXConnector(KVConnector):
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int,
                                  transfer_token: bytes, adapter_key: str = "") -> None:
         block_size = self.kv_access.kv_cache_layout.block_size
-        num_external_blocks = -(-num_external_tokens // block_size)
+        num_external_blocks = blocks_for_tokens(num_external_tokens, block_size)
         dst_block_ids = tuple(block_ids[len(block_ids) - num_external_blocks:])
         loop_thread.run(self._loop, self._arm(request_id, dst_block_ids, transfer_token, adapter_key))
 

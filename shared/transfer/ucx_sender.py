@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.chunks import (
     DEFAULT_CHUNK_BYTES, PayloadChunk, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes,
 )
-from shared.transfer.address import parse_address
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.inflight import keep_until_done

@@ -13,7 +13,7 @@ def connected_llm(folder, role: KVConnectorRole = KVConnectorRole.BOTH, **kwargs
 
 
 def send_params(consumer: LLMEngine, reservation: Reservation, consumer_id: str) -> KVSendParams:
-    return KVSendParams(consumer.connector.address, consumer_id, tuple(reservation.block_ids),
+    return KVSendParams(consumer.core.connector.address, consumer_id, tuple(reservation.block_ids),
                         reservation.num_skip_blocks, reservation.transfer_token)
 
 

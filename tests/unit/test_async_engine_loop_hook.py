@@ -8,7 +8,7 @@ import threading
 from shared.engine import LLM, SamplingParams
 from shared.engine.core_process import core_loop
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 
 
 def make_async_engine(folder, on_loop) -> AsyncEngine:

@@ -7,7 +7,7 @@ import pytest
 
 from shared.engine import LLM
 from shared.engine.async_engine import AsyncEngine, EngineDeadError
-from shared.engine.client import CachedSend
+from shared.engine_api.client import CachedSend
 
 
 def test_a_call_after_stop_fails_instead_of_waiting_forever(tiny_llama_folder):

@@ -46,7 +46,7 @@ def test_an_arrival_is_reported_before_the_next_step_computes(tiny_llama_folder)
         consumer.engine.abort_request("d")
         consumer.engine.abort_request(busy)
         for llm in (producer, consumer):
-            assert llm.engine.block_pool.num_free_blocks == llm.engine.block_pool.num_blocks
+            assert llm.engine.core.block_pool.num_free_blocks == llm.engine.core.block_pool.num_blocks
     finally:
         for socket in (inbox, outbox, service):
             socket.close(linger=0)

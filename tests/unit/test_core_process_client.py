@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from shared.engine.client import EngineDeadError, GenerateRequest
+from shared.engine_api.client import EngineDeadError, GenerateRequest
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.llm import engine_config_from_kwargs
 from shared.sampling.params import SamplingParams

@@ -4,21 +4,21 @@ version, or bytes that are not a message, are refused with ProtocolError."""
 import msgspec
 import pytest
 
-from shared.memory.idle_trim import TrimPolicy
 from shared.config import CacheConfig, EngineConfig
-from shared.engine.client import (CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
-                                  KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, AbortRequests, AddRequest, CallResult,
                                                  CoreFailed, CoreStartup, FinishRequests, KVArrival, PrefillReserved,
                                                  ProtocolError, Query, Ready, Rejected, ReleaseKV, ReserveKV, Shutdown,
                                                  StartReserved, StepOutputs, check_version, decode_core_message,
                                                  decode_service_message, decode_startup, encode)
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.client import (CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
+                                      KVReservation)
+from shared.engine_api.outputs import SampledLogprobs
 from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.types import (KVConnectorRole, KVConnectorStats, KVSendParams, KVTransferConfig,
                                       KVTransferResult)
 from shared.lora import LoRAConfig, LoRARequest
+from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
 LOAD = EngineLoad(num_waiting=1, num_running=2, num_reserved=0, num_free_blocks=7, num_total_blocks=64)

@@ -11,7 +11,7 @@ from services.decode.reservations import ReservationBook
 from shared.cluster.leases import LeaseTable
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import GenerateRequest, KVSendParams
+from shared.engine_api.client import GenerateRequest, KVSendParams
 from tests.unit.kv_split import connected_llm
 
 PROMPT = tuple(range(30, 67))
@@ -39,8 +39,8 @@ async def settle(pending) -> None:
 def test_the_kv_may_arrive_again_until_decode_takes_the_reservation(tiny_llama_folder):
     llm = connected_llm(tiny_llama_folder, enable_prefix_caching=False)
     committed = []
-    real_commit = llm.engine.executor.commit_received_blocks
-    llm.engine.executor.commit_received_blocks = lambda ids: (committed.append(list(ids)), real_commit(ids))
+    real_commit = llm.engine.core.executor.commit_received_blocks
+    llm.engine.core.executor.commit_received_blocks = lambda ids: (committed.append(list(ids)), real_commit(ids))
     engine = AsyncEngine(llm.engine)
 
     async def scenario():
@@ -48,7 +48,7 @@ def test_the_kv_may_arrive_again_until_decode_takes_the_reservation(tiny_llama_f
         try:
             book = ReservationBook(engine, LeaseTable("d0"))
             reservation = await book.reserve(GenerateRequest("r1", PROMPT, SamplingParams(max_tokens=4)), 30.0)
-            llm.engine.connector.fail_next_sends = 1
+            llm.engine.core.connector.fail_next_sends = 1
             assert "injected" in await prefill(engine, "p0", reservation)
             assert await prefill(engine, "p1", reservation) is None
             pending = book._pending["r1"]

@@ -1,4 +1,4 @@
-"""The engine API (shared.engine.client) through its in-thread implementation, AsyncEngine,
+"""The engine API (shared.engine_api.client) through its in-thread implementation, AsyncEngine,
 used as services use it: typed requests in, typed outputs out, no engine internals. KV moves
 between two engines of this process through the in-memory KV connector."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import (
+from shared.engine_api.client import (
     CapacityError, GenerateRequest, KVSendParams, KVTransferFailedError,
 )
 from shared.errors import InvalidRequestError

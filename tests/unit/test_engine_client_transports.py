@@ -24,7 +24,7 @@ import pytest
 
 from shared.engine import LLM, SamplingParams
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import (CapacityError, EngineDeadError, GenerateRequest, KVSendParams,
+from shared.engine_api.client import (CapacityError, EngineDeadError, GenerateRequest, KVSendParams,
                                   KVTransferFailedError)
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.frontend import EngineFrontend

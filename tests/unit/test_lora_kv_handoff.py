@@ -51,7 +51,7 @@ def test_kv_of_another_adapter_is_refused_and_matching_kv_decodes(tiny_llama_fol
     try:
         engine = llm.engine
         reservation = engine.reserve_request(PROMPT, PARAMS, "d", lora_request=wanted)
-        kv_cache = engine.executor.kv_cache
+        kv_cache = engine.core.executor.kv_cache
         kv_cache[:, :, list(reservation.block_ids)] = 7.0  # a canary: any write shows
         for index, (lora, sender_says) in enumerate([(other, "lora:a1:"), (None, "the base model")]):
             refused = prefill_into(engine, reservation, f"p{index}", lora)
@@ -66,7 +66,7 @@ def test_kv_of_another_adapter_is_refused_and_matching_kv_decodes(tiny_llama_fol
         tokens = decode_after(engine, "d", accepted.outputs[0].token_ids[-1])
         [alone] = llm.generate([PROMPT], PARAMS, lora_request=wanted)
         assert tokens == alone.outputs[0].token_ids
-        pool = engine.block_pool
+        pool = engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks
     finally:
         llm.engine.shutdown()

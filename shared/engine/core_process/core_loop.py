@@ -24,15 +24,15 @@ from concurrent.futures import Future
 import zmq
 
 from shared.core.request import RequestStatus
-from shared.engine.client import KVReservation
-from shared.engine.core_process.request_spans import RequestSpans
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests, KVArrival,
                                                  PrefillReserved, Query, Rejected, ReleaseKV, ReserveKV, SendCached,
                                                  ServiceMessage, Shutdown, StartReserved, StepOutputs,
                                                  decode_service_message, encode)
+from shared.engine.core_process.request_spans import RequestSpans
 from shared.engine.engine_core import EngineCore
-from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
+from shared.engine_api.client import KVReservation
+from shared.engine_api.errors import CapacityError
 from shared.errors import InvalidRequestError
 from shared.tracing import is_enabled as tracing_is_enabled
 

@@ -15,10 +15,10 @@ from typing import Literal
 import msgspec
 
 from shared.config import EngineConfig
-from shared.engine.client import (CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
-                                  KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.client import (CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
+                                      KVReservation)
+from shared.engine_api.outputs import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
 from shared.lora.request import LoRARequest
 from shared.memory.idle_trim import TrimPolicy

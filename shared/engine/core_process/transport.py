@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from shared.config import EngineConfig
-from shared.engine.client import EngineInfo
+from shared.engine_api.client import EngineInfo
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
 from shared.engine.core_transport import CoreConnection
 from shared.memory.idle_trim import TrimPolicy

@@ -33,9 +33,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared.engine.errors import CapacityError, EngineDeadError, KVTransferFailedError, RequestFailedError
-from shared.engine.outputs import RequestOutput
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.errors import CapacityError, EngineDeadError, KVTransferFailedError, RequestFailedError
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.kv_tier.stats import KVTierStats
 from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
 from shared.lora.request import LoRARequest
@@ -46,7 +45,7 @@ __all__ = [
     "CachedSend", "CacheSettings", "CapacityError",
     "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
     "EngineStatus", "GenerateRequest", "KVCacheEvents", "KVReservation", "KVSendParams", "KVTransferFailedError",
-    "OutputObserver", "KVTierStats",
+    "NOT_HELD_FIELD", "OutputObserver", "KVTierStats",
     "KVTransferResult", "RequestFailedError", "SpecDecodeCounts",
 ]
 
@@ -86,6 +85,11 @@ class CachedSend:
     remote_address: str                 # the puller's KV receiver
     remote_block_ids: tuple[int, ...]   # the reservation's block table, one per prefix block
     transfer_token: bytes
+
+
+# The field of the InvalidRequestError `send_cached` raises when the engine no longer holds every
+# block asked for (the puller computes the prefix itself instead).
+NOT_HELD_FIELD = "held_blocks"
 
 
 @dataclass(frozen=True)
