@@ -86,7 +86,7 @@ class ReservationLeases:
         """Until the reservation's KV arrived. The engine notes an arrival between steps, so a
         Decode that follows the producer's answer at once may come first: it waits up to
         `grace_s` (through failed transfers: a retry may still deliver), then FAILED_PRECONDITION."""
-        lease = self.get(request_id)
+        self.get(request_id)
         try:
             async with asyncio.timeout(grace_s):
                 await self._until_arrived(request_id)
@@ -95,7 +95,6 @@ class ReservationLeases:
                                f"the KV of {request_id!r} has not arrived (waited {grace_s:g} s)") from None
         except InvalidRequestError:  # the engine no longer holds it: it ran out just now
             raise _not_found(request_id) from None
-        lease.span.add_event("kv_received")
 
     async def _until_arrived(self, request_id: str) -> None:
         while True:
@@ -160,6 +159,8 @@ class ReservationLeases:
             self.num_lease_expiries += 1
             logger.warning("lease of %s expired: %d blocks freed", event.request_id, len(lease.reservation.block_ids))
             self._end(lease, "lease_expired", event.num_failed_transfers)
+        elif event.kind == ReservationEventKind.ARRIVED:
+            lease.span.add_event("kv_received", {"pdserve.num_failed_transfers": event.num_failed_transfers})
         elif event.kind == ReservationEventKind.TRANSFER_FAILED:
             lease.span.add_event("kv_transfer_failed", {"pdserve.failure": "kv_transfer",
                                                         "message": (event.error or "")[:300]})

@@ -272,8 +272,7 @@ class AsyncEngine:
                 is_idle = not self._engine.scheduler.num_unfinished
                 if self.on_loop is not None:
                     self._notify(self.on_loop, is_idle)
-                # idle: wake by the next reservation's deadline at the latest (it times out then)
-                self._run_commands(block=is_idle, timeout_s=min(IDLE_WAKE_S, self._engine.seconds_to_next_deadline()))
+                self._run_commands(block=is_idle)
                 # transfers that ended during the last step go out before the next one computes
                 self._dispatch(self._engine.poll_kv_transfers())
                 self._dispatch_reservation_events(self._engine.drain_reservation_events())
@@ -286,14 +285,19 @@ class AsyncEngine:
             for stream in list(self._streams.values()):
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
             if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._kv_waits.fail_all, EngineDeadError(f"the engine failed: {error}"))
+                with contextlib.suppress(RuntimeError):  # the service's loop is closed: nobody waits
+                    self._loop.call_soon_threadsafe(self._kv_waits.fail_all,
+                                                    EngineDeadError(f"the engine failed: {error}"))
             self._fail_queued_calls(str(error))
             if self.on_failure is not None:
                 self._notify(self.on_failure, error)
 
-    def _run_commands(self, block: bool, timeout_s: float) -> None:
-        try:  # an idle loop still wakes now and then, so that on_loop sees it idle
-            command = self._commands.get(block=block, timeout=timeout_s if block else None)
+    def _run_commands(self, block: bool) -> None:
+        # an idle loop still wakes now and then, so that on_loop sees it idle, and by the next
+        # reservation's deadline (it times out then)
+        timeout_s = min(IDLE_WAKE_S, self._engine.seconds_to_next_deadline()) if block else None
+        try:
+            command = self._commands.get(block=block, timeout=timeout_s)
         except queue.Empty:
             return
         while command is not None:
