@@ -171,7 +171,7 @@ def serve(queue: PacketQueue, schedule: Schedule) -> None:
                 heapq.heappush(held, (release, next(order), packet_id))
         while held and held[0][0] <= time.monotonic():
             queue.verdict(heapq.heappop(held)[2], accept=True)
-    for _, _, packet_id in held:  # healed: what is still held goes now
+    for _, _, packet_id in sorted(held):  # healed: what is still held goes now, in order
         queue.verdict(packet_id, accept=True)
 
 
