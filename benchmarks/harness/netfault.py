@@ -116,6 +116,7 @@ class Fault:
     peer: Target | None
     params: dict
     queue: int | None = None  # the delayer kinds' NFQUEUE number
+    delayer_exit_code: int | None = None  # once healed: 0 when the delayer let go of all it held
     _tag: str = ""  # its iptables rules' comment
     _undo: list = field(default_factory=list, repr=False)
     _healed: bool = False
@@ -248,7 +249,7 @@ def _inject_delayer(fault: Fault) -> None:
          *arguments], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                         os.environ.get("PYTHONPATH")]))})
-    fault._undo.append(lambda: _stop_delayer(delayer, queue))
+    fault._undo.append(lambda: _stop_delayer(fault, delayer, queue))
     if delayer.stdout.readline().strip() != "ready":
         raise rules.NetFaultError(f"the packet delayer for {fault.describe()} did not start "
                                   f"(exit code {delayer.wait()})")
@@ -269,8 +270,8 @@ def _free_queue() -> int:
     return queue
 
 
-def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
-    """SIGTERM: it releases what it holds, then exits."""
+def _stop_delayer(fault: Fault, delayer: subprocess.Popen, queue: int) -> None:
+    """SIGTERM: it releases what it holds, then exits (killed, it would drop them)."""
     _queues_in_use.discard(queue)
     if delayer.poll() is None:
         delayer.terminate()
@@ -280,6 +281,7 @@ def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
             delayer.kill()
             delayer.wait()
     delayer.stdout.close()
+    fault.delayer_exit_code = delayer.returncode
 
 
 # ---- iptables kinds ------------------------------------------------------------------------

@@ -193,11 +193,12 @@ def test_a_partition_cuts_one_process_from_a_port_and_no_one_else(injector, serv
 def test_latency_between_a_pair_holds_only_their_packets_and_delivers_them_when_healed(injector, server,
                                                                                       client_process):
     client = injector.process_target("client", client_process.pid)
-    with injector.injected("latency", client, injector.port_target("server", server.port), delay_ms=600_000) as fault:
+    with injector.injected("latency", client, injector.port_target("server", server.port), delay_ms=600_000) as held:
         client_process.stdin.write(f"hold {server.port}\n")  # its SYN is held: no answer yet
         client_process.stdin.flush()
-        wait_until(lambda: fault.packets_matched() > 0, "the client's packets to be held")
+        wait_until(lambda: held.packets_matched() > 0, "the client's packets to be held")
         assert server.exchange(1) >= 0  # this process's packets to the same port pass
+    assert held.delayer_exit_code == 0  # it let go of what it held (killed, it would have dropped it)
     assert client_process.stdout.readline().strip() == "ok"  # delivered at the heal, not lost
     server.accept_and_close().close()
 
