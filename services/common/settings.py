@@ -29,6 +29,7 @@ from shared.model.dtypes import DTYPES
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
+from services.common.redis_client import RedisClientSettings
 from services.common.settings_base import ServiceSettings
 from services.common.settings_flags import MANY_VALUES
 from services.common.tracing_setup import TracingSettings
@@ -47,7 +48,7 @@ def _setting(default, help_text: str, **constraints):
     return Field(default=default, description=help_text, **constraints)
 
 
-class InstanceSettings(TracingSettings):
+class InstanceSettings(TracingSettings, RedisClientSettings):
     role: Literal[ROLES] = _setting("decode", "instance role: prefill, decode or colocated")
     model: str = _setting("", "HF folder or .gguf file ('' = the packaged SmolLM2 model)")
     served_model_name: str = _setting("", "model name in the Redis keys ('' = the model folder's name; "

@@ -4,7 +4,10 @@ a child process).
 
 The frontend holds everything a request has outside the core, on the event loop that started
 it: the output streams, the `OutputProcessor` (detokenization, stop strings, n > 1 groups),
-aborts, the observer hooks and the reservations' KV-arrival waits (`KVArrivals`). The core
+aborts, the observer hooks, the prompts of its reservations and who waits for their KV
+(`KVWaits`, shared.engine.kv_waits: the core's scheduler owns each reservation's state and
+reports what happens to it as `ReservationEvent`s, delivered here in order with the outputs
+and call results). The core
 gets token ids and sends token outputs back after every step; the frontend turns them into
 `RequestOutput`s while the core computes its next step. A stop string (or a failed text
 pipeline) ends the completion here and tells the core to finish that request.
@@ -43,14 +46,14 @@ import zmq
 
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, PrefillReserved, Query, Ready, Rejected, ReleaseKV,
-                                                 ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
+                                                 RenewKV, ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
                                                  decode_core_message, encode)
 from shared.engine.core_transport import CoreConnection, CoreTransport
-from shared.engine.kv_waits import KVArrivals
+from shared.engine.kv_waits import KVWaits
 from shared.engine.output_processor import OutputProcessor
 from shared.engine_api.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad,
                                       EngineMemory, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-                                      OutputObserver, raise_if_failed)
+                                      OutputObserver, ReservationEvent, ReservationEventKind, raise_if_failed)
 from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
 from shared.tracing import inject_context
@@ -69,7 +72,10 @@ class EngineFrontend:
         self.on_failure = on_failure
         self.info: EngineInfo | None = transport.info
         self.error: EngineDeadError | None = None
-        self.kv_arrivals = KVArrivals()
+        # Reservations in the core, with the prompts they were made for (their output
+        # processing starts when they are decoded); the core's scheduler owns their state.
+        self._reserved_prompts: dict[str, GenerateRequest] = {}
+        self._kv_waits = KVWaits()
         self._connection: CoreConnection | None = None
         self._tasks: list[asyncio.Task] = []
         self._streams: dict[str, asyncio.Queue] = {}
@@ -139,7 +145,8 @@ class EngineFrontend:
         for future in calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(str(error)))
-        self.kv_arrivals.fail_all(EngineDeadError(str(error)))
+        self._kv_waits.fail_all(EngineDeadError(str(error)))
+        self._reserved_prompts.clear()
         self._output_processor = OutputProcessor(self.tokenizer)
         self._load = EngineLoad(0, 0, 0, self._load.num_free_blocks, self._load.num_total_blocks)
 
@@ -213,35 +220,54 @@ class EngineFrontend:
 
     # ---- disaggregation: the KV connector runs in the core ---------------------------------
 
-    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
-        """CapacityError when there is no room (the caller tries another instance)."""
+    @property
+    def on_reservation_event(self) -> Callable[[ReservationEvent], None] | None:
+        """Told, on the event loop, each event of each reservation (after its `wait_kv`
+        callers); a decode service's leases."""
+        return self._kv_waits.listener
+
+    @on_reservation_event.setter
+    def on_reservation_event(self, listener: Callable[[ReservationEvent], None] | None) -> None:
+        self._kv_waits.listener = listener
+
+    async def reserve_kv(self, request: GenerateRequest, lease_s: float | None = None) -> KVReservation:
+        """Reserve blocks until `lease_s` from now (None: until released); CapacityError when
+        there is no room (the caller tries another instance)."""
         self._check_alive()
         request_id = request.request_id
-        if request_id in self.kv_arrivals or request_id in self._streams:
+        if request_id in self._reserved_prompts or request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved or running")
         self._check_request(request)
-        self.kv_arrivals.add(request)
+        self._reserved_prompts[request_id] = request
         trace_context = inject_context()
         try:
             result = await self._call(lambda call_id: ReserveKV(
                 call_id, request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                request.num_resumed_output_tokens, trace_context, request.lora_request))
+                request.num_resumed_output_tokens, trace_context, request.lora_request, lease_s))
         except BaseException:
-            self.kv_arrivals.discard(request_id)
+            self._reserved_prompts.pop(request_id, None)
             self._send(AbortRequests([request_id]))  # cancelled while the core reserved: free what it made
             raise
         return result.reservation
 
+    async def renew_kv(self, request_id: str, lease_s: float) -> bool:
+        """Move a reservation's deadline to `lease_s` from now; False if it has ended."""
+        return (await self._call(lambda call_id: RenewKV(call_id, request_id, lease_s))).renewed
+
     async def wait_kv(self, request_id: str) -> None:
-        """Returns once the reservation's KV arrived; KVTransferFailedError after a failed
-        transfer (the connector waits for a retry)."""
-        await self.kv_arrivals.wait(request_id)
+        """Returns once the reservation's KV arrived (at once if it has); KVTransferFailedError
+        after a failed transfer (the connector waits for a retry) or when its lease ran out;
+        InvalidRequestError when there is no such reservation."""
+        await self._kv_waits.wait(request_id, lambda: self._kv_arrived(request_id))
+
+    async def _kv_arrived(self, request_id: str) -> bool:
+        return (await self._call(lambda call_id: Query(call_id, "kv_arrived", request_id))).kv_arrived
 
     async def generate_reserved(self, request_id: str, first_token_id: int,
                                 first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:
         """Decode a reservation whose KV arrived, from the producer's first token."""
         self._check_alive()
-        request = self.kv_arrivals.take(request_id)
+        request = self._take_reserved(request_id)
         start = StartReserved(request_id, first_token_id, first_logprobs)
         async with contextlib.aclosing(self._stream(request, start)) as outputs:
             async for output in outputs:
@@ -250,15 +276,22 @@ class EngineFrontend:
     async def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """Compute a reservation's prompt here instead of receiving its KV, then decode it."""
         self._check_alive()
-        request = self.kv_arrivals.take(request_id)
+        request = self._take_reserved(request_id)
         async with contextlib.aclosing(self._stream(request, PrefillReserved(request_id))) as outputs:
             async for output in outputs:
                 yield output
 
+    def _take_reserved(self, request_id: str) -> GenerateRequest:
+        """Forget a reservation that is being decoded (or prefilled here); its prompt."""
+        request = self._reserved_prompts.pop(request_id, None)
+        if request is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
+        return request
+
     async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
         """Free a reservation that will not be decoded; False if there is none. With
         `keep_arrived`, KV that arrived into it joins the prefix cache first (a peer pull)."""
-        self.kv_arrivals.discard(request_id)
+        self._reserved_prompts.pop(request_id, None)
         return (await self._call(lambda call_id: ReleaseKV(call_id, request_id, keep_arrived))).released
 
     async def send_cached(self, send: CachedSend) -> int:
@@ -347,8 +380,10 @@ class EngineFrontend:
             logger.warning("ignoring a second Ready from the engine core")
 
     def _process(self, message: StepOutputs) -> None:
-        for arrival in message.kv_arrivals:
-            self.kv_arrivals.settle(arrival.request_id, arrival.error)
+        for event in message.reservation_events:
+            if event.kind == ReservationEventKind.EXPIRED:  # the core freed it
+                self._reserved_prompts.pop(event.request_id, None)
+            self._kv_waits.deliver(event)
         processed = self._output_processor.process(message.outputs)
         if processed.stopped_ids:
             self._send(FinishRequests(processed.stopped_ids, "stop"))

@@ -7,7 +7,8 @@ Streaming, detokenized text and n > 1 groups equal the offline engine's; a stop 
 the request in the core; abort and an early close free the request; bad input names its
 field; the observer's hooks come in one order, on the event loop (a refused request never
 reaches them); a reservation's KV-arrival wait returns after the KV arrived and raises after a
-failed transfer; a failure of the engine as a whole reaches `on_failure`, every stream, call
+failed transfer or when its lease ran out in the engine (renewed, it holds; run out, it is
+freed and reported to `on_reservation_event` as EXPIRED, its prompt forgotten); a failure of the engine as a whole reaches `on_failure`, every stream, call
 and KV wait as one EngineDeadError. Every test ends with every block free. One engine per
 transport serves the module (a core process takes seconds to load), on an event loop of its
 own thread.
@@ -25,7 +26,7 @@ import pytest
 from shared.engine import LLM, SamplingParams
 from shared.engine.async_engine import AsyncEngine
 from shared.engine_api.client import (CapacityError, EngineDeadError, GenerateRequest, KVSendParams,
-                                  KVTransferFailedError)
+                                      KVTransferFailedError, ReservationEvent, ReservationEventKind)
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.frontend import EngineFrontend
 from shared.engine.llm import engine_config_from_kwargs
@@ -357,4 +358,29 @@ def test_a_kv_arrival_wait_returns_after_the_kv_arrived_and_raises_after_a_faile
         assert (decoded[-1].token_ids, decoded[-1].text) == (expected.token_ids, expected.text)
         with pytest.raises(InvalidRequestError, match="^request_id"):
             await client.wait_kv("d")  # decoded: no reservation any more
+    served.run(scenario)
+
+
+def test_a_renewed_lease_holds_and_one_that_runs_out_frees_the_reservation_and_is_reported(served):
+    async def scenario(client):
+        events: list[ReservationEvent] = []
+        client.on_reservation_event = events.append
+        try:
+            await client.reserve_kv(GenerateRequest("held", KV_PROMPT, GREEDY), lease_s=WAIT_S)
+            lapsing = tuple(token + 1 for token in KV_PROMPT)
+            await client.reserve_kv(GenerateRequest("lapsing", lapsing, GREEDY), lease_s=WAIT_S)
+            assert await client.renew_kv("held", WAIT_S)
+            waiting = asyncio.ensure_future(client.wait_kv("lapsing"))
+            await client.status()  # a round trip: the wait asked the engine before the renewal below
+            assert await client.renew_kv("lapsing", 0.001)  # its lease runs out in the engine now
+            with pytest.raises(KVTransferFailedError, match="'lapsing' timed out"):
+                await waiting
+            assert [(event.request_id, event.kind) for event in events] == [("lapsing", ReservationEventKind.EXPIRED)]
+            assert not await client.renew_kv("lapsing", WAIT_S)
+            with pytest.raises(InvalidRequestError, match="^request_id: 'lapsing' has no reservation"):
+                await client.wait_kv("lapsing")
+            await client.reserve_kv(GenerateRequest("lapsing", lapsing, GREEDY))  # the client forgot it too
+            assert await client.release_kv("lapsing") and await client.release_kv("held")
+        finally:
+            client.on_reservation_event = None
     served.run(scenario)

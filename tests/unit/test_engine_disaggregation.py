@@ -12,7 +12,7 @@ from shared.engine_api.client import CacheSettings
 from shared.engine_api.errors import CapacityError
 from shared.errors import InvalidRequestError
 from shared.kv_transfer.types import FinishedTransfers, KVConnectorRole, KVTransferConfig
-from tests.unit.kv_split import connected_llm, first_token_params, run_prefill, run_split, send_params
+from tests.unit.kv_split import connected_llm, first_token_params, kv_arrivals, run_prefill, run_split, send_params
 
 UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
 PROMPT = list(range(30, 67))  # 37 tokens: 2 full blocks of 16 and a partial one
@@ -56,7 +56,7 @@ def test_the_same_blocks_arrive_from_a_producer_engine(tiny_llama_folder):
     assert torch.equal(consumer.engine.core.executor.kv_cache[:, :, reservation.block_ids], sent)
     assert_pool_is_whole(producer)  # freed once sent
     consumer.engine.step()
-    assert consumer.engine.drain_kv_arrivals() == [("r", None)]
+    assert kv_arrivals(consumer.engine) == [("r", None)]
     consumer.engine.abort_request("r")
     assert_pool_is_whole(consumer)
 
@@ -69,7 +69,7 @@ def test_a_failed_send_frees_the_blocks_and_the_consumer_waits_for_a_retry(tiny_
     failed = run_prefill(engine, PROMPT, first_token_params(params), "p1", send_params(engine, reservation, "d"))
     assert failed.kv_transfer is None and "injected" in failed.kv_transfer_error
     engine.step()
-    assert [error is not None for _, error in engine.drain_kv_arrivals()] == [True]
+    assert [error is not None for _, error in kv_arrivals(engine)] == [True]
     with pytest.raises(InvalidRequestError, match="has not arrived"):
         engine.start_reserved("d", 1)
     retried = run_prefill(engine, PROMPT, first_token_params(params), "p2", send_params(engine, reservation, "d"))
@@ -90,7 +90,7 @@ def test_a_wrong_token_writes_nothing(tiny_llama_folder):
     output = run_prefill(engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "p", forged)
     assert output.kv_transfer_error.startswith("transfer_token")
     assert torch.equal(engine.core.executor.kv_cache[:, :, reservation.block_ids], before)
-    assert engine.drain_kv_arrivals() == []  # the consumer is not disturbed
+    assert kv_arrivals(engine) == []  # the consumer is not disturbed
     engine.abort_request("d")
     assert_pool_is_whole(llm)
 
@@ -197,7 +197,7 @@ def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_lla
         assert final.finished and final.kv_transfer is not None, final.kv_transfer_error
         assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
         engine.step()
-        assert engine.drain_kv_arrivals() == [("d", None)]
+        assert kv_arrivals(engine) == [("d", None)]
         engine.abort_request("d")
         assert_pool_is_whole(llm)
     finally:

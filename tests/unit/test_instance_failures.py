@@ -126,7 +126,7 @@ def test_a_reservation_whose_caller_is_gone_is_freed_at_once(redis_server, tiny_
             assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
             status = await decode.status()
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
-            assert len(handler.book) == 0
+            assert len(handler.leases) == 0
     asyncio.run(scenario())
 
 

@@ -382,7 +382,7 @@ def test_a_reserve_past_its_deadline_leaves_nothing_reserved(redis_server, tiny_
             await decode.runtime.engine.status()
             status = await decode.status()
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
-            assert len(decode.runtime.handlers.decode.book) == 0
+            assert len(decode.runtime.handlers.decode.leases) == 0
     asyncio.run(scenario())
 
 
@@ -394,7 +394,7 @@ def test_decode_before_the_kv_arrived_is_a_failed_precondition(redis_server, tin
             reserved = await reserve(decode, "early", prompt, greedy(3))
             early = decode.stub.Decode(pb.DecodeRequest(request_id="early", first_token_id=5), timeout=TIMEOUT_S).read()
             await expect_status(early, grpc.StatusCode.FAILED_PRECONDITION, "the KV of 'early' has not arrived")
-            # (after waiting services.decode.reservations.ARRIVAL_GRACE_S for an arrival the engine has not noted yet)
+            # (after waiting services.decode.leases.ARRIVAL_GRACE_S for an arrival the engine has not noted yet)
             prefilled = await prefill_into(prefill, reserved, "early", prompt, greedy(3))  # still reserved
             messages = [m async for m in decode.stub.Decode(decode_request("early", prefilled), timeout=TIMEOUT_S)]
             assert sum(len(m.token_ids) for m in messages) == 3

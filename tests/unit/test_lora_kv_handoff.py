@@ -14,7 +14,7 @@ import torch
 from shared.engine import LoRARequest, SamplingParams
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.helpers.lora_adapters import AdapterSpec, save_peft_adapter
-from tests.unit.kv_split import connected_llm, decode_after, first_token_params, send_params
+from tests.unit.kv_split import connected_llm, decode_after, first_token_params, kv_arrivals, send_params
 
 UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
 PROMPT = [5, 17, 92, 3, 44, 101, 7, 8, 9, 200, 31]
@@ -58,7 +58,7 @@ def test_kv_of_another_adapter_is_refused_and_matching_kv_decodes(tiny_llama_fol
             assert refused.kv_transfer is None and "adapter_key" in refused.kv_transfer_error
             assert sender_says in refused.kv_transfer_error and "lora:a0:" in refused.kv_transfer_error
             engine.step()
-            [(request_id, error)] = engine.drain_kv_arrivals()
+            [(request_id, error)] = kv_arrivals(engine)
             assert request_id == "d" and "adapter_key" in error
             assert bool((kv_cache[:, :, list(reservation.block_ids)] == 7.0).all())
         accepted = prefill_into(engine, reservation, "p-right", wanted)

@@ -8,7 +8,7 @@ import pytest
 from shared.engine import SamplingParams
 from shared.engine_api.client import CachedSend
 from shared.errors import InvalidRequestError
-from tests.unit.kv_split import connected_llm
+from tests.unit.kv_split import connected_llm, kv_arrivals
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 PROMPT = [(13 * i) % 190 + 5 for i in range(75)]  # 4 full blocks of 16, then 11 tokens
@@ -23,7 +23,7 @@ def pull(holder, puller, num_skip_hint: int = 0, request_id: str = "pull-1"):
     num_sent = holder.engine.send_cached(send)
     holder.engine.step()  # the holder lets go of the blocks once the send is reported
     puller.engine.step()  # the puller commits the arrival
-    return num_sent, puller.engine.drain_kv_arrivals()
+    return num_sent, kv_arrivals(puller.engine)
 
 
 def assert_pool_is_whole(llm) -> None:

@@ -18,7 +18,7 @@ from shared.engine import LLM, SamplingParams
 from shared.guided import GuidedDecodingParams as Guided
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.unit.guided_vocab import tiny_grammar_cache
-from tests.unit.kv_split import IN_MEMORY, send_params
+from tests.unit.kv_split import IN_MEMORY, kv_arrivals, send_params
 
 KINDS = ("plain", "long", "n2_logprobs", "cancelled", "guided")
 BATCH = 20
@@ -73,7 +73,7 @@ def prefill_all(prefill: LLM, decode: LLM, requests) -> dict[str, int]:
 
 def decode_all(decode: LLM, requests, first_tokens: dict[str, int], is_cancelled: bool) -> None:
     decode.engine.step()  # applies the arrivals
-    assert len(decode.engine.drain_kv_arrivals()) == len(requests)
+    assert len(kv_arrivals(decode.engine)) == len(requests)
     for request_id, _, _ in requests:
         decode.engine.start_reserved(request_id, first_tokens[request_id])
     decode.engine.step()
