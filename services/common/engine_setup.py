@@ -6,8 +6,7 @@ import dataclasses
 import logging
 import os
 
-from shared.config import CacheConfig, EngineConfig
-from shared.core.scheduler_config import SchedulerConfig
+from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.loading import load_tokenizer_if_present
@@ -18,11 +17,10 @@ from shared.kv_tier.config import KVTierConfig
 from shared.kv_tier.cost_seeds import CostSeeds, load_cost_seeds
 from shared.kv_tier.sizing import default_host_tier_bytes
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
-from shared.guided.limits import GuidedLimits
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
-from services.common.settings import InstanceSettings, lora_config, parallel_config, speculative_config
+from services.common.settings import InstanceSettings
 
 logger = logging.getLogger(__name__)
 
@@ -49,24 +47,10 @@ def kv_transfer_config(settings: InstanceSettings) -> KVTransferConfig | None:
 
 
 def engine_config(settings: InstanceSettings) -> EngineConfig:
-    cache = CacheConfig(block_size=settings.block_size, prefix_hash_algo=settings.prefix_hash_algo,
-                        kv_cache_memory_bytes=int(settings.kv_cache_memory_gb * GIB),
-                        gpu_memory_utilization=settings.gpu_memory_utilization,
-                        num_blocks=settings.num_blocks or None)
-    scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
-                                max_num_batched_tokens=settings.max_num_batched_tokens,
-                                long_prefill_token_threshold=settings.prefill_chunk_tokens)
-    guided = GuidedLimits(max_bytes=settings.max_grammar_bytes, max_nesting_depth=settings.max_grammar_nesting_depth,
-                          compile_timeout_s=settings.grammar_compile_timeout_s,
-                          max_cached_grammars=settings.grammar_cache_size)
-    return EngineConfig(model=settings.model or None, dtype=settings.dtype, device=settings.device,
-                        attention_backend=settings.attention_backend,
-                        max_model_len=settings.max_model_len or None,
-                        num_threads=settings.num_threads or None, seed=settings.seed,
-                        deterministic=settings.deterministic,
-                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
-                        parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings),
-                        kv_tier=kv_tier_config(settings), lora=lora_config(settings))
+    """The instance's EngineArgs (its role's choices resolved) with its KV connector and tiers."""
+    args = dataclasses.replace(settings.role_engine_args(), kv_transfer=kv_transfer_config(settings),
+                               kv_tier=kv_tier_config(settings))
+    return args.create_engine_config()
 
 
 def kv_tier_config(settings: InstanceSettings) -> KVTierConfig | None:
@@ -106,7 +90,7 @@ async def start_engine_thread(settings: InstanceSettings, config: EngineConfig) 
     on_loop = HeapTrimmer(trim_policy(settings)).on_loop
     # OpenMP thread counts are per calling thread: the engine thread sets it (the default: the
     # CPUs this process may use, affinity mask and cgroup quota).
-    client = AsyncEngine(engine, on_loop=on_loop, num_threads=settings.num_threads or default_num_threads())
+    client = AsyncEngine(engine, on_loop=on_loop, num_threads=settings.engine.num_threads or default_num_threads())
     await client.start()
     return client
 

@@ -52,7 +52,7 @@ def test_auto_backend_on_the_cpu_is_torch_and_bad_names_are_refused():
 
 
 def test_instance_settings_check_gpu_memory_utilization():
-    assert InstanceSettings(device="cuda", gpu_memory_utilization=0.4).device == "cuda"
+    assert InstanceSettings(device="cuda", gpu_memory_utilization=0.4).engine.device == "cuda"
     with pytest.raises(ConfigurationError, match="gpu_memory_utilization"):
         InstanceSettings(gpu_memory_utilization=1.5)
 
