@@ -46,7 +46,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[Servi
         if name in skip:
             continue
         info = fields[name]
-        kind = _argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE, name.startswith("no_"))
+        kind = argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE, name.startswith("no_"))
         if info.json_schema_extra == MANY_VALUES:
             kind = {"action": "extend", "nargs": "+", "metavar": "VALUE"}
         if name in choices:
@@ -74,7 +74,7 @@ def settings_from_args(args: argparse.Namespace, settings_cls: type[ServiceSetti
     return load_settings(settings_cls, flag_values(args, settings_cls), getattr(args, "config", None), other_keys)
 
 
-def _argument_kind(annotation: Any, takes_one_value: bool, is_negative: bool) -> dict[str, Any]:
+def argument_kind(annotation: Any, takes_one_value: bool, is_negative: bool) -> dict[str, Any]:
     """argparse keywords for a field's type: a switch (`--x` / `--no-x`, or just `--no-x` for a
     setting named no_x), a repeatable flag or one value."""
     annotation = _without_none(annotation)

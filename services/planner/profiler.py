@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from shared.engine.introspection import engine_info
-from shared.engine.llm import engine_config_from_kwargs
 from shared.engine.llm_engine import LLMEngine
+from shared.engine_args import EngineArgs
 from shared.sampling.params import SamplingParams
 
 from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint
@@ -211,10 +211,9 @@ def neighbour_command_for(model: str | None, dtype: str, num_threads: int | None
     return command
 
 
-def profile_instance(model: str | None, dtype: str, num_threads: int | None, plan: ProfilePlan,
-                     **engine_kwargs) -> PerfProfile:
-    """Build an engine like a serving instance's and measure it."""
-    config = engine_config_from_kwargs(model, dtype, num_threads=num_threads, **engine_kwargs)
-    engine = LLMEngine.from_config(config)
-    return Profiler(engine, plan).run(model or "default", dtype, num_threads,
-                                      neighbour_command_for(model, dtype, num_threads))
+def profile_instance(args: EngineArgs, plan: ProfilePlan) -> PerfProfile:
+    """Build an engine like a serving instance's (from the same EngineArgs) and measure it."""
+    engine = LLMEngine.from_config(args.create_engine_config())
+    model, num_threads = args.model or None, args.num_threads or None
+    return Profiler(engine, plan).run(model or "default", args.dtype, num_threads,
+                                      neighbour_command_for(model, args.dtype, num_threads))

@@ -85,11 +85,12 @@ def test_colocated_slowdown_beside_a_real_busy_neighbour(tiny_llama_folder):
     from dataclasses import replace
 
     from services.planner.profiler import QUICK_PLAN, Profiler, neighbour_command_for
-    from shared.engine.llm import engine_config_from_kwargs
+    from shared.engine_args import EngineArgs
     from shared.engine.llm_engine import LLMEngine
 
     plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32, 64), colocated_decode=((4, 16),))
-    engine = LLMEngine.from_config(engine_config_from_kwargs(str(tiny_llama_folder), "float32", num_blocks=64))
+    engine = LLMEngine.from_config(EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32",
+                                                           num_blocks=64).create_engine_config())
     profile = Profiler(engine, plan).run("tiny", "float32", 1, neighbour_command_for(str(tiny_llama_folder),
                                                                                     "float32", 1, 64))
     assert profile.colocated_slowdown >= 1.0 and profile.host_cores >= 1 and profile.transfer == []
@@ -101,21 +102,23 @@ def test_a_neighbour_that_dies_is_reported(tiny_llama_folder):
     from dataclasses import replace
 
     from services.planner.profiler import QUICK_PLAN, Profiler
-    from shared.engine.llm import engine_config_from_kwargs
+    from shared.engine_args import EngineArgs
     from shared.engine.llm_engine import LLMEngine
 
     plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32,))
-    engine = LLMEngine.from_config(engine_config_from_kwargs(str(tiny_llama_folder), "float32", num_blocks=64))
+    engine = LLMEngine.from_config(EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32",
+                                                           num_blocks=64).create_engine_config())
     with pytest.raises(RuntimeError, match="exited before it was ready"):
         Profiler(engine, plan).run("tiny", "float32", 1, [sys.executable, "-c", "pass"])
 
 
 def test_profiling_returns_every_kv_block(tiny_llama_folder):
     from services.planner.profiler import QUICK_PLAN, Profiler
-    from shared.engine.llm import engine_config_from_kwargs
+    from shared.engine_args import EngineArgs
     from shared.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_config(engine_config_from_kwargs(str(tiny_llama_folder), "float32", num_blocks=64))
+    engine = LLMEngine.from_config(EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32",
+                                                           num_blocks=64).create_engine_config())
     Profiler(engine, QUICK_PLAN).run("tiny", "float32", None)
     assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
     assert not engine.has_unfinished_requests()
