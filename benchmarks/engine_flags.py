@@ -20,6 +20,8 @@ from services.common.engine_flags import engine_args_from as _engine_args_from
 BENCH_ENGINE_FLAGS = ("model", "dtype", "device", "tensor_parallel_size", "pipeline_parallel_size", "num_threads")
 # --model left out is None (the packaged model) for the benchmarks' helpers that take a model path.
 BENCH_DEFAULTS = {"model": None}
+# The dtypes' full names only: benchmarks hand --dtype to transformers, vLLM and torch too.
+BENCH_CHOICES = {"dtype": ("bfloat16", "float32")}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
@@ -28,7 +30,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *names: str, **default
     unknown = sorted(set(names) - set(BENCH_ENGINE_FLAGS))
     if unknown:
         raise ValueError(f"{unknown[0]} is not one of the benchmarks' engine flags {BENCH_ENGINE_FLAGS}")
-    add_engine_flags(parser, names or BENCH_ENGINE_FLAGS, **{**BENCH_DEFAULTS, **defaults})
+    add_engine_flags(parser, names or BENCH_ENGINE_FLAGS, choices=BENCH_CHOICES, **{**BENCH_DEFAULTS, **defaults})
 
 
 def engine_args_from(namespace: argparse.Namespace, **overrides: Any) -> EngineArgs:

@@ -15,13 +15,16 @@ from services.common.engine_flags import add_engine_flags, engine_args_from
 OFFLINE_ENGINE_FLAGS = ("model", "dtype", "device", "gpu_memory_utilization", "attention_backend",
                         "speculative_method", "num_speculative_tokens", "draft_model", "draft_num_layers",
                         "tensor_parallel_size", "pipeline_parallel_size")
+# Checked when the flags are parsed (as they were before the flags came from EngineArgs).
+OFFLINE_CHOICES = {"dtype": ("bfloat16", "float32"), "attention_backend": ("auto", "torch", "triton"),
+                   "speculative_method": ("none", "ngram", "draft")}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Called by services.cli.main.build_parser to register this subcommand."""
     parser = subparsers.add_parser("offline", help="generate text with the offline engine")
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
-    add_engine_flags(parser, OFFLINE_ENGINE_FLAGS)
+    add_engine_flags(parser, OFFLINE_ENGINE_FLAGS, choices=OFFLINE_CHOICES)
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0)

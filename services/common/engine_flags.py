@@ -7,7 +7,7 @@ flag left out is the field's default, or the command's own.
 """
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.engine_args import EngineArgs
@@ -18,9 +18,10 @@ from services.common.settings_flags import argument_kind, flag_name
 ENGINE_FLAGS_DEST = "pdserve_engine_flags"
 
 
-def add_engine_flags(parser: argparse.ArgumentParser, names: Iterable[str], **defaults: Any) -> None:
-    """One flag per EngineArgs field in `names`; `defaults` overrides a field's default for this
-    command (the help says which default applies)."""
+def add_engine_flags(parser: argparse.ArgumentParser, names: Iterable[str],
+                     choices: Mapping[str, Sequence[str]] | None = None, **defaults: Any) -> None:
+    """One flag per EngineArgs field in `names`; `choices` narrows a field's values, `defaults`
+    overrides a field's default for this command (the help says which default applies)."""
     fields, names = EngineArgs.__pydantic_fields__, tuple(names)
     parser.set_defaults(**{ENGINE_FLAGS_DEST: (*(parser.get_default(ENGINE_FLAGS_DEST) or ()), *names)})
     for name in names:
@@ -29,6 +30,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, names: Iterable[str], **de
         kind = argument_kind(info.annotation, False, False)
         if "action" not in kind:
             kind["type"] = type(info.default) if isinstance(info.default, (int, float)) else str
+        if name in (choices or {}):
+            kind["choices"] = list(choices[name])
         help_text = f"{info.description} [default: {default!r}]".replace("%", "%%")
         parser.add_argument(flag_name(name), dest=name, default=default, help=help_text, **kind)
 
