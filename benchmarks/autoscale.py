@@ -20,9 +20,9 @@ from services.launcher.autoscale_runner import AutoscaleRunner
 from services.launcher.config import StackConfig
 from services.launcher.stack import LocalStack
 from services.planner.config import PlannerConfig, PoolBounds
-from benchmarks.harness.clients import ClientOptions, make_client
-from benchmarks.harness.records import RequestRecord
-from benchmarks.harness.vocabulary import load_bench_tokenizer, usable_token_ids
+from services.bench.clients import ClientOptions, make_client
+from services.bench.records import RequestRecord
+from services.bench.vocabulary import load_bench_tokenizer, usable_token_ids
 
 from benchmarks.autoscale_load import ramp_workload
 from benchmarks.autoscale_report import write_report

@@ -3,7 +3,7 @@ prompts, as arrival times plus prompts, the same for every configuration (fixed 
 
 import random
 
-from benchmarks.harness.datasets import BenchPrompt
+from services.bench.datasets import BenchPrompt
 from services.simulator.workload import SimRequest, rate_curve_arrivals
 
 

@@ -145,10 +145,10 @@ def run_chaos(stack: ChaosStack, args: argparse.Namespace) -> tuple[PoissonLoad,
     return load, results, faults
 
 
-def write_report(args, load: PoissonLoad, results, faults, leftovers, scored: tuple | None) -> str:
-    """report.md, results.json and latency.png; `scored`: the fp32 rescoring, None before it."""
+def write_report(args, load: PoissonLoad, results, faults, leftovers, scored: chaos_report.Rescoring | None) -> str:
+    """report.md, results.json and latency.png; `scored`: the rescoring, None before it."""
     counts = chaos_report.outcomes(results, args.timeout_s)
-    num_scored, num_wrong, wrong_lines = scored or ("not yet", "-", [])
+    num_scored, num_wrong = (scored.num_scored, len(scored.wrong)) if scored else ("not yet", "-")
     windows = chaos_report.latency_windows(results, load.started_at, args.window_s)
     reasons = chaos_report.failure_reasons(results, args.timeout_s)
     title = (f"Chaos: {args.duration_min:g} min at {args.rate:g} req/s (seed {args.seed}), "
@@ -161,16 +161,36 @@ def write_report(args, load: PoissonLoad, results, faults, leftovers, scored: tu
         "answer a probe):\n\n" + chaos_report.recovery_table(faults),
         "Faults in order:\n\n" + chaos_report.fault_log(faults),
         f"Latency per {args.window_s:g} s window:\n\n" + chaos_report.latency_table(windows),
-        *(["Wrong outputs:\n\n" + "\n".join(f"- {line}" for line in wrong_lines[:20])] if wrong_lines else []),
+        *([rescoring_text(scored)] if scored else []),
     ]) + "\n"
     out = args.out_dir
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps({
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "counts": dict(counts), "leftovers": asdict(leftovers), "num_scored": num_scored, "num_wrong": num_wrong,
-        "faults": [asdict(f) for f in faults], "windows": windows}, indent=1, default=str))
+        "faults": [asdict(f) for f in faults], "windows": windows,
+        "flagged_outputs": flagged_outputs(results, scored)}, indent=1, default=str))
     chaos_report.plot_latency(windows, faults, out / "latency.png", title)
     return text
+
+
+def rescoring_text(scored: chaos_report.Rescoring) -> str:
+    wrong = "\n".join(f"- {line}" for line in scored.wrong_lines[:20]) or "- none"
+    disagreements = "\n".join(f"- {flagged.line('fp32')}" for flagged in scored.dtype_disagreements[:20])
+    return (f"Wrong outputs (a token that fp32 and {scored.serving_dtype}, scored alone and fault-free, both rate "
+            f"more than {chaos_report.NEAR_TIE_NATS:g} nats below their best):\n\n{wrong}\n\n"
+            f"Tokens where fp32 prefers another by more than {chaos_report.NEAR_TIE_NATS:g} nats but "
+            f"{scored.serving_dtype} chooses them too (dtype disagreements, not errors): "
+            f"{len(scored.dtype_disagreements)}" + (f"\n\n{disagreements}" if disagreements else ""))
+
+
+def flagged_outputs(results, scored: chaos_report.Rescoring | None) -> list[dict]:
+    """Prompt and output ids of every flagged request, to replay it."""
+    if not scored:
+        return []
+    indices = {f.request for f in scored.wrong + scored.dtype_disagreements}
+    return [{"index": r.index, "prompt_ids": r.prompt_ids, "token_ids": r.token_ids}
+            for r in results if r.index in indices]
 
 
 def main(argv=None) -> None:
@@ -194,7 +214,7 @@ def main(argv=None) -> None:
         stop_supervising.set()
         stack.stop()
     write_report(args, load, results, faults, leftovers, None)  # on disk before the (long) rescoring
-    scored = chaos_report.rescore_fp32(results, stack.config.model)
+    scored = chaos_report.rescore(results, stack.config.model, args.dtype)
     print(write_report(args, load, results, faults, leftovers, scored))
     print(f"report, results.json and latency.png in {args.out_dir}; stack logs in {stack.run_dir / 'logs'}")
 

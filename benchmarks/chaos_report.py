@@ -1,14 +1,17 @@
 """The chaos benchmark's report: request outcomes, what the stack still held, outputs rescored
-in fp32, recovery per fault kind, and TTFT / ITL percentiles over time (table and plot).
+against the model, recovery per fault kind, and TTFT / ITL percentiles over time (table and plot).
 
-Rescoring: every completed output is fed back to the model in float32 as one prompt (prompt +
-output) and each output token is scored given the tokens before it (teacher forcing). A token
-is wrong when fp32 rates the best token above it by more than NEAR_TIE_NATS: the stack runs
-bf16, whose greedy choice may differ from fp32's only where the two best tokens are nearly tied
-(the criterion of tests/helpers/greedy_compare.py). A KV block of another request, a stale or
-half-written transfer, or a lost position shows up as tokens fp32 rates far below its best.
+Rescoring, in two passes. Every completed output is fed back to the model in float32 as one
+prompt (prompt + output) and each output token is scored given the tokens before it (teacher
+forcing); a token is flagged when fp32 rates the best token above it by more than NEAR_TIE_NATS.
+The stack serves bf16, whose greedy choice differs from fp32's wherever the two models disagree,
+and on these random-token prompts (whose outputs repeat a few tokens) they disagree by more than
+half a nat about once in ten thousand tokens. So the flagged outputs are scored again in the
+serving dtype, fault-free and alone: a flagged token is **wrong** only when the serving dtype too
+rates its best token above it by more than NEAR_TIE_NATS. A KV block of another request, a stale
+or half-written transfer, or a lost position makes tokens that neither model chooses; a token the
+fault-free serving-dtype model itself chooses is counted as a "dtype disagreement", not an error.
 """
-
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -43,32 +46,74 @@ def failure_reasons(results: list[ChaosResult], timeout_s: float) -> Counter:
     return reasons
 
 
-def rescore_fp32(results: list[ChaosResult], model: str, batch: int = 16) -> tuple[int, int, list[str]]:
-    """(outputs scored, outputs with a wrong token, a line per wrong output)."""
+@dataclass
+class FlaggedToken:
+    request: int
+    position: int
+    token_id: int
+    best_id: int
+    gap_nats: float
+
+    def line(self, scorer: str, verb: str = "prefers") -> str:
+        return (f"request {self.request}: output token {self.position} is {self.token_id}, {scorer} {verb} "
+                f"{self.best_id} by {self.gap_nats:.2f} nats")
+
+
+@dataclass
+class Rescoring:
+    num_scored: int
+    wrong: list[FlaggedToken]  # flagged by fp32 and by the serving dtype: the first per output
+    dtype_disagreements: list[FlaggedToken]  # flagged by fp32 only: the serving dtype chooses them too
+    serving_dtype: str
+
+    @property
+    def wrong_lines(self) -> list[str]:
+        return [flagged.line(f"fp32 and {self.serving_dtype}", "prefer") for flagged in self.wrong]
+
+
+def rescore(results: list[ChaosResult], model: str, serving_dtype: str, batch: int = 16,
+            flag_outputs=None) -> Rescoring:
+    """fp32 flags, the serving dtype (scored alone, fault-free) confirms: see the module docstring.
+    `flag_outputs(results, model, dtype, batch)`: the scoring pass (a fake in tests)."""
+    flag_outputs = flag_outputs or _flag_outputs
+    completed = [r for r in results if r.outcome(math.inf) == OK]
+    flagged_fp32 = flag_outputs(completed, model, "float32", batch)
+    suspects = [r for r in completed if flagged_fp32.get(r.index)]
+    flagged_serving = flag_outputs(suspects, model, serving_dtype, 1) if serving_dtype != "float32" else flagged_fp32
+    wrong, disagreements = [], []
+    for result in suspects:
+        confirmed = {f.position for f in flagged_serving.get(result.index, [])}
+        for flagged in flagged_fp32[result.index]:
+            (wrong if flagged.position in confirmed else disagreements).append(flagged)
+    first_wrong = {}
+    for flagged in wrong:
+        first_wrong.setdefault(flagged.request, flagged)
+    return Rescoring(len(completed), list(first_wrong.values()), disagreements, serving_dtype)
+
+
+def _flag_outputs(results: list[ChaosResult], model: str, dtype: str, batch: int) -> dict[int, list[FlaggedToken]]:
     from shared.engine import LLM, SamplingParams
 
-    completed = [r for r in results if r.outcome(math.inf) == OK]
-    wrong_lines = []
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
-    with LLM(model=model, dtype="float32", num_threads=1) as llm:
-        for start in range(0, len(completed), batch):
-            chunk = completed[start:start + batch]
+    flagged = {}
+    with LLM(model=model, dtype=dtype, num_threads=1) as llm:
+        for start in range(0, len(results), batch):
+            chunk = results[start:start + batch]
             scored = llm.generate([r.prompt_ids + r.token_ids for r in chunk], params)
             for result, output in zip(chunk, scored):
-                line = _first_wrong_token(result, output.prompt_logprobs)
-                if line:
-                    wrong_lines.append(line)
-    return len(completed), len(wrong_lines), wrong_lines
+                flagged[result.index] = flagged_tokens(result, output.prompt_logprobs)
+    return flagged
 
 
-def _first_wrong_token(result: ChaosResult, prompt_logprobs) -> str:
+def flagged_tokens(result: ChaosResult, prompt_logprobs) -> list[FlaggedToken]:
+    """The output tokens the scoring model rates more than NEAR_TIE_NATS below its best token."""
+    flagged = []
     for position, token_id in enumerate(result.token_ids):
         entry = prompt_logprobs[len(result.prompt_ids) + position - 1]
         best_id, best = entry.top[0]
         if best_id != token_id and best - entry.logprob > NEAR_TIE_NATS:
-            return (f"request {result.index}: output token {position} is {token_id}, fp32 prefers {best_id} by "
-                    f"{best - entry.logprob:.2f} nats")
-    return ""
+            flagged.append(FlaggedToken(result.index, position, token_id, best_id, best - entry.logprob))
+    return flagged
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,7 +171,7 @@ def summary_table(counts: Counter, leftovers, num_scored: int, num_wrong: int) -
     sent = sum(counts.values())
     return "\n".join([
         "| sent | completed | failed with a clear error | lost | blocks stranded | reservations stranded "
-        "| requests stranded | outputs rescored fp32 | wrong |",
+        "| requests stranded | outputs rescored | wrong |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {sent} | {counts[OK]} | {counts[FAILED]} | {counts[LOST]} | {leftovers.held_blocks} | "
         f"{leftovers.reservations} | {leftovers.requests} | {num_scored} | {num_wrong} |"])

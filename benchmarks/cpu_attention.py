@@ -31,6 +31,7 @@ import torch
 from benchmarks.machine import print_machine
 from benchmarks.roofline import best_seconds, stream_gbps
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.native.build import shared_library
 from benchmarks.engine_flags import add_engine_arguments
 
@@ -130,7 +131,7 @@ def layer_caches(num_blocks: int, dtype: torch.dtype, rotate_mib: int) -> list[t
 
 
 def decode_gbps(kernels: dict, batch: int, context: int, dtype: torch.dtype, args) -> dict[str, float]:
-    blocks_per_seq = -(-context // BLOCK_SIZE)
+    blocks_per_seq = blocks_for_tokens(context, BLOCK_SIZE)
     caches = layer_caches(batch * blocks_per_seq, dtype, args.rotate_mib)
     tables = torch.randperm(batch * blocks_per_seq).view(batch, blocks_per_seq).to(torch.int32)
     lens = torch.full((batch,), context, dtype=torch.int32)
@@ -147,7 +148,7 @@ def decode_gbps(kernels: dict, batch: int, context: int, dtype: torch.dtype, arg
 
 def prompt_rows_ms(kernels: dict, prompt_len: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
     """Milliseconds per layer for one prompt's rows, as one segment and as one row each."""
-    blocks = -(-prompt_len // BLOCK_SIZE)
+    blocks = blocks_for_tokens(prompt_len, BLOCK_SIZE)
     key_cache, value_cache = layer_caches(blocks, dtype, 0)[0]
     table = torch.randperm(blocks)[None, :].to(torch.int32)
     query = torch.randn(prompt_len, NUM_HEADS, HEAD_DIM).to(dtype)

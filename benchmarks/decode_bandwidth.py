@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from shared.kv_cache.blocks import blocks_for_tokens
+
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
 
@@ -43,7 +45,7 @@ def time_cuda(function, iterations: int) -> float:
 
 
 def decode_inputs(batch: int, context: int, dtype: torch.dtype, device: str):
-    blocks_per_seq = -(-context // BLOCK_SIZE)
+    blocks_per_seq = blocks_for_tokens(context, BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     key_cache = torch.randn(shape, dtype=dtype, device=device)

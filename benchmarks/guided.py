@@ -147,8 +147,8 @@ class HookTimer:
     def __init__(self, engine):
         import shared.sampling.sampler as sampler_module
         self.totals = {"fill": 0.0, "apply": 0.0, "advance": 0.0}
-        self._restore = [(engine.guided, "prepare_step"), (sampler_module, "apply_token_bitmasks"),
-                         (engine.guided, "advance")]
+        self._restore = [(engine.core.guided, "prepare_step"), (sampler_module, "apply_token_bitmasks"),
+                         (engine.core.guided, "advance")]
         self._originals = [getattr(owner, name) for owner, name in self._restore]
         for (owner, name), original, hook in zip(self._restore, self._originals, self.totals):
             setattr(owner, name, self._timed(hook, original))
@@ -236,8 +236,8 @@ def main() -> None:
     engine = llm.engine
     from benchmarks.machine import print_machine
 
-    print_machine(engine.executor.compute_paths)
-    run_mask_benchmark(llm.tokenizer, engine.model_config.vocab_size, engine.model_config.eos_token_ids,
+    print_machine(engine.core.executor.compute_paths)
+    run_mask_benchmark(llm.tokenizer, engine.core.model_config.vocab_size, engine.core.model_config.eos_token_ids,
                        args.batch_size)
     if not args.mask_only:
         run_throughput_benchmark(llm, args.batch_size, args.max_tokens)

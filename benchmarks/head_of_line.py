@@ -35,7 +35,7 @@ def measure(args: argparse.Namespace, fair_prefill: bool) -> Measurement:
     llm = LLM.from_engine_args(engine_args_from(args, max_num_batched_tokens=args.max_num_batched_tokens,
                                                 fair_prefill=fair_prefill, enable_prefix_caching=False))
     engine = llm.engine
-    long_prompt = [LONG_TOKEN_ID + i % 500 for i in range(min(args.prompt_tokens, engine.max_model_len - 1))]
+    long_prompt = [LONG_TOKEN_ID + i % 500 for i in range(min(args.prompt_tokens, engine.core.max_model_len - 1))]
     started = time.perf_counter()
     engine.add_request(long_prompt, SamplingParams(max_tokens=1, temperature=0), request_id="long")
     engine.step()  # the long prompt's first chunk: it is now part-way through

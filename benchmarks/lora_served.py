@@ -16,10 +16,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.harness.clients import ClientOptions, make_client
-from benchmarks.harness.clients.openai_client import first_model_id
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.records import RequestRecord
+from services.bench.clients import ClientOptions, make_client
+from services.bench.clients.openai_client import first_model_id
+from services.bench.datasets import BenchPrompt
+from services.bench.records import RequestRecord
 from benchmarks.lora_workload import Adapter, configurations, spread
 from benchmarks.serve_servers import ServerOptions, open_server
 

@@ -19,13 +19,13 @@ import tracemalloc
 import numpy as np
 
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import GenerateRequest, KVSendParams
 from shared.engine.llm_engine import LLMEngine
+from shared.engine_api.client import GenerateRequest, KVSendParams
+from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.base import KVConnector
 from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorRole, KVTransferConfig, KVTransferOutcome, KVTransferResult,
 )
-from shared.guided.params import GuidedDecodingParams
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes
@@ -123,14 +123,14 @@ async def main(args: argparse.Namespace) -> None:
     baseline_python = tracemalloc.get_traced_memory()[0] if args.tracemalloc else 0
     first = tracemalloc.take_snapshot() if args.tracemalloc else None
     for batch in range(args.batches):
-        batch_started, tokens_before = time.perf_counter(), engine.stats.num_prompt_tokens_computed
+        batch_started, tokens_before = time.perf_counter(), engine.core.stats.num_prompt_tokens_computed
         for kind in args.kinds:
             await asyncio.gather(*(run_one(async_engine, kind, batch * 1000 + i, rng)
                                    for i in range(args.per_batch)))
         await async_engine.status()  # after the aborts of the cancelled ones
         if args.trim:
             release_free_memory()
-        tokens = engine.stats.num_prompt_tokens_computed - tokens_before
+        tokens = engine.core.stats.num_prompt_tokens_computed - tokens_before
         report(f"batch {batch}", started, baseline_python, tokens / (time.perf_counter() - batch_started))
     if trimmer is not None:
         print(f"trims: {trimmer.num_busy_trims} busy, {trimmer.num_idle_trims} idle, "

@@ -23,6 +23,7 @@ from torch import nn
 
 from benchmarks.machine import print_machine
 from shared.attention.metadata import AttentionMetadata
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_cache.layout import KVCacheLayout
 from shared.model.config import ModelConfig
 from shared.model.cpu_runtime import configure_cpu_runtime
@@ -56,7 +57,7 @@ class StepInputs:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, block_size: int,
                  context_lens: list[int], query_lens: list[int], num_decodes: int):
         self.context_lens = context_lens
-        blocks_per_seq = [-(-length // block_size) for length in context_lens]
+        blocks_per_seq = [blocks_for_tokens(length, block_size) for length in context_lens]
         block_ids = torch.randperm(sum(blocks_per_seq)).split(blocks_per_seq)
         self.kv_cache = KVCacheLayout(config.num_layers, sum(blocks_per_seq), block_size, config.num_kv_heads,
                                       config.head_dim, dtype).allocate().normal_()

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--servers includes vllm: give --vllm-python (or PDSERVE_VLLM_PYTHON)")
     args.out_dir = args.out_dir or Path(f"/tmp/pdserve-multiturn-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    from benchmarks.harness.vocabulary import load_bench_tokenizer
+    from services.bench.vocabulary import load_bench_tokenizer
     from benchmarks.machine import default_model_paths, print_machine
 
     print_machine(default_model_paths(args.dtype))

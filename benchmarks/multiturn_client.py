@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import httpx2
 
-from benchmarks.harness.clients.openai_client import sse_events
+from services.bench.clients.openai_client import sse_events
 
 
 

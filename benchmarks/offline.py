@@ -223,7 +223,7 @@ def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, float
 def kv_memory_report(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     """Paged KV use at peak vs static max-length allocations, in MiB."""
     usage = llm.kv_usage()
-    max_model_len = llm.engine.max_model_len
+    max_model_len = llm.engine.core.max_model_len
     per_token = usage.bytes_per_token
     slots_at_peak = usage.peak_num_blocks_used * usage.block_size
     max_request_len = MAX_PROMPT_LEN + args.output_len
@@ -303,7 +303,7 @@ def main() -> None:
     ours, our_ids, llm = run_pdserve(model_dir, prompt_ids, args)
     results = [ours]
     report: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    report["machine"] = print_machine(llm.engine.executor.compute_paths)
+    report["machine"] = print_machine(llm.engine.core.executor.compute_paths)
     if not args.skip_baseline:
         theirs, their_ids = run_transformers(model_dir, prompt_ids, args)
         results.append(theirs)

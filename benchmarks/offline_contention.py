@@ -48,7 +48,7 @@ def run_beside_hog(run_pdserve, model_dir: Path, prompt_ids: list[list[int]], ar
     from benchmarks.machine import print_machine
 
     quiet, _, quiet_llm = run_pdserve(model_dir, prompt_ids, args)
-    print_machine(quiet_llm.engine.executor.compute_paths)
+    print_machine(quiet_llm.engine.core.executor.compute_paths)
     hog_cpu = allowed_cpus()[-1]
     with cpu_hog(hog_cpu):
         busy = run_pdserve(model_dir, prompt_ids, args)[0]
@@ -70,9 +70,9 @@ def run_deterministic_comparison(run_pdserve, model_dir: Path, prompt_ids: list[
     default, default_ids, default_llm = run_pdserve(model_dir, prompt_ids, args)
     deterministic, deterministic_ids, deterministic_llm = run_pdserve(model_dir, prompt_ids, args, deterministic=True)
     print("default: ", end="")
-    print_machine(default_llm.engine.executor.compute_paths)
+    print_machine(default_llm.engine.core.executor.compute_paths)
     print("deterministic: ", end="")
-    print_machine(deterministic_llm.engine.executor.compute_paths, probe_onednn=False)
+    print_machine(deterministic_llm.engine.core.executor.compute_paths, probe_onednn=False)
     slowdown = deterministic.wall_s / default.wall_s
     num_identical = sum(a == b for a, b in zip(default_ids, deterministic_ids))
     print(f"{'engine':<22}{'wall s':>10}{'output tok/s':>15}")

@@ -32,7 +32,7 @@ def run_layout(model_dir: Path, prompt_ids: list[list[int]], dtype: str, output_
     with LLM(model=str(model_dir), dtype=dtype, num_threads=threads, tensor_parallel_size=tp,
              pipeline_parallel_size=pp) as llm:
         llm.generate([ids[:16] for ids in prompt_ids[:2]], SamplingParams(temperature=0, max_tokens=4))
-        executor = llm.engine.executor
+        executor = llm.engine.core.executor
         steps_before, comm_before = getattr(executor, "num_steps", 0), getattr(executor, "comm_seconds_total", 0.0)
         started = time.perf_counter()
         outputs = llm.generate(prompt_ids, params)

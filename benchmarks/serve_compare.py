@@ -34,15 +34,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.serve_compare_table import format_compare_table  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402
-from benchmarks.harness.clients import ClientOptions  # noqa: E402
-from benchmarks.harness.datasets import LengthRange  # noqa: E402
-from benchmarks.harness.metrics import parse_goodput  # noqa: E402
-from benchmarks.harness.plots import plot_latency_cdfs, plot_rate_sweep  # noqa: E402
-from benchmarks.harness.report import write_result_json  # noqa: E402
-from benchmarks.harness.runner import LoadShape, RunResult  # noqa: E402
-from benchmarks.harness.sweep import run_sweep  # noqa: E402
-from benchmarks.harness.vocabulary import load_bench_tokenizer  # noqa: E402
-from benchmarks.harness.workload import WorkloadSpec, sweep_workloads  # noqa: E402
+from services.bench.clients import ClientOptions  # noqa: E402
+from services.bench.datasets import LengthRange  # noqa: E402
+from services.bench.metrics import parse_goodput  # noqa: E402
+from services.bench.plots import plot_latency_cdfs, plot_rate_sweep  # noqa: E402
+from services.bench.report import write_result_json  # noqa: E402
+from services.bench.runner import LoadShape, RunResult  # noqa: E402
+from services.bench.sweep import run_sweep  # noqa: E402
+from services.bench.vocabulary import load_bench_tokenizer  # noqa: E402
+from services.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
 from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.serve_compare")

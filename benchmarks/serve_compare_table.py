@@ -3,8 +3,8 @@ disaggregated/colocated ratio (below 1 is better for latencies, above 1 for thro
 
 import math
 
-from benchmarks.harness.metrics import BenchSummary
-from benchmarks.harness.runner import RunResult
+from services.bench.metrics import BenchSummary
+from services.bench.runner import RunResult
 
 COLUMNS = (
     ("out tok/s", lambda s: s.output_throughput, "{:.0f}"),

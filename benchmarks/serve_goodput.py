@@ -10,8 +10,8 @@ sweep; a lower rate that misses while a higher one meets is reported, not hidden
 
 from dataclasses import dataclass
 
-from benchmarks.harness.metrics import tpot_s, ttft_s
-from benchmarks.harness.runner import RunResult
+from services.bench.metrics import tpot_s, ttft_s
+from services.bench.runner import RunResult
 
 BASELINE = "vllm"
 GOODPUT_RATIO_TARGET = 1.3

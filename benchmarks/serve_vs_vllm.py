@@ -28,13 +28,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.harness.clients import ClientOptions  # noqa: E402
-from benchmarks.harness.clients.openai_client import first_model_id  # noqa: E402
-from benchmarks.harness.datasets import LengthRange  # noqa: E402
-from benchmarks.harness.report import write_result_json  # noqa: E402
-from benchmarks.harness.runner import LoadShape, RunResult  # noqa: E402
-from benchmarks.harness.sweep import run_sweep  # noqa: E402
-from benchmarks.harness.workload import WorkloadSpec, sweep_workloads  # noqa: E402
+from services.bench.clients import ClientOptions  # noqa: E402
+from services.bench.clients.openai_client import first_model_id  # noqa: E402
+from services.bench.datasets import LengthRange  # noqa: E402
+from services.bench.report import write_result_json  # noqa: E402
+from services.bench.runner import LoadShape, RunResult  # noqa: E402
+from services.bench.sweep import run_sweep  # noqa: E402
+from services.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
 from benchmarks.serve_goodput import GoodputSLO  # noqa: E402
 from benchmarks.serve_servers import SERVERS, ServerOptions, ServerStartError, open_server  # noqa: E402
 from benchmarks.serve_vs_vllm_table import format_table  # noqa: E402
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.out_dir = args.out_dir or Path(f"/tmp/pdserve-vs-vllm-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    from benchmarks.harness.vocabulary import load_bench_tokenizer
+    from services.bench.vocabulary import load_bench_tokenizer
     from benchmarks.machine import default_model_paths, print_machine
 
     print_machine(default_model_paths())

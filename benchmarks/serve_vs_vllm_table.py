@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.harness.metrics import BenchSummary
-from benchmarks.harness.runner import RunResult
+from services.bench.metrics import BenchSummary
+from services.bench.runner import RunResult
 from benchmarks.serve_goodput import GoodputSLO, goodput_lines
 
 BASELINE = "vllm"

@@ -23,9 +23,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.autoscale import send_all
-from benchmarks.harness.datasets import BenchPrompt
+from services.bench.datasets import BenchPrompt
 from benchmarks.harness.process_tree import descendants, parent_pids
-from benchmarks.harness.vocabulary import load_bench_tokenizer, usable_token_ids
+from services.bench.vocabulary import load_bench_tokenizer, usable_token_ids
 from services.launcher.config import StackConfig
 from services.launcher.stack import LocalStack
 from services.simulator.workload import poisson_arrivals

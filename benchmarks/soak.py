@@ -27,7 +27,7 @@ from benchmarks.harness.soak_load import SoakLoad, SoakMix  # noqa: E402
 from benchmarks.harness.soak_plots import plot_latency, plot_rss  # noqa: E402
 from benchmarks.harness.soak_report import growth_table, interval_latencies, latency_table, rss_growth  # noqa: E402
 from benchmarks.harness.soak_samples import MemorySampler  # noqa: E402
-from benchmarks.harness.vocabulary import load_bench_tokenizer, usable_token_ids  # noqa: E402
+from services.bench.vocabulary import load_bench_tokenizer, usable_token_ids  # noqa: E402
 from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("soak")

@@ -110,13 +110,13 @@ def measure_all(llms: dict[str, LLM], batch_size: int, args) -> list[Measurement
 
 
 def _copy_stats(llm: LLM) -> SpecDecodeStats:
-    stats = llm.engine.spec_stats
+    stats = llm.engine.core.spec_stats
     return SpecDecodeStats(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
                            list(stats.accepted_per_position), list(stats.proposed_per_position))
 
 
 def _stats_since(llm: LLM, before: SpecDecodeStats) -> SpecDecodeStats | None:
-    now = llm.engine.spec_stats
+    now = llm.engine.core.spec_stats
     if now.num_drafts == before.num_drafts:
         return None
     def minus(a: list[int], b: list[int]) -> list[int]:
@@ -166,7 +166,7 @@ def main() -> None:
             for label, config in engines(args).items()}
     from benchmarks.machine import print_machine
 
-    print_machine(next(iter(llms.values())).engine.executor.compute_paths)
+    print_machine(next(iter(llms.values())).engine.core.executor.compute_paths)
     print(f"{'batch':>5} {'engine':<18} {'out tok':>7} {'decode s':>8} {'tok/s':>9} {'speedup':>8}")
     for batch_size in map(int, args.batch_sizes.split(",")):
         measurements = measure_all(llms, batch_size, args)

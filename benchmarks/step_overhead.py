@@ -164,7 +164,7 @@ def main() -> None:
 
     model_dir, prompt_ids = load_workload(args)
     llm = LLM.from_engine_args(engine_args_from(args, model=str(model_dir), num_threads=torch.get_num_threads()))
-    print_machine(llm.engine.executor.compute_paths)
+    print_machine(llm.engine.core.executor.compute_paths)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     timer = StepTimer()
     timer.install(llm)

@@ -40,12 +40,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.harness.clients import ClientOptions  # noqa: E402
-from benchmarks.harness.datasets import LengthRange  # noqa: E402
-from benchmarks.harness.runner import LoadShape, RunResult  # noqa: E402
-from benchmarks.harness.sweep import run_sweep  # noqa: E402
-from benchmarks.harness.vocabulary import load_bench_tokenizer  # noqa: E402
-from benchmarks.harness.workload import WorkloadSpec, sweep_workloads  # noqa: E402
+from services.bench.clients import ClientOptions  # noqa: E402
+from services.bench.datasets import LengthRange  # noqa: E402
+from services.bench.runner import LoadShape, RunResult  # noqa: E402
+from services.bench.sweep import run_sweep  # noqa: E402
+from services.bench.vocabulary import load_bench_tokenizer  # noqa: E402
+from services.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
 from benchmarks.machine import default_model_paths, print_machine  # noqa: E402
 from benchmarks.serve_compare import PREFILL_CPUS, client_cpus  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402

@@ -28,12 +28,13 @@ from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_transfer.types import KVTransferConfig
 from shared.lora.config import LoRAConfig
+from shared.model.dtypes import DTYPES
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
 GIB = 1 << 30
-# The weights' and KV cache's dtype names (shared.engine.loading maps them to torch dtypes).
-DTYPE_NAMES = ("bfloat16", "bf16", "float32", "fp32")
+# The weights' and KV cache's dtype names (shared.model.dtypes maps them to torch dtypes).
+DTYPE_NAMES = tuple(DTYPES)
 # json_schema_extra of a field that is an LLM(...) keyword only: no flag, variable or file key.
 OFFLINE_ONLY = {"setting": "offline only"}
 # max_prefill_chunk_tokens' "the role's default" (services resolve it; offline it is 0).

@@ -1,9 +1,4 @@
-"""`pdserve bench serve`: an async load generator for pdserve's gateway and OpenAI-compatible
-servers, in the spirit of `vllm bench serve`.
-
-Pieces, each in its own module: `datasets` (random, shared-prefix and JSONL prompts),
-`arrivals` (Poisson/gamma arrival schedule), `clients/` (pdserve gRPC and OpenAI SSE
-streaming clients that time every streamed message), `runner` (sends one workload at one
-rate), `metrics` (TTFT, TPOT, ITL, e2e latency, throughput, goodput), `report` (text table
-and result JSON), `plots` (PNG figures), `sweep` (one run per request rate).
+"""What the repository's own benchmarks share beyond `pdserve bench serve`'s load generator
+(services/bench): network faults (`netfault`, iptables and an NFQUEUE delayer), memory faults
+(`memory_cgroup`), process trees, and the soak run's load, samples, report and plots.
 """

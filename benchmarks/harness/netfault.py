@@ -12,7 +12,11 @@
 
 Kinds (the issue's list; each with the parameters it takes). The first four queue the packets
 from or to target's ports (each direction, so a round trip pays twice) to a delayer process
-(benchmarks.harness.netfault_queue, on an NFQUEUE: this kernel has no tc netem):
+(benchmarks.harness.netfault_queue, on an NFQUEUE: this kernel has no tc netem). Given a peer,
+they queue only the packets between target and peer, chosen as a partition chooses them (new
+connections: the packets toward the listening side; open ones: both ways). The delayer lets
+go of what it holds when healed, so a long `latency` holds a pair's traffic until `heal()` and
+then delivers it at once, with no TCP retransmission timer to wait for:
 
   latency    delay_ms=50, jitter_ms=0   every packet held delay_ms +- a uniform jitter (jitter
                                         reorders packets, as netem's does)
@@ -37,15 +41,15 @@ Every kind takes seed=0 (the delayer's draws are reproducible from it).
 
 Targets are `Target`s: a name, the TCP ports it listens on (its KV path: UCX listener and
 worker ports; its gRPC port unless left out) and the pids of its process tree (for iptables'
-cgroup match: only partition and reset need them, and only for pairs). `process_target` reads
+cgroup match: only faults between a pair need them). `process_target` reads
 both from a running process tree; `port_target` names ports alone (Redis, a test socket).
 
 Scope and safety. Everything stays on `lo`: every rule is on `-o lo`, nothing leaves the machine.
 Faults stack (the first matching rule wins: the newest fault). Every fault is healed by
 `Fault.heal()`, by leaving `injected`, by `heal_all()` and at interpreter exit (atexit); its
 rules go first, then its delayer releases the packets it holds. `remove_leftovers()` clears
-what a killed run left (our tagged iptables rules and cgroups; see
-benchmarks.harness.netfault_rules). Needs root, `iptables`/`ip6tables` with NFQUEUE, `ss`
+what a killed run left (the tagged iptables rules and cgroups of processes that are gone; a
+live run's are left alone; see benchmarks.harness.netfault_rules). Needs root, `iptables`/`ip6tables` with NFQUEUE, `ss`
 (Debian: iproute2, iptables) and cgroup v2: `missing_prerequisite()` says why not, for tests to
 skip.
 
@@ -112,6 +116,7 @@ class Fault:
     peer: Target | None
     params: dict
     queue: int | None = None  # the delayer kinds' NFQUEUE number
+    delayer_exit_code: int | None = None  # once healed: 0 when the delayer let go of all it held
     _tag: str = ""  # its iptables rules' comment
     _undo: list = field(default_factory=list, repr=False)
     _healed: bool = False
@@ -192,20 +197,27 @@ def heal_all() -> None:
 
 
 def remove_leftovers() -> None:
-    """Remove what an earlier, killed run left: our iptables rules, our cgroups (their
-    processes go back to the root cgroup). A killed run's delayer processes are harmless once
-    their rules are gone. Refuses while this process has live faults."""
+    """Remove what an earlier, killed run left: the iptables rules and cgroups (their processes
+    go back to the root cgroup) of processes that are gone, and this process's own. Another
+    live process's faults (a chaos benchmark running beside the tests) are left alone, and so
+    is anything that names no owner. A killed run's delayer processes are harmless once their
+    rules are gone. Refuses while this process has live faults."""
     with _lock:
         if _active:
             raise rules.NetFaultError("faults of this process are active; heal them first")
         for table in rules.IPTABLES:
-            rules.delete_rules([table, *spec] for spec in rules.tagged_rules(table))
+            rules.delete_rules([table, *spec] for spec in rules.tagged_rules(table)
+                               if _is_leftover(rules.rule_owner(spec)))
         root = rules.cgroup2_root()
         parent = root / rules.CGROUP_PARENT if root else None
         if parent is not None and parent.exists():
             for group in parent.iterdir():
-                if group.is_dir():
+                if group.is_dir() and _is_leftover(rules.name_owner(group.name)):
                     rules.remove_cgroup(root, f"{rules.CGROUP_PARENT}/{group.name}")
+
+
+def _is_leftover(owner: int | None) -> bool:
+    return owner == os.getpid() or rules.is_dead(owner)
 
 
 atexit.register(heal_all)
@@ -227,9 +239,7 @@ def delayer_arguments(kind: str, params: dict) -> list[str]:
 
 
 def _inject_delayer(fault: Fault) -> None:
-    if fault.peer is not None:
-        raise ValueError(f"{fault.kind}: acts on the target's ports; peer is not supported")
-    if not fault.target.ports:
+    if fault.peer is None and not fault.target.ports:
         raise ValueError(f"{fault.kind}: target {fault.target.name} has no ports")
     queue = fault.queue = _free_queue()
     arguments = delayer_arguments(fault.kind, fault.params)
@@ -239,14 +249,17 @@ def _inject_delayer(fault: Fault) -> None:
          *arguments], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                         os.environ.get("PYTHONPATH")]))})
-    fault._undo.append(lambda: _stop_delayer(delayer, queue))
+    fault._undo.append(lambda: _stop_delayer(fault, delayer, queue))
     if delayer.stdout.readline().strip() != "ready":
         raise rules.NetFaultError(f"the packet delayer for {fault.describe()} did not start "
                                   f"(exit code {delayer.wait()})")
     action = ["NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]
-    tag = fault._tag = f"{next(_names)}-{fault.kind}-{fault.target.name}"
-    specs = rules.rule_specs(tag, action, None, dports=fault.target.ports)
-    specs += rules.rule_specs(tag, action, None, sports=fault.target.ports)
+    tag = fault._tag = rules.owned_name(f"{next(_names)}-{fault.kind}-{fault.target.name}")
+    if fault.peer is None:
+        specs = rules.rule_specs(tag, action, None, dports=fault.target.ports)
+        specs += rules.rule_specs(tag, action, None, sports=fault.target.ports)
+    else:
+        specs = _pair_specs(fault, tag, action)
     inserted = rules.insert_rules(specs)
     fault._undo.append(lambda: rules.delete_rules(inserted))  # undone first: no new packets queued
 
@@ -257,8 +270,8 @@ def _free_queue() -> int:
     return queue
 
 
-def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
-    """SIGTERM: it releases what it holds, then exits."""
+def _stop_delayer(fault: Fault, delayer: subprocess.Popen, queue: int) -> None:
+    """SIGTERM: it releases what it holds, then exits (killed, it would drop them)."""
     _queues_in_use.discard(queue)
     if delayer.poll() is None:
         delayer.terminate()
@@ -268,6 +281,7 @@ def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
             delayer.kill()
             delayer.wait()
     delayer.stdout.close()
+    fault.delayer_exit_code = delayer.returncode
 
 
 # ---- iptables kinds ------------------------------------------------------------------------
@@ -275,7 +289,7 @@ def _stop_delayer(delayer: subprocess.Popen, queue: int) -> None:
 def _inject_rules(fault: Fault) -> None:
     target, peer = fault.target, fault.peer
     action = ["DROP"] if fault.kind == "partition" else ["REJECT", "--reject-with", "tcp-reset"]
-    tag = fault._tag = f"{next(_names)}-{fault.kind}-{target.name}"
+    tag = fault._tag = rules.owned_name(f"{next(_names)}-{fault.kind}-{target.name}")
     specs = []
     if peer is None:
         specs += rules.rule_specs(tag, action, None, dports=target.ports)  # everyone -> target
@@ -283,19 +297,27 @@ def _inject_rules(fault: Fault) -> None:
         if target.pids:
             specs += rules.rule_specs(tag, action, _join_cgroup(fault, target))  # target -> anyone
     else:
-        if not peer.ports and not target.ports:
-            raise ValueError(f"{fault.kind}: neither {target.name} nor {peer.name} has ports")
-        if target.pids and peer.ports:
-            specs += rules.rule_specs(tag, action, _join_cgroup(fault, target), dports=peer.ports)
-        if peer.pids and target.ports:
-            specs += rules.rule_specs(tag, action, _join_cgroup(fault, peer), dports=target.ports)
-        if not specs:
-            raise ValueError(f"{fault.kind}: name the processes (pids) of {target.name} or {peer.name}")
-        specs += _established_specs(tag, action, target, peer) + _established_specs(tag, action, peer, target)
+        specs = _pair_specs(fault, tag, action)
     inserted = rules.insert_rules(specs)
     fault._undo.append(lambda: rules.delete_rules(inserted))
     if fault.kind == "reset":
         _kill_connections(target, peer)
+
+
+def _pair_specs(fault: Fault, tag: str, action: list[str]) -> list[list[str]]:
+    """Rules applying `action` to the packets between the fault's target and peer only: new
+    connections by the cgroup their processes are moved into, open ones by their ports."""
+    target, peer = fault.target, fault.peer
+    if not peer.ports and not target.ports:
+        raise ValueError(f"{fault.kind}: neither {target.name} nor {peer.name} has ports")
+    specs = []
+    if target.pids and peer.ports:
+        specs += rules.rule_specs(tag, action, _join_cgroup(fault, target), dports=peer.ports)
+    if peer.pids and target.ports:
+        specs += rules.rule_specs(tag, action, _join_cgroup(fault, peer), dports=target.ports)
+    if not specs:
+        raise ValueError(f"{fault.kind}: name the processes (pids) of {target.name} or {peer.name}")
+    return specs + _established_specs(tag, action, target, peer) + _established_specs(tag, action, peer, target)
 
 
 def _established_specs(tag: str, action: list[str], source: Target, destination: Target) -> list[list[str]]:
@@ -334,7 +356,7 @@ def _join_cgroup(fault: Fault, target: Target) -> str:
     if root is None:
         raise rules.NetFaultError("no cgroup v2 hierarchy mounted")
     if key not in _cgroups:
-        path = rules.make_cgroup(root, f"{target.name}-{next(_names)}")
+        path = rules.make_cgroup(root, rules.owned_name(f"{target.name}-{next(_names)}"))
         origins = {pid: origin for pid in key if (origin := rules.current_cgroup(pid)) is not None}
         _cgroups[key] = (path, origins, 0)
         try:

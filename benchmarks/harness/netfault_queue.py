@@ -155,11 +155,16 @@ def serve(queue: PacketQueue, schedule: Schedule) -> None:
     stopping = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.append(True))
+    # A signal wakes the select below at once (Python retries a select a signal interrupted,
+    # so without this a long hold would keep the packets until the next one arrived).
+    wakeup, wakeup_writer = socket.socketpair()
+    wakeup_writer.setblocking(False)
+    signal.set_wakeup_fd(wakeup_writer.fileno())
     print("ready", flush=True)
     while not stopping:
         timeout = max(0.0, held[0][0] - time.monotonic()) if held else 0.5
         try:
-            select.select([queue.sock], [], [], timeout)
+            select.select([queue.sock, wakeup], [], [], timeout)
         except InterruptedError:
             continue
         now = time.monotonic()
@@ -171,7 +176,7 @@ def serve(queue: PacketQueue, schedule: Schedule) -> None:
                 heapq.heappush(held, (release, next(order), packet_id))
         while held and held[0][0] <= time.monotonic():
             queue.verdict(heapq.heappop(held)[2], accept=True)
-    for _, _, packet_id in held:  # healed: what is still held goes now
+    for _, _, packet_id in sorted(held):  # healed: what is still held goes now, in order
         queue.verdict(packet_id, accept=True)
 
 

@@ -4,7 +4,9 @@ connections.
 
 Everything here is tagged so that a crashed run's leftovers can be found and removed
 (netfault.remove_leftovers): every iptables rule carries a comment starting with RULE_TAG,
-every cgroup lives under CGROUP_PARENT.
+every cgroup lives under CGROUP_PARENT, and both names start with the pid of the process that
+made them (`owned_name`), so that one run never removes what another, live run injected (a
+test run beside a chaos benchmark).
 
 Why these mechanisms. Every pdserve process on one machine talks over 127.0.0.1, so an address
 cannot tell two instances apart; ports and processes can. A rule picks packets by port, in
@@ -28,6 +30,7 @@ RULE_TAG = "pdserve-netfault"
 CGROUP_PARENT = "pdserve-netfault"
 MULTIPORT_MAX = 15  # ports per iptables multiport match
 IPTABLES = ("iptables", "ip6tables")
+OWNER_SEPARATOR = "."
 
 
 class NetFaultError(RuntimeError):
@@ -78,9 +81,33 @@ def delete_rules(inserted: Iterable[list[str]]) -> None:
 
 
 def tagged_rules(table: str) -> list[list[str]]:
-    """Our rules still in `table`'s OUTPUT chain, as specs for `-D`."""
+    """Our rules (any process's) still in `table`'s OUTPUT chain, as specs for `-D`."""
     listing = run([table, "-S", "OUTPUT"], check=False).stdout.splitlines()
     return [shlex.split(line)[1:] for line in listing if RULE_TAG in line and line.startswith("-A ")]
+
+
+def owned_name(name: str) -> str:
+    """`name` prefixed with this process's pid: a rule's tag, a cgroup's name."""
+    return f"{os.getpid()}{OWNER_SEPARATOR}{name}"
+
+
+def name_owner(name: str) -> int | None:
+    """The pid an `owned_name` starts with (None: not one)."""
+    owner, separator, _ = name.partition(OWNER_SEPARATOR)
+    return int(owner) if separator and owner.isdigit() else None
+
+
+def rule_owner(spec: Sequence[str]) -> int | None:
+    """The pid that inserted a tagged rule (its comment's owned name), None if it names none."""
+    for word in spec:
+        if word.startswith(f"{RULE_TAG}:"):
+            return name_owner(word.removeprefix(f"{RULE_TAG}:"))
+    return None
+
+
+def is_dead(pid: int | None) -> bool:
+    """Whether `pid` names no live process (None, a name without an owner: not known dead)."""
+    return pid is not None and not Path(f"/proc/{pid}").exists()
 
 
 def rule_packets(table: str, tag: str) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx2
 
-from benchmarks.harness.records import RequestRecord
+from services.bench.records import RequestRecord
 
 KINDS = ("plain", "long", "n2_logprobs", "cancelled", "guided")
 CANCEL_AFTER_CHUNKS = 4

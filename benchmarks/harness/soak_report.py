@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.harness.metrics import itls_s, ttft_s
+from services.bench.metrics import itls_s, ttft_s
 from benchmarks.harness.soak_load import SoakRecord
 from benchmarks.harness.soak_samples import MemorySample
 

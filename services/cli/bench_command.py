@@ -15,7 +15,7 @@ DEFAULT_GATEWAY = "127.0.0.1:50051"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 BACKENDS = ("pdserve-grpc", "openai", "openai-chat")
 DATASETS = ("random", "shared-prefix", "file")
-# Imported by benchmarks/harness, installed by the `bench` extra only.
+# Imported by services/bench, installed by the `bench` extra only.
 BENCH_EXTRA_MODULES = ("tqdm", "matplotlib", "httpx2")
 
 

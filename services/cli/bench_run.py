@@ -6,14 +6,15 @@ import dataclasses
 import logging
 import sys
 
-from benchmarks.harness.clients import ClientOptions
-from benchmarks.harness.datasets import LengthRange
-from benchmarks.harness.metrics import parse_goodput
-from benchmarks.harness.report import format_summary, write_result_json
-from benchmarks.harness.runner import LoadShape, RunResult
-from benchmarks.harness.sweep import run_sweep
-from benchmarks.harness.workload import WorkloadSpec, sweep_workloads
 from shared.errors import ConfigurationError
+
+from services.bench.clients import ClientOptions
+from services.bench.datasets import LengthRange
+from services.bench.metrics import parse_goodput
+from services.bench.report import format_summary, write_result_json
+from services.bench.runner import LoadShape, RunResult
+from services.bench.sweep import run_sweep
+from services.bench.workload import WorkloadSpec, sweep_workloads
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def client_options(args: argparse.Namespace) -> ClientOptions:
     target = args.gateway if is_grpc else args.base_url
     model = args.model
     if model is None and not is_grpc:
-        from benchmarks.harness.clients.openai_client import first_model_id
+        from services.bench.clients.openai_client import first_model_id
 
         model = asyncio.run(first_model_id(target))
     return ClientOptions(args.backend, target, model or "", args.temperature, args.ignore_eos, args.timeout_s)
@@ -47,7 +48,7 @@ def loads_of(args: argparse.Namespace) -> list[LoadShape]:
 
 def run_bench_serve(args: argparse.Namespace) -> int:
     """Builds the workload, runs every rate, prints each summary; 1 if any request failed."""
-    from benchmarks.harness.vocabulary import load_bench_tokenizer
+    from services.bench.vocabulary import load_bench_tokenizer
 
     slos = parse_goodput(args.goodput)
     loads = loads_of(args)
@@ -74,7 +75,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
 
 
 def _write_plots(args: argparse.Namespace, runs: list[RunResult]) -> None:
-    from benchmarks.harness.plots import plot_latency_cdfs, plot_rate_sweep
+    from services.bench.plots import plot_latency_cdfs, plot_rate_sweep
 
     plot_latency_cdfs(runs, args.plot_dir / "latency_cdfs.png", args.label)
     if len(runs) > 1:

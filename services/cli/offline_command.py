@@ -47,11 +47,13 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Loads the model, generates for every prompt, prints the completions."""
-    from shared.engine import LLM, SamplingParams
     from shared.model.default_model import resolve_model
+    from shared.sampling.params import SamplingParams
+
+    from services.common.engine_setup import build_offline_llm
 
     params = SamplingParams(**sampling_kwargs(args))
-    llm = LLM.from_engine_args(engine_args_from(args, model=str(resolve_model(args.model or None))))
+    llm = build_offline_llm(engine_args_from(args, model=str(resolve_model(args.model or None))))
     started = time.perf_counter()
     if args.chat:
         conversations = [[{"role": "user", "content": prompt}] for prompt in args.prompts]

@@ -1,18 +1,22 @@
-"""Builds an instance's engine from its settings (its KV connector by role) and starts it
-behind the engine API: in an engine-core child process (default) or on a thread."""
+"""The composition root: builds an instance's engine from its settings (its KV connector by
+role) and starts it behind the engine API, in an engine-core child process (default) or on a
+thread; and the engine `pdserve profile` times, behind its probe. The one module of services/
+that imports the engine implementation (pyproject.toml, contract "services-use-the-engine-api")."""
 
 import asyncio
 import dataclasses
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.core_process.client import CoreProcessClient
-from shared.engine.loading import load_tokenizer_if_present
-from shared.model.default_model import resolve_model
-from shared.engine.client import EngineClient
 from shared.engine.llm_engine import LLMEngine
+from shared.engine.loading import load_tokenizer_if_present
+from shared.engine_api.client import EngineClient
+from shared.engine_api.probe import EngineProbe
+from shared.engine_args import EngineArgs
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_tier.cost_seeds import CostSeeds, load_cost_seeds
 from shared.kv_tier.sizing import default_host_tier_bytes
@@ -20,7 +24,11 @@ from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
+from shared.model.default_model import resolve_model
 from services.common.settings import InstanceSettings
+
+if TYPE_CHECKING:
+    from shared.engine.llm import LLM
 
 logger = logging.getLogger(__name__)
 
@@ -111,3 +119,21 @@ async def start_core_process(settings: InstanceSettings, config: EngineConfig) -
 def trim_policy(settings: InstanceSettings) -> TrimPolicy:
     return TrimPolicy(idle_interval_s=settings.idle_trim_interval_s,
                       busy_growth_bytes=int(settings.busy_trim_growth_mb * (1 << 20)))
+
+
+def build_engine_probe(args: EngineArgs, with_kv_transport: bool = True) -> EngineProbe:
+    """An engine built like a serving instance's (from the same EngineArgs), behind the probe
+    `pdserve profile` times it through; its KV sends over UCX on loopback unless
+    `with_kv_transport` is False (a busy neighbour sends nothing)."""
+    from shared.engine.probe import StepProbe
+    from shared.transfer.loopback_timing import time_loopback_sends
+
+    engine = LLMEngine.from_config(args.create_engine_config())
+    return StepProbe(engine, time_loopback_sends if with_kv_transport else None)
+
+
+def build_offline_llm(args: EngineArgs) -> "LLM":
+    """The offline engine `pdserve offline` generates with."""
+    from shared.engine.llm import LLM
+
+    return LLM.from_engine_args(args)

@@ -18,7 +18,7 @@ import logging
 
 import grpc
 
-from shared.engine.client import CapacityError, EngineDeadError, RequestFailedError
+from shared.engine_api.client import CapacityError, EngineDeadError, RequestFailedError
 from shared.errors import REQUEST_FAILED_METADATA_KEY, ConfigurationError, InternalError, InvalidRequestError
 
 from services.common.bounded_text import bounded
@@ -29,10 +29,11 @@ logger = logging.getLogger(__name__)
 class ServiceError(Exception):
     """A request that cannot be served here, with the gRPC status code that says why."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, trailing_metadata: tuple[tuple[str, str], ...] = ()):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.trailing_metadata = trailing_metadata  # typed signals for the caller, e.g. a drain hand-back
 
 
 def grpc_status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -70,4 +71,6 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str, request_id:
         else:
             logger.info("%s %s: %s %s", method, request_id, code.name, message, extra=fields)
         trailing = ((REQUEST_FAILED_METADATA_KEY, "1"),) if isinstance(error, RequestFailedError) else ()
+        if isinstance(error, ServiceError):
+            trailing = error.trailing_metadata
         await context.abort(code, message, trailing_metadata=trailing)

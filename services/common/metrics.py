@@ -46,7 +46,7 @@ class RoleCollector(Collector):
         decode = self._handler("decode")
         if decode is not None:
             yield make.counter("pdserve:lease_expiries", "Reservations freed because their lease ran out.",
-                               decode.book.num_lease_expiries)
+                               decode.leases.num_lease_expiries)
             budget = decode.local_prefills
             yield make.labelled_counter("pdserve:local_prefills", "Local prefills (PrefillLocally: the prompt "
                                         "computed on this decode instance), admitted or refused for lack of room.",

@@ -7,11 +7,10 @@ import logging
 
 import grpc
 
-from shared.engine.client import CachedSend
-from shared.engine.peer_sends import NOT_HELD_FIELD
+from shared.engine_api.client import NOT_HELD_FIELD, CachedSend
+from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import instance_pb2 as pb
-from shared.transfer.address import parse_address
 from services.common.errors import ServiceError
 from services.common.role import RoleHandler
 

@@ -13,11 +13,11 @@ a republish replaces the entry with everything the tiers hold.
 """
 
 import asyncio
-import contextlib
 import logging
 
 from shared.cluster.prefix_index import PrefixIndex
-from shared.engine.client import EngineClient, KVCacheEvents
+from shared.cluster.task_stop import stop_task
+from shared.engine_api.client import EngineClient, KVCacheEvents
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +42,7 @@ class PrefixPublisher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task, f"the prefix-index publisher of {self.instance_id}")
             self._task = None
 
     async def drop(self) -> None:

@@ -12,21 +12,20 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 
-import redis.asyncio
-
 from shared.cluster.heartbeat import Heartbeater
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import LeaseMirror
 from shared.cluster.prefix_index import PrefixIndex
+from shared.cluster.task_stop import stop_task
 from shared.cluster.tier_board import TierBoard
-from shared.engine.client import EngineClient
+from shared.engine_api.client import EngineClient
 from services.common.prefix_publisher import PrefixPublisher
+from services.common.redis_client import redis_client
 from services.common.settings import InstanceSettings
 
 logger = logging.getLogger(__name__)
 
-REDIS_TIMEOUT_S = 2.0
 # Longest wait between heartbeats while Redis is away, so a restarted Redis learns of this
 # instance (and its prefix cache and leases) within about a second.
 MAX_HEARTBEAT_BACKOFF_S = 1.0
@@ -44,11 +43,12 @@ class ClusterPresence:
     def __init__(self, settings: InstanceSettings, model_key: str):
         self.settings = settings
         self.namespace = ClusterNamespace(settings.deployment, model_key)
-        self.redis = redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
-                                                  socket_connect_timeout=REDIS_TIMEOUT_S)
+        # Every Redis operation below gives up after this (--redis-socket-timeout-s).
+        self.op_timeout_s = settings.redis_socket_timeout_s
+        self.redis = redis_client(settings, settings.redis_url)
         self.registry = InstanceRegistry(self.redis, self.namespace, ttl_s=settings.heartbeat_ttl_s)
         self.prefix_index = PrefixIndex(self.redis, self.namespace)
-        self.lease_mirror = LeaseMirror(self.redis, self.namespace)
+        self.lease_mirror = LeaseMirror(self.redis, self.namespace, op_timeout_s=self.op_timeout_s)
         self.tier_board = TierBoard(self.redis, self.namespace, settings.heartbeat_ttl_s)
         self.heartbeater: Heartbeater | None = None
         self.publisher: PrefixPublisher | None = None
@@ -63,13 +63,14 @@ class ClusterPresence:
         """Register (first beat), then keep beating and publishing the prefix index."""
         self.is_draining = info.is_draining
         self.publisher = PrefixPublisher(self.prefix_index, info.instance_id, engine,
-                                         self.settings.prefix_publish_interval_s, tier_id=info.kv_tier_id)
+                                         self.settings.prefix_publish_interval_s, op_timeout_s=self.op_timeout_s,
+                                         tier_id=info.kv_tier_id)
         self.heartbeater = Heartbeater(self.registry, info, lambda: instance_load(engine),
                                        interval_s=self.settings.heartbeat_interval_s,
                                        on_reconnect=self._resync,
                                        max_backoff_s=min(MAX_HEARTBEAT_BACKOFF_S,
                                                          self.settings.heartbeat_interval_s),
-                                       beat_timeout_s=REDIS_TIMEOUT_S)
+                                       beat_timeout_s=self.op_timeout_s)
         self.heartbeater.start()
         self.publisher.start()
         self._tier_task = asyncio.get_running_loop().create_task(self._publish_tiers_forever(info.instance_id, engine))
@@ -83,7 +84,7 @@ class ClusterPresence:
             return
         self.heartbeater.info = info
         try:
-            async with asyncio.timeout(REDIS_TIMEOUT_S):
+            async with asyncio.timeout(self.op_timeout_s):
                 await self.registry.update_info(info, instance_load(engine))
         except Exception as error:  # noqa: BLE001 - the registration catches up on the next beats
             logger.warning("updating the registration of %s failed (%r)", info.instance_id, error)
@@ -113,7 +114,7 @@ class ClusterPresence:
         while True:
             try:
                 tiers = [*engine.latest_status().kv_tiers, *self.read_more_tiers()]
-                async with asyncio.timeout(REDIS_TIMEOUT_S):
+                async with asyncio.timeout(self.op_timeout_s):
                     await self.tier_board.write(instance_id, tiers)
             except Exception as error:  # noqa: BLE001 - status only: never fails serving
                 logger.debug("tier board of %s not written: %r", instance_id, error)
@@ -123,9 +124,7 @@ class ClusterPresence:
         """Leave routing: stop beating and deregister, stop publishing and drop the prefix-index
         entry (best effort). Lease mirroring carries on until `close`."""
         if self._tier_task is not None:
-            self._tier_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tier_task
+            await stop_task(self._tier_task, "the KV tier publisher")
             self._tier_task = None
         if self.publisher is not None:
             await self.publisher.stop()
@@ -138,11 +137,11 @@ class ClusterPresence:
     async def close(self) -> None:
         """After the last lease is released: flush the lease mirror, then close the client."""
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(REDIS_TIMEOUT_S):
+            async with asyncio.timeout(self.op_timeout_s):
                 await self.lease_mirror.flush()
         await self.lease_mirror.close()
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(REDIS_TIMEOUT_S):
+            async with asyncio.timeout(self.op_timeout_s):
                 await self.redis.aclose()
 
 

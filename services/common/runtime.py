@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 
 from shared.cluster.instances import DRAINING, SERVING, InstanceInfo
-from shared.engine.client import EngineClient, EngineDeadError
+from shared.engine_api.client import EngineClient, EngineDeadError
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.hosts import host_port, is_wildcard
 from shared.pb.pdserve.v1 import instance_pb2 as pb

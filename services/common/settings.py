@@ -30,6 +30,7 @@ from shared.logging_setup import LOG_FORMATS
 from shared.lora.config import LoRAConfig
 from shared.lora.request import validate_adapter_name
 
+from services.common.redis_client import RedisClientSettings
 from services.common.settings_base import SETTINGS_GROUP, ServiceSettings
 from services.common.settings_flags import MANY_VALUES
 from services.common.tracing_setup import TracingSettings
@@ -44,7 +45,7 @@ def _setting(default, help_text: str, **constraints):
     return Field(default=default, description=help_text, **constraints)
 
 
-class InstanceSettings(TracingSettings):
+class InstanceSettings(TracingSettings, RedisClientSettings):
     role: Literal[ROLES] = _setting("decode", "instance role: prefill, decode or colocated")
     engine: EngineArgs = Field(default_factory=EngineArgs, json_schema_extra=SETTINGS_GROUP,
                                description="the engine's settings, each a flag of its own (shared.engine_args)")

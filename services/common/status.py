@@ -1,7 +1,7 @@
 """GetStatus: the engine's status (one snapshot taken between steps) as the wire message;
 role handlers then add theirs (lease expiries)."""
 
-from shared.engine.client import EngineStatus
+from shared.engine_api.client import EngineStatus
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 
 

@@ -3,7 +3,7 @@
 import contextlib
 from collections.abc import AsyncIterator
 
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.wire.outputs import request_output_to_protos

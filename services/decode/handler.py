@@ -13,7 +13,6 @@ runs out of time, `hand_back` aborts the streams still decoding and their Decode
 UNAVAILABLE (health is NOT_SERVING by then): the gateway migrates them to another instance.
 """
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -21,21 +20,19 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from shared.cluster.leases import LeaseTable
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.tracing import span
-from shared.wire.handback import handed_back_message
+from shared.wire.handback import handed_back_message, handed_back_trailer
 from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError
 from services.common.role import RoleHandler
 from services.decode.local_prefill import LocalPrefillBudget
-from services.decode.reservations import ReservationBook
+from services.decode.leases import ReservationLeases
 
 logger = logging.getLogger(__name__)
-
-LEASE_CHECK_INTERVAL_S = 0.05
 
 
 class DecodeHandler(RoleHandler):
@@ -45,29 +42,21 @@ class DecodeHandler(RoleHandler):
         self.default_lease_ms = runtime.settings.lease_ms
         leases = LeaseTable(runtime.instance_id, mirror=runtime.presence.lease_mirror)
         runtime.presence.resync_hooks.append(leases.republish)
-        self.book = ReservationBook(runtime.engine, leases)
-        self._expiry_task: asyncio.Task | None = None
+        self.leases = ReservationLeases(runtime.engine, leases)
         self.local_prefills = LocalPrefillBudget(runtime.settings.max_local_prefill_tokens)
         self._decoding: set[str] = set()  # request ids whose Decode (or PrefillLocally) stream is open
         self._is_handing_back = False
 
-    async def start(self) -> None:
-        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_forever())
-
     async def stop(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry_task
-        await self.book.release_all()
+        await self.leases.release_all()
 
     def add_status(self, status: pb.InstanceStatus) -> None:
-        status.num_lease_expiries += self.book.num_lease_expiries
+        status.num_lease_expiries += self.leases.num_lease_expiries
         status.num_local_prefills += self.local_prefills.num_admitted
         status.num_local_prefills_refused += self.local_prefills.num_refused
 
     async def on_engine_restart(self) -> None:
-        self.book.forget_all()
+        self.leases.forget_all()
 
     async def reserve(self, request: pb.ReserveRequest,
                       caller_is_gone: Callable[[], bool] = lambda: False) -> pb.ReserveResponse:
@@ -80,9 +69,9 @@ class DecodeHandler(RoleHandler):
         generate = GenerateRequest(request.request_id, tuple(request.prompt_token_ids),
                                    sampling_from_proto(request.sampling), salt, request.num_resumed_output_tokens,
                                    lora_request=self.adapters.resolve(request))
-        reservation = await self.book.reserve(generate, lease_s)
+        reservation = await self.leases.reserve(generate, lease_s)
         if caller_is_gone():
-            await self.book.release(request.request_id)
+            await self.leases.release(request.request_id)
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"the caller of Reserve {request.request_id!r} is gone; reservation released")
         logger.info("reserved %s: %d blocks (%d prompt tokens cached), lease %.1f s", request.request_id,
@@ -98,7 +87,8 @@ class DecodeHandler(RoleHandler):
             raise InvalidRequestError("first_token_id", f"{request.first_token_id} is outside the vocabulary "
                                                         f"[0, {vocab_size})")
         with span("decode.wait_kv"):
-            await self.book.take(request.request_id)
+            await self.leases.wait_for_kv(request.request_id)
+        self.leases.take(request.request_id)
         first_logprobs = logprobs_from_proto(request.first_logprobs) if request.HasField("first_logprobs") else None
         stream = self.engine.generate_reserved(request.request_id, request.first_token_id, first_logprobs)
         async for message in self._relay(request.request_id, stream, with_prompt_logprobs=False):
@@ -107,11 +97,11 @@ class DecodeHandler(RoleHandler):
     async def prefill_locally(self, request: pb.LocalPrefillRequest) -> AsyncIterator[generation_pb2.GenerateResponse]:
         """Compute the reservation's prompt here, then decode; refused (RESOURCE_EXHAUSTED, the
         reservation untouched) when the local-prefill budget has no room for it."""
-        num_tokens = self.book.pending(request.request_id).num_uncached_tokens
+        num_tokens = self.leases.get(request.request_id).num_uncached_tokens
         self.local_prefills.take(num_tokens)
         holds_budget = True
         try:
-            self.book.take_to_compute(request.request_id)
+            self.leases.take(request.request_id)
             logger.info("local prefill %s: %d uncached prompt tokens", request.request_id, num_tokens)
             stream = self.engine.prefill_reserved(request.request_id)
             async for message in self._relay(request.request_id, stream, with_prompt_logprobs=True):
@@ -148,28 +138,21 @@ class DecodeHandler(RoleHandler):
 
     def _raise_if_handed_back(self, request_id: str, output) -> None:
         if self._is_handing_back and output.finished and output.outputs[0].finish_reason == "abort":
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, handed_back_message(request_id))
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, handed_back_message(request_id),
+                               handed_back_trailer(request_id))
 
     async def release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
-        if not await self.book.release(request.request_id):
+        if not await self.leases.release(request.request_id):
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no reservation for {request.request_id!r} to release")
         logger.info("released %s", request.request_id)
         return pb.ReleaseResponse(released=True)
 
     async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse:
         lease_s = (request.lease_ms or self.default_lease_ms) / 1000
-        if not self.book.renew(request.request_id, lease_s):
+        if not await self.leases.renew(request.request_id, lease_s):
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no reservation for {request.request_id!r} to renew "
                                                           "(released, expired, or already decoding)")
         return pb.RenewResponse(renewed=True)
-
-    async def _expire_forever(self) -> None:
-        while True:
-            await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
-            try:
-                await self.book.expire_leases()
-            except Exception:  # noqa: BLE001 - keep expiring; the next tick retries
-                logger.exception("lease expiry failed")
 
 
 def _note_output(engine_span, output, num_tokens: int) -> int:

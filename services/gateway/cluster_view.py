@@ -7,7 +7,8 @@ instances (registered as DRAINING until their accepted work is done) are counted
 (`draining()`) but never candidates, paired, or offered adapters.
 
 Redis trouble never fails a request by itself: the last good listing is reused (logged) and
-prefix overlap counts as zero. Right after Redis comes back (a failed listing before, or a new
+prefix overlap counts as zero. Each Redis read gives up after `redis_timeout_s`
+(--redis-socket-timeout-s), so a request waits at most that long per read for an unreachable Redis. Right after Redis comes back (a failed listing before, or a new
 run id: it restarted, possibly empty), the registry is only partial until every instance has
 beaten again: for `reconnect_grace_s` a listing adds to the last view instead of replacing it,
 and prefix-index garbage collection waits. Instances that failed a call recently are marked suspect for
@@ -35,13 +36,14 @@ Listing = list[tuple[InstanceInfo, InstanceLoad]]
 
 class ClusterView:
     def __init__(self, registry: InstanceRegistry, prefix_index: PrefixIndex, cache_s: float = 0.5,
-                 suspect_s: float = 5.0, reconnect_grace_s: float = 5.0,
+                 suspect_s: float = 5.0, reconnect_grace_s: float = 5.0, redis_timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic):
         self.registry = registry
         self.prefix_index = prefix_index
         self.cache_s = cache_s
         self.suspect_s = suspect_s
         self.reconnect_grace_s = reconnect_grace_s
+        self.redis_timeout_s = redis_timeout_s
         self.clock = clock
         self.num_redis_errors = 0
         self._listing: Listing | None = None  # instances that take new work
@@ -59,8 +61,9 @@ class ClusterView:
         if self._listing is not None and now - self._listed_at < self.cache_s:
             return self._listing
         try:
-            listing = await self.registry.list_live(include_draining=True)
-            run_id = await self.registry.server_run_id()
+            async with asyncio.timeout(self.redis_timeout_s):
+                listing = await self.registry.list_live(include_draining=True)
+                run_id = await self.registry.server_run_id()
         except Exception as error:  # noqa: BLE001 - Redis down: keep serving with what we knew
             self.num_redis_errors += 1
             self._had_error = True
@@ -130,9 +133,10 @@ class ClusterView:
             if not block_hashes:
                 continue
             try:
-                overlap.update(await self.prefix_index.longest_prefix(block_hashes, instance_ids))
-                if tier_ids:
-                    tier_overlap.update(await self.prefix_index.longest_tier_prefix(block_hashes, tier_ids))
+                async with asyncio.timeout(self.redis_timeout_s):
+                    overlap.update(await self.prefix_index.longest_prefix(block_hashes, instance_ids))
+                    if tier_ids:
+                        tier_overlap.update(await self.prefix_index.longest_tier_prefix(block_hashes, tier_ids))
             except Exception as error:  # noqa: BLE001 - route by load alone
                 self.num_redis_errors += 1
                 logger.warning("prefix lookup failed (%r); routing by load", error)
@@ -158,8 +162,9 @@ class ClusterView:
             if self.is_reconnecting():
                 continue
             try:
-                live_ids = await self.registry.live_instance_ids(include_draining=True)
-                dropped = await self.prefix_index.collect_garbage(live_ids)
+                async with asyncio.timeout(self.redis_timeout_s):
+                    live_ids = await self.registry.live_instance_ids(include_draining=True)
+                    dropped = await self.prefix_index.collect_garbage(live_ids)
             except Exception as error:  # noqa: BLE001 - Redis down: try again next round
                 logger.warning("prefix-index garbage collection failed (%r)", error)
                 continue
@@ -168,7 +173,8 @@ class ClusterView:
 
     async def ping(self) -> bool:
         try:
-            return bool(await self.registry.redis.ping())
+            async with asyncio.timeout(self.redis_timeout_s):
+                return bool(await self.registry.redis.ping())
         except Exception:  # noqa: BLE001
             return False
 

@@ -103,7 +103,7 @@ async def local_prefill_stream(ctx: RelayContext, sub: SubRequest, reservation: 
 
 async def _raise_stream_failure(ctx: RelayContext, reservation: Reservation, method: str,
                                 error: grpc.aio.AioRpcError) -> None:
-    if error.code() == grpc.StatusCode.UNAVAILABLE and is_handed_back(error.details()):
+    if error.code() == grpc.StatusCode.UNAVAILABLE and is_handed_back(error.trailing_metadata()):
         raise DecodeLost(reservation.decode, error.details(), "drain") from error
     if error.code() == grpc.StatusCode.NOT_FOUND:  # it lost the reservation: its engine core restarted
         raise DecodeLost(reservation.decode, error.details(), "failure") from error

@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from shared.cluster.versions import KV_PROTOCOL_VERSION
-from shared.engine.client import CacheSettings
+from shared.engine_api.client import CacheSettings
 
 from services.gateway.pairing import can_pair, describe_mismatch, pairing_key
 

@@ -28,6 +28,7 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from services.common.grpc_limits import message_size_options
 from services.common.grpc_server import GrpcServer
 from services.common.malformed_requests import MalformedRequestInterceptor
+from services.common.redis_client import redis_client
 from services.common.tracing_interceptors import server_interceptors
 from services.gateway.access_interceptor import AccessInterceptor
 from services.gateway.admission import Admission
@@ -108,11 +109,8 @@ class GatewayServer:
         """Load the model, connect the cluster view, wait for Redis; then SERVING."""
         model = await asyncio.to_thread(self._load_model)
         check_fits_internal_hops(self.settings.limits, model.max_model_len)
-        self.redis = redis.asyncio.Redis.from_url(
-            self.settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        namespace = ClusterNamespace(self.settings.deployment, model.model_key)
-        view = ClusterView(InstanceRegistry(self.redis, namespace), PrefixIndex(self.redis, namespace),
-                           cache_s=self.settings.routing_cache_s)
+        view = cluster_view(self.settings, model.model_key)
+        self.redis = view.registry.redis
         await _wait_for_redis(view)
         self._garbage_collector = asyncio.create_task(view.collect_garbage_forever(INDEX_GC_INTERVAL_S))
         self.state.relay = RelayContext(
@@ -147,6 +145,14 @@ def public_server_options(limits: RequestLimits) -> list[tuple[str, int]]:
     from gRPC itself) and answers with messages as large as the instances send."""
     receive_limit = message_size_options(limits.max_request_bytes)[0]
     return [receive_limit, message_size_options()[1]]
+
+
+def cluster_view(settings: GatewaySettings, model_key: str) -> ClusterView:
+    """The gateway's view of the cluster, on a Redis client with the --redis-* settings."""
+    client = redis_client(settings, settings.redis_url)
+    namespace = ClusterNamespace(settings.deployment, model_key)
+    return ClusterView(InstanceRegistry(client, namespace), PrefixIndex(client, namespace),
+                       cache_s=settings.routing_cache_s, redis_timeout_s=settings.redis_socket_timeout_s)
 
 
 async def _wait_for_redis(view: ClusterView) -> None:

@@ -18,6 +18,7 @@ from shared.lora.request import validate_adapter_name
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
+from services.common.redis_client import RedisClientSettings
 from services.common.settings_flags import MANY_VALUES, add_config_flag, add_settings_flags
 from services.common.settings_flags import settings_from_args as load_from_args
 from services.common.tracing_setup import TracingSettings
@@ -42,7 +43,7 @@ def _setting(default, help_text: str, **constraints):
     return Field(default=default, description=help_text, **constraints)
 
 
-class GatewaySettings(RequestLimits, TracingSettings):
+class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
     model: str | None = _setting(None, "HF folder, .gguf file or model name (none: the bundled "
                                        "SmolLM2-135M-Instruct)")
     host: str = _setting("127.0.0.1", "address to bind")

@@ -26,55 +26,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shared.engine.llm_engine import LLMEngine
+    from services.common.engine_setup import build_engine_probe
 
     args = parse_args(argv)
-    engine = LLMEngine.from_config(engine_args_from(args).create_engine_config())
+    probe = build_engine_probe(engine_args_from(args), with_kv_transport=False)
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    rng, vocab = random.Random(1), engine.model_config.vocab_size
+    rng, vocab = random.Random(1), probe.info.vocab_size
 
     def prompt() -> list[int]:
         return [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
 
+    def announce() -> None:
+        print("ready", flush=True)
+
     if args.work == "decode":
-        decode_until(stop, engine, prompt, args.batch_size)
+        probe.keep_decoding(prompt, args.batch_size, stop, announce)
     else:
-        prefill_until(stop, engine, prompt)
+        probe.keep_prefilling(prompt, stop, announce)
     return 0
-
-
-def prefill_until(stop: threading.Event, engine, prompt) -> None:
-    from shared.sampling.params import SamplingParams
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    announced = False
-    while not stop.is_set():
-        engine.add_request(prompt(), params)
-        while engine.has_unfinished_requests():
-            engine.step()
-        if not announced:
-            print("ready", flush=True)
-            announced = True
-
-
-def decode_until(stop: threading.Event, engine, prompt, batch_size: int) -> None:
-    """Keep `batch_size` sequences decoding (a finished one is replaced by a new prompt); at
-    work once every sequence has produced a token."""
-    from shared.sampling.params import SamplingParams
-    params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
-    in_flight, producing = set(), set()
-    announced = False
-    while not stop.is_set():
-        while len(in_flight) < batch_size:
-            in_flight.add(engine.add_request(prompt(), params))
-        for output in engine.step():
-            producing.add(output.request_id)
-            if output.finished:
-                in_flight.discard(output.request_id)
-                producing.discard(output.request_id)
-        if not announced and in_flight <= producing:
-            print("ready", flush=True)
-            announced = True
 
 
 if __name__ == "__main__":

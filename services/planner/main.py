@@ -12,7 +12,6 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-import redis.asyncio
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
@@ -21,7 +20,7 @@ from shared.cluster.keys import ClusterNamespace
 from shared.errors import ConfigurationError
 from shared.logging_setup import LOG_FORMATS, configure_logging
 
-from services.common.settings_base import ServiceSettings
+from services.common.redis_client import RedisClientSettings, redis_client
 from services.common.settings_flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
 from services.planner.actuator import Actuator, LogActuator
 from services.planner.flags import PLANNER_ENV_PREFIX, add_policy_arguments, config_from_args
@@ -35,7 +34,7 @@ from services.planner.service import PlannerService
 logger = logging.getLogger("services.planner")
 
 
-class PlannerServiceSettings(ServiceSettings):
+class PlannerServiceSettings(RedisClientSettings):
     """Where the planner reads and acts; PDSERVE_PLANNER_* variables, except the settings every
     service shares (PDSERVE_REDIS_URL, PDSERVE_DEPLOYMENT, PDSERVE_MODEL, PDSERVE_LOG_*)."""
 
@@ -126,7 +125,7 @@ def docker_actuator(settings: PlannerServiceSettings) -> Actuator:
 
 async def serve(settings: PlannerServiceSettings, config: PlannerConfig) -> int:
     actuator = build_actuator(settings, config)
-    client = redis.asyncio.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    client = redis_client(settings, settings.redis_url)
     registry = InstanceRegistry(client, ClusterNamespace(settings.deployment, model_key_of(settings)))
     planner = Planner(config, PerfProfile.load(settings.profile), actuator.replicas("prefill"), actuator.replicas("decode"))
     service = PlannerService(planner, Observer(registry, settings.gateway_metrics_url,

@@ -1,7 +1,8 @@
-"""Measure one engine instance in-process: prefill time vs prompt length (fresh and with
-prefix hits), decode step time vs batch size and context length, KV capacity in tokens, the
-KV transfer time vs prompt length (transfer_profile), and how much slower the instance runs
-while a second instance on the same host is busy (a `busy_neighbour` process).
+"""Measure one engine instance in-process, through its probe (shared.engine_api.probe): prefill
+time vs prompt length (fresh and with prefix hits), decode step time vs batch size and context
+length, KV capacity in tokens, the KV transfer time vs prompt length (transfer_profile), and how
+much slower the instance runs while a second instance on the same host is busy (a
+`busy_neighbour` process).
 
 Prompts are random token ids (EOS ignored), each with its own seed so that fresh prompts never
 hit the prefix cache; a hit is measured by re-sending a prompt that shares a known prefix.
@@ -14,14 +15,12 @@ import random
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
-from shared.engine.introspection import engine_info
-from shared.engine.llm_engine import LLMEngine
+from shared.engine_api.probe import EngineProbe
 from shared.engine_args import EngineArgs
-from shared.sampling.params import SamplingParams
 
+from services.common.engine_setup import build_engine_probe
 from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint
 from services.planner.tier_profile import QUICK_TIER_PLAN, TierPlan, measure_tier_loads, peer_points
 from services.planner.transfer_profile import QUICK_TRANSFER_PLAN, TransferPlan, measure_transfer
@@ -56,9 +55,9 @@ QUICK_PLAN = ProfilePlan(prompt_lengths=(8, 16, 32, 64), hit_fractions=(0.5,), h
 
 
 class Profiler:
-    def __init__(self, engine: LLMEngine, plan: ProfilePlan, seed: int = 0):
-        self.engine = engine
-        self.info = engine_info(engine)
+    def __init__(self, probe: EngineProbe, plan: ProfilePlan, seed: int = 0):
+        self.probe = probe
+        self.info = probe.info
         self.plan = plan
         self.rng = random.Random(seed)
         self.vocab_size = self.info.vocab_size
@@ -72,8 +71,7 @@ class Profiler:
         decode = self.measure_decode()
         transfer = []
         if self.plan.transfer is not None:
-            executor = self.engine.executor
-            transfer = measure_transfer(executor.kv_cache, executor.kv_cache_layout, self.plan.transfer)
+            transfer = measure_transfer(self.probe, self.plan.transfer)
         tier_loads = self.measure_tier_loads(transfer)
         slowdown = 1.0
         if neighbour_command and (self.plan.colocated_prompts or self.plan.colocated_decode):
@@ -88,19 +86,14 @@ class Profiler:
         """Host and file tier loads, and peer pulls from the transfer points (docs/kv_tiers.md)."""
         if self.plan.tiers is None:
             return []
-        executor = self.engine.executor
-        points = measure_tier_loads(executor.kv_cache, executor.kv_cache_layout, self.plan.tiers)
+        points = measure_tier_loads(self.probe, self.plan.tiers)
         return points + peer_points(transfer, self.info.cache.block_size)
 
     # ---- prefill -------------------------------------------------------------------------
 
     def _time_to_finish(self, prompt: list[int]) -> float:
         """Seconds to compute `prompt` and sample its first token, alone in the engine."""
-        started = time.perf_counter()
-        self.engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-        return time.perf_counter() - started
+        return self.probe.time_lone_prompt(prompt)
 
     def measure_prefill(self) -> list[PrefillPoint]:
         self._time_to_finish(self.random_prompt(16))  # warm-up
@@ -130,18 +123,8 @@ class Profiler:
 
     def _decode_step_seconds(self, batch_size: int, context: int) -> float:
         """Median step time of `batch_size` sequences decoding at ~`context` tokens of context."""
-        params = SamplingParams(temperature=0.0, max_tokens=self.plan.decode_steps + 2, ignore_eos=True)
-        request_ids = [self.engine.add_request(self.random_prompt(context), params) for _ in range(batch_size)]
-        while any(not request.output_token_ids for rid in request_ids for request in self.engine.requests_of(rid)):
-            self.engine.step()
-        timings = []
-        for _ in range(self.plan.decode_steps):
-            started = time.perf_counter()
-            self.engine.step()
-            timings.append(time.perf_counter() - started)
-        for request_id in request_ids:
-            self.engine.abort_request(request_id)
-        return statistics.median(timings)
+        prompts = [self.random_prompt(context) for _ in range(batch_size)]
+        return statistics.median(self.probe.time_decode_steps(prompts, self.plan.decode_steps))
 
     def measure_decode(self) -> list[DecodePoint]:
         points = []
@@ -213,7 +196,10 @@ def neighbour_command_for(model: str | None, dtype: str, num_threads: int | None
 
 def profile_instance(args: EngineArgs, plan: ProfilePlan) -> PerfProfile:
     """Build an engine like a serving instance's (from the same EngineArgs) and measure it."""
-    engine = LLMEngine.from_config(args.create_engine_config())
+    probe = build_engine_probe(args)
     model, num_threads = args.model or None, args.num_threads or None
-    return Profiler(engine, plan).run(model or "default", args.dtype, num_threads,
-                                      neighbour_command_for(model, args.dtype, num_threads))
+    try:
+        return Profiler(probe, plan).run(model or "default", args.dtype, num_threads,
+                                         neighbour_command_for(model, args.dtype, num_threads))
+    finally:
+        probe.shutdown()

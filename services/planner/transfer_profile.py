@@ -1,16 +1,15 @@
-"""Measure the KV transfer the way a prefill instance ships a prompt: the engine's own KV
-cache and layout, sent by the real KVSender over UCX on loopback to a KVReceiver (a small
-cache of the same layout), one transfer at a time, timed on the sender until the receiver
-acknowledges. The receiver lives in the same process and event loop, so both sides' CPU
-work is counted on this host, as it is when a prefill and a decode instance share it.
+"""Measure the KV transfer the way a prefill instance ships a prompt, through the engine's probe
+(shared.engine_api.probe): the engine's own KV cache sent over UCX on loopback to a receiver in
+the same process, one transfer at a time, timed on the sender until the receiver acknowledges,
+so both sides' CPU work is counted on this host, as it is when a prefill and a decode instance
+share it.
 """
 
-import asyncio
 import logging
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import torch
+from shared.engine_api.probe import EngineProbe
 
 from services.common.profile_data import TransferPoint
 
@@ -26,49 +25,11 @@ class TransferPlan:
 QUICK_TRANSFER_PLAN = TransferPlan(prompt_lengths=(16, 64), repeats=1)
 
 
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
-async def _measure(kv_cache: torch.Tensor, layout, plan: TransferPlan) -> list[TransferPoint]:
-    from shared.transfer.ucx_transport import KVReceiver, KVSender
-
-    most_blocks = _blocks_for(max(plan.prompt_lengths), layout.block_size)
-    if most_blocks > layout.num_blocks:
-        raise ValueError(f"prompt_lengths: {max(plan.prompt_lengths)} tokens need {most_blocks} blocks, "
-                         f"the cache has {layout.num_blocks}")
-    receiver_layout = replace(layout, num_blocks=most_blocks)
-    receiver = KVReceiver(receiver_layout.allocate(), receiver_layout)
-    sender = KVSender()
-    address = await receiver.start()
-    points, count = [], 0
-    try:
-        for tokens in (plan.prompt_lengths[0], *plan.prompt_lengths):  # the first is a warm-up (connection)
-            num_blocks = _blocks_for(tokens, layout.block_size)
-            timings = []
-            for _ in range(plan.repeats):
-                count += 1
-                request_id = f"profile-transfer-{count}"
-                dst = list(range(num_blocks))
-                receiver.expect(request_id, dst)
-                result = await sender.send(address, request_id, kv_cache, layout, list(range(num_blocks)), dst)
-                await receiver.wait(request_id, timeout_s=30.0)
-                timings.append(result.seconds)
-            points.append(TransferPoint(tokens, statistics.median(timings)))
-        points = points[1:]
-        for point in points:
-            logger.info("KV transfer %d tokens: %.2f ms", point.prompt_tokens, point.seconds * 1e3)
-        return points
-    finally:
-        await sender.close()
-        await receiver.close()
-
-
-def measure_transfer(kv_cache: torch.Tensor, layout, plan: TransferPlan) -> list[TransferPoint]:
-    """(prompt tokens, seconds) for shipping that many tokens' blocks of `kv_cache`."""
-    from services.common.ucx import reset_ucx
-
-    try:
-        return asyncio.run(_measure(kv_cache, layout, plan))
-    finally:
-        reset_ucx()
+def measure_transfer(probe: EngineProbe, plan: TransferPlan) -> list[TransferPoint]:
+    """(prompt tokens, seconds) for shipping that many tokens' blocks of the engine's KV cache."""
+    timings = probe.time_kv_sends(plan.prompt_lengths, plan.repeats)
+    points = [TransferPoint(tokens, statistics.median(seconds))
+              for tokens, seconds in zip(plan.prompt_lengths, timings)]
+    for point in points:
+        logger.info("KV transfer %d tokens: %.2f ms", point.prompt_tokens, point.seconds * 1e3)
+    return points

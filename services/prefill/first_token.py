@@ -17,7 +17,7 @@ output processor does: an engine finish keeps the engine's reason).
 
 from dataclasses import dataclass
 
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.outputs import RequestOutput
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.sampling.params import SamplingParams
 from shared.tokenization.stop_strings import StopStringMatcher

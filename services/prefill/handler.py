@@ -24,14 +24,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from shared.core.kv_cache_manager import blocks_for_tokens
-from shared.engine.client import GenerateRequest, KVSendParams, KVTransferFailedError, KVTransferResult
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import GenerateRequest, KVSendParams, KVTransferFailedError, KVTransferResult
+from shared.engine_api.outputs import RequestOutput
+from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.sampling.params import SamplingParams
 from shared.tracing import record_failure, span
-from shared.transfer.address import parse_address
 from shared.wire.outputs import logprobs_to_proto
 from shared.wire.sampling import sampling_from_proto
 from services.common.errors import ServiceError

@@ -22,7 +22,7 @@ import time
 
 import grpc
 
-from shared.engine.client import CapacityError, GenerateRequest, KVTierStats, KVTransferFailedError
+from shared.engine_api.client import CapacityError, GenerateRequest, KVTierStats, KVTransferFailedError
 from shared.kv_tier.cost import CostModel
 from shared.kv_tier.cost_seeds import load_cost_seeds
 from shared.kv_tier.stats import TierCounters

@@ -6,12 +6,12 @@ Each prefill chunk gets the blocks covering its context and a causal mask, offse
 number of the sequence's tokens cached before the chunk.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from shared.attention.metadata import AttentionMetadata
+from shared.kv_cache.blocks import blocks_for_tokens
 
 MAX_DECODE_GROUPS = 4
 # What one more decode group costs (a handful of extra operations per layer), in key positions
@@ -100,7 +100,7 @@ def segment_native_inputs(metadata: AttentionMetadata, block_size: int) -> Nativ
             metadata.prefill_query_lens, metadata.prefill_context_lens, metadata.prefill_block_tables):
         if not 0 < query_len <= context_len:
             raise ValueError(f"prefill_query_lens: a chunk of {query_len} rows in a context of {context_len}")
-        tables.append(block_table[:math.ceil(context_len / block_size)][None, :])
+        tables.append(block_table[:blocks_for_tokens(context_len, block_size)][None, :])
         context_lens.append(context_len)
         query_lens.append(query_len)
     width = max(table.shape[1] for table in tables)
@@ -149,7 +149,7 @@ def plan_prefill_chunks(metadata: AttentionMetadata, block_size: int) -> list[Pr
     first_row = metadata.num_decode_tokens
     for query_len, context_len, block_table in zip(
             metadata.prefill_query_lens, metadata.prefill_context_lens, metadata.prefill_block_tables):
-        num_blocks = math.ceil(context_len / block_size)
+        num_blocks = blocks_for_tokens(context_len, block_size)
         chunks.append(PrefillChunk(first_row, query_len, context_len, block_table[:num_blocks]))
         first_row += query_len
     return chunks
@@ -167,11 +167,11 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _decode_group(rows: torch.Tensor | None, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   block_size: int) -> DecodeGroup:
-    num_blocks = -(-int(context_lens.max()) // block_size)
+    num_blocks = blocks_for_tokens(int(context_lens.max()), block_size)
     padded_len = num_blocks * block_size
     is_in_context = torch.arange(padded_len) < context_lens[:, None]
     return DecodeGroup(rows, block_tables[:, :num_blocks].reshape(-1), padded_len, is_in_context)
 
 
 def _round_up(length: int, block_size: int) -> int:
-    return -(-length // block_size) * block_size
+    return blocks_for_tokens(length, block_size) * block_size

@@ -1,6 +1,6 @@
 """Cache settings in an instance's Redis record, and which of them two instances must share.
 
-Every instance registers the settings its KV cache was built with (shared.engine.client's
+Every instance registers the settings its KV cache was built with (shared.engine_api.client's
 CacheSettings) next to its address, as flat `cache_*` string fields of its instance hash. A
 gateway reads them to hash prompts exactly as each instance does (`hash_recipe`) and to pair
 only a prefill and a decode instance whose KV is interchangeable (`cache_mismatches`).
@@ -12,7 +12,7 @@ arrival), so a pipeline-parallel prefill may feed a tensor-parallel decode insta
 
 from dataclasses import asdict, fields
 
-from shared.engine.client import CacheSettings
+from shared.engine_api.client import CacheSettings
 from shared.errors import InvalidRequestError
 from shared.kv_cache.block_hash import HashRecipe, check_hash_algo
 

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
+from shared.cluster.task_stop import stop_task
 from shared.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -65,9 +66,7 @@ class Heartbeater:
         """Stop beating and (by default) deregister, best effort; never raises for Redis."""
         self._stop_event.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task, f"the heartbeat of {self.info.instance_id}")
         if self.is_deregister_on_stop and self._is_registered:
             try:
                 async with asyncio.timeout(self.beat_timeout_s):

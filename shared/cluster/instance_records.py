@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from shared.cluster.cache_settings import decode_cache_settings, encode_cache_settings, validate_cache_settings
 from shared.cluster.keys import validate_name
 from shared.cluster.versions import KV_PROTOCOL_VERSION, PDSERVE_VERSION, UNREGISTERED_PROTOCOL
-from shared.engine.client import CacheSettings
+from shared.engine_api.client import CacheSettings
 from shared.errors import InvalidRequestError
 
 ROLES = ("prefill", "decode", "colocated")

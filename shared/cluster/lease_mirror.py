@@ -8,7 +8,6 @@ entries vanish by themselves. `list_mirrored_leases` reads them back for `pdserv
 """
 
 import asyncio
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 
 from shared.cluster.keys import ClusterNamespace
+from shared.cluster.task_stop import stop_task
 
 if TYPE_CHECKING:
     from shared.cluster.leases import BlockLeaseRecord
@@ -83,9 +83,7 @@ class LeaseMirror:
     async def close(self) -> None:
         """Stop the worker; operations still queued are dropped."""
         if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+            await stop_task(self._worker, "the lease mirror's worker")
             self._worker = None
 
     def _enqueue(self, op: _MirrorOp) -> None:

@@ -1,14 +1,13 @@
 """Block leases of one decode instance: which request holds which KV blocks, until when.
 
-The decode instance grants a lease when it reserves blocks for a request whose KV is
-being transferred from a prefill instance; it releases the lease when the transfer
-finishes (or the request is aborted). Its scheduler polls `expired(now)` and frees the
-blocks of each expired lease (then `release`s it), so a lost prefill never leaks blocks.
-While a prompt waits for a busy prefill instance, the gateway `renew`s the lease.
-
-This table is the source of truth and is purely local and synchronous. If a LeaseMirror
-is given, every grant/release is also queued for mirroring into Redis (best effort, for
-`pdserve status`); the serving path never waits on Redis.
+The decode instance (services.decode.leases) grants a lease when it reserves blocks for a
+request whose KV is being transferred from a prefill instance, renews it while the prompt
+waits for a busy prefill instance, and releases it when Decode takes the reservation, it
+is released, or it expired. The engine's scheduler holds the same deadline and times the
+reservation out (shared.core.remote_kv), so a lost prefill never leaks blocks; this table
+is the service's record of it, purely local and synchronous, and the one writer of the
+Redis mirror: with a LeaseMirror, every grant/renew/release is queued for mirroring (best
+effort, for `pdserve status`); the serving path never waits on Redis.
 """
 
 import dataclasses
@@ -109,12 +108,6 @@ class LeaseTable:
         if self.mirror is not None:
             self.mirror.publish(record, ttl_s)
         return record
-
-    def expired(self, now: float | None = None) -> list[BlockLeaseRecord]:
-        """Leases with expires_at <= now (default: clock()), oldest first; not removed."""
-        now = self.clock() if now is None else now
-        found = [record for record in self._leases.values() if record.expires_at <= now]
-        return sorted(found, key=lambda record: (record.expires_at, record.request_id))
 
     def republish(self) -> int:
         """Queue every current lease to the mirror again with its remaining TTL (after Redis

@@ -14,12 +14,9 @@ from typing import Protocol
 from shared.core.request import Request
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from shared.kv_cache.block_pool import BlockPool, KVBlock
+from shared.kv_cache.blocks import blocks_for_tokens
 
 logger = logging.getLogger(__name__)
-
-
-def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 class LowerTier(Protocol):

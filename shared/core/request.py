@@ -13,6 +13,8 @@ from shared.sampling.params import SamplingParams
 if TYPE_CHECKING:
     from xgrammar import GrammarMatcher
 
+    from shared.core.remote_kv import RemoteKV
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -57,8 +59,8 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     # time.monotonic() of the first engine step that scheduled it (set by EngineStats).
     first_scheduled_time: float | None = None
-    # Waiting for remote KV: a transfer into its blocks completed (it may start decoding).
-    has_remote_kv: bool = False
+    # Admitted with remote KV: its reservation's state (shared.core.remote_kv); None otherwise.
+    remote_kv: "RemoteKV | None" = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

@@ -25,14 +25,21 @@ Disaggregation goes through the KV connector (shared.kv_transfer), never through
 a request admitted with remote KV waits, blocks allocated, while the connector receives its
 prompt's KV, then starts decoding from the token the producer sampled (or computes its prompt
 here after all, `compute_reserved`, like any prompt part-way); a finished request
-whose KV the connector is sending keeps its blocks until the connector says it is done.
+whose KV the connector is sending keeps its blocks until the connector says it is done. The
+scheduler is the one owner of such a reservation (shared.core.remote_kv draws its life): its
+arrival and failed transfers as the connector reports them, its deadline (renewable; on the
+scheduler's `clock`) and its end: started, computed here, timed out or released.
 """
 
 import logging
+import math
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
-from shared.core.kv_cache_manager import KVCacheManager, blocks_for_tokens
+from shared.core.kv_cache_manager import KVCacheManager
+from shared.core.remote_kv import RemoteKV, RemoteKVEvent, RemoteKVState, deadline_after
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_config import SchedulerConfig
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -40,6 +47,7 @@ from shared.core.speculation_support import supports_speculation
 from shared.core.stop_checks import token_stop_status
 from shared.core.verified_tokens import VerifiedTokens
 from shared.errors import InvalidRequestError
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_transfer.base import KVConnector
 
 logger = logging.getLogger(__name__)
@@ -47,8 +55,11 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int,
-                 num_spec_tokens: int = 0, connector: KVConnector | None = None, max_loras: int | None = None):
+                 num_spec_tokens: int = 0, connector: KVConnector | None = None, max_loras: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.config = config
+        # The clock of reservations' deadlines (shared.core.remote_kv).
+        self.clock = clock
         # Most distinct LoRA adapters among the running requests (so in any step); None: no limit.
         self.max_loras = max_loras
         # Most proposed tokens per speculating request and step (0: speculation off).
@@ -85,6 +96,8 @@ class Scheduler:
             self.running.remove(request)
         elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             del self.waiting_for_remote_kv[request.request_id]
+            if request.remote_kv.state.is_waiting:  # aborted: the reservation is released
+                request.remote_kv.apply(RemoteKVEvent.RELEASE)
         else:
             self.waiting.remove(request)
         request.status = status
@@ -116,9 +129,10 @@ class Scheduler:
     def can_admit_remote(self) -> bool:
         return len(self.running) + len(self.waiting_for_remote_kv) < self.config.max_num_seqs
 
-    def admit_with_remote_kv(self, request: Request, transfer_token: bytes) -> bool:
-        """Allocate the prompt's blocks (reusing local prefix-cache hits) and have the connector
-        receive the rest into them. False, with nothing changed, when there is no room."""
+    def admit_with_remote_kv(self, request: Request, transfer_token: bytes, ttl_s: float | None = None) -> bool:
+        """Reserve: allocate the prompt's blocks (reusing local prefix-cache hits) and have the
+        connector receive the rest into them, until `ttl_s` from now (None: no deadline, the
+        caller always releases). False, with nothing changed, when there is no room."""
         if self.connector is None or not self.connector.role.is_consumer:
             raise InvalidRequestError("kv_transfer", "this engine's KV connector does not receive KV")
         if not self.can_admit_remote() or not self._adapter_fits(request):
@@ -136,14 +150,53 @@ class Scheduler:
             raise
         request.num_cached_prompt_tokens = num_local
         request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        request.remote_kv = RemoteKV(deadline_after(self.clock(), ttl_s))
         self.requests[request.request_id] = request
         self.waiting_for_remote_kv[request.request_id] = request
         return True
 
+    def on_remote_kv_transfer(self, request_id: str, error: str | None) -> Request | None:
+        """The connector reports a transfer into a reservation ended: ARRIVED, or after a
+        failure AWAITING_KV again (an earlier arrival undone). None if the reservation ended
+        meanwhile (its outcome no longer matters)."""
+        request = self.waiting_for_remote_kv.get(request_id)
+        if request is None:
+            return None
+        request.remote_kv.apply(RemoteKVEvent.TRANSFER_OK if error is None else RemoteKVEvent.TRANSFER_FAILED)
+        return request
+
+    def renew_remote_kv(self, request_id: str, ttl_s: float) -> bool:
+        """Move a reservation's deadline to `ttl_s` from now; False if it has ended."""
+        request = self.waiting_for_remote_kv.get(request_id)
+        if request is None:
+            return False
+        request.remote_kv.apply(RemoteKVEvent.RENEW)
+        request.remote_kv.deadline = deadline_after(self.clock(), ttl_s)
+        return True
+
+    def expire_remote_kv(self) -> list[Request]:
+        """Time out every reservation whose deadline has passed: its blocks are freed."""
+        now = self.clock()
+        expired = [request for request in self.waiting_for_remote_kv.values() if request.remote_kv.is_due(now)]
+        for request in expired:
+            request.remote_kv.apply(RemoteKVEvent.TIME_OUT)
+            self.finish(request, RequestStatus.FINISHED_ABORTED)
+        return expired
+
+    def seconds_to_next_deadline(self) -> float:
+        """How long until the next reservation is due (math.inf: none has a deadline)."""
+        deadlines = [request.remote_kv.deadline for request in self.waiting_for_remote_kv.values()]
+        return max(0.0, min(deadlines) - self.clock()) if deadlines else math.inf
+
     def start_after_remote_kv(self, request_id: str, first_token_id: int) -> Request:
         """The prompt's KV has arrived: the request joins the running decodes with the first
         token that the producer sampled; the connector stops receiving for it."""
-        request = self.waiting_for_remote_kv.pop(request_id)
+        request = self._reserved(request_id)
+        if request.remote_kv.state != RemoteKVState.ARRIVED:
+            raise InvalidRequestError("request_id", f"the KV of {request_id!r} has not arrived "
+                                                    f"({request.remote_kv.num_failed_transfers} failed transfers)")
+        request.remote_kv.apply(RemoteKVEvent.START)
+        del self.waiting_for_remote_kv[request_id]
         self.connector.cancel(request_id)
         request.num_computed_tokens = request.num_tokens
         self.kv.cache_computed_blocks(request)
@@ -160,12 +213,31 @@ class Scheduler:
         disaggregation): the connector stops receiving for it, and it joins the running
         requests as a prompt part-way, from its local prefix-cache hits on, in the blocks it
         holds; steps give it what the running decodes leave of their budget, chunked."""
-        request = self.waiting_for_remote_kv.pop(request_id)
+        request = self._reserved(request_id)
+        request.remote_kv.apply(RemoteKVEvent.COMPUTE_LOCALLY)
+        del self.waiting_for_remote_kv[request_id]
         self.connector.cancel(request_id)
         request.num_computed_tokens = request.num_cached_prompt_tokens
-        request.has_remote_kv = False
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        return request
+
+    def release_remote_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
+        """Release a reservation: its blocks are freed; with `keep_arrived` (a peer pull), KV
+        that arrived joins the prefix cache first. False if it had ended."""
+        request = self.waiting_for_remote_kv.get(request_id)
+        if request is None:
+            return False
+        if keep_arrived and request.remote_kv.state == RemoteKVState.ARRIVED:
+            request.num_computed_tokens = request.num_tokens
+            self.kv.cache_computed_blocks(request)
+        self.finish(request, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def _reserved(self, request_id: str) -> Request:
+        request = self.waiting_for_remote_kv.get(request_id)
+        if request is None:
+            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
         return request
 
     def abort(self, request_ids: list[str]) -> None:

@@ -2,7 +2,7 @@
 
 from shared.engine.llm import LLM
 from shared.engine.llm_engine import LLMEngine
-from shared.engine.outputs import CompletionOutput, RequestOutput
+from shared.engine_api.outputs import CompletionOutput, RequestOutput
 from shared.lora.request import LoRARequest
 from shared.sampling.params import SamplingParams
 

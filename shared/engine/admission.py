@@ -6,8 +6,8 @@ rejected here with an error naming the field, instead of waiting forever.
 
 from collections.abc import Sequence
 
-from shared.core.kv_cache_manager import blocks_for_tokens
 from shared.errors import InvalidRequestError
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.sampling.params import SamplingParams
 
 

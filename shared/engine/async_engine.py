@@ -1,11 +1,12 @@
-"""AsyncEngine: the in-thread EngineClient (shared.engine.client). The LLMEngine steps on a
+"""AsyncEngine: the in-thread EngineClient (shared.engine_api.client). The LLMEngine steps on a
 thread of its own; asyncio services talk to it only through the typed API.
 
 All engine state is touched only on the engine thread: each API call becomes a command that
 runs there between steps, and each request's outputs flow back through an asyncio queue. A
 consumer that stops listening (client cancel, deadline) aborts its request, freeing its
-blocks. The KV connector wakes the thread when a transfer ends; its outcomes reach
-`wait_kv` callers and prefill streams from there.
+blocks. The KV connector wakes the thread when a transfer ends; its outcomes reach prefill
+streams from there, and the scheduler's reservation events reach `wait_kv` callers and
+`on_reservation_event` (shared.engine.kv_waits).
 
 An optional `OutputObserver` (the metrics' request-latency tracker) sees, on the engine
 thread, each streamed request start, every output dispatched, and each stream's end.
@@ -22,16 +23,16 @@ from typing import Any
 
 import torch
 
-from shared.engine.client import (
-    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-    KVTransferFailedError, OutputObserver, RequestFailedError, raise_if_failed,
-)
+from shared.core.remote_kv import RemoteKVState
 from shared.engine.introspection import engine_info, engine_load, engine_status, kv_cache_events
-from shared.engine.kv_waits import KVArrivalWait
+from shared.engine.kv_waits import KVWaits
 from shared.engine.llm_engine import LLMEngine
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import (
+    CachedSend, EngineDeadError, EngineInfo, EngineLoad, EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
+    KVTransferFailedError, OutputObserver, RequestFailedError, ReservationEvent, raise_if_failed,
+)
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import SampledLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,6 @@ IDLE_WAKE_S = 1.0  # an idle engine thread runs its loop (and on_loop) at least 
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-
-
-@dataclass(kw_only=True)
-class _KVWait(KVArrivalWait):
-    loop: asyncio.AbstractEventLoop  # the waiters' loop: the engine thread settles through it
 
 
 _WAKE = (lambda: None, (), {}, None, None)  # a command that only wakes an idle engine thread
@@ -62,22 +58,32 @@ class AsyncEngine:
         iteration, with whether it has nothing to run (memory trimming); `num_threads`: torch
         threads of the steps."""
         self._engine = engine
-        self.info: EngineInfo = engine_info(engine)
+        self.info: EngineInfo = engine_info(engine.core)
         self.observer = observer
         self.on_failure = on_failure
         self.on_loop = on_loop
         self._num_threads = num_threads
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
-        self._reservations: dict[str, _KVWait] = {}
+        self._kv_waits = KVWaits()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the service's: reservation events go there
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._stopping = threading.Event()
         self.error: BaseException | None = None
-        if engine.connector is not None:
-            engine.connector.set_wakeup(lambda: self._commands.put(_WAKE))
+        if engine.core.connector is not None:
+            engine.core.connector.set_wakeup(lambda: self._commands.put(_WAKE))
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._thread.start()
+
+    @property
+    def on_reservation_event(self) -> Callable[[ReservationEvent], None] | None:
+        return self._kv_waits.listener
+
+    @on_reservation_event.setter
+    def on_reservation_event(self, listener: Callable[[ReservationEvent], None] | None) -> None:
+        self._kv_waits.listener = listener
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._stop_thread)
@@ -92,14 +98,14 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self._fail_queued_calls("the engine is stopped")
-        self._engine.guided.shutdown()
-        if self._engine.connector is not None:
-            self._engine.connector.shutdown()
+        self._engine.core.guided.shutdown()
+        if self._engine.core.connector is not None:
+            self._engine.core.connector.shutdown()
 
     # ---- requests -------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        await self._engine.guided.prepare(request.params.guided)  # worker threads, off the step loop
+        await self._engine.core.guided.prepare(request.params.guided)  # worker threads, off the step loop
         engine = self._engine
 
         def add() -> list[RequestOutput]:
@@ -116,62 +122,55 @@ class AsyncEngine:
         """Abort a streamed request: its stream gets the final (aborted) output and ends."""
         await self._call(self._abort_and_dispatch, request_id)
 
-    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
+    async def reserve_kv(self, request: GenerateRequest, lease_s: float | None = None) -> KVReservation:
         request_id = request.request_id
-        if request_id in self._reservations:
-            raise InvalidRequestError("request_id", f"{request_id!r} is already reserved")
-        await self._engine.guided.prepare(request.params.guided)
+        await self._engine.core.guided.prepare(request.params.guided)
         engine, made = self._engine, []
 
         def reserve():
             made.append(engine.reserve_request(list(request.prompt_token_ids), request.params, request_id,
                                                request.cache_salt, request.num_resumed_output_tokens,
-                                               request.lora_request))
+                                               request.lora_request, lease_s))
             return made[0]
 
         def abort_if_made() -> None:  # queued after reserve(), so `made` is final when it runs
             if made:
                 engine.abort_request(request_id)
 
-        self._reservations[request_id] = _KVWait(loop=asyncio.get_running_loop())
         try:
-            reservation = await self._call(reserve)
+            return await self._call(reserve)
         except BaseException:
-            self._reservations.pop(request_id, None)
             self._submit(abort_if_made)
             raise
-        return KVReservation(request_id, tuple(reservation.block_ids), reservation.num_cached_tokens,
-                             reservation.num_skip_blocks, self.info.kv_transfer_address, reservation.transfer_token)
+
+    async def renew_kv(self, request_id: str, lease_s: float) -> bool:
+        return await self._call(self._engine.renew_reserved, request_id, lease_s)
 
     async def wait_kv(self, request_id: str) -> None:
-        wait = self._reservations.get(request_id)
-        if wait is None:
+        await self._kv_waits.wait(request_id, lambda: self._call(self._has_arrived, request_id))
+
+    def _has_arrived(self, request_id: str) -> bool:
+        state = self._engine.reservation_state(request_id)
+        if state is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        await wait.wait()
+        return state == RemoteKVState.ARRIVED
 
     async def generate_reserved(self, request_id: str, first_token_id: int,
                                 first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:
         engine = self._engine
         stream = self._stream(request_id, lambda: engine.start_reserved(request_id, first_token_id, first_logprobs))
-        try:
-            async with contextlib.aclosing(stream) as outputs:
-                async for output in outputs:
-                    yield output
-        finally:
-            self._reservations.pop(request_id, None)  # its KV wait is over, whatever happened
+        async with contextlib.aclosing(stream) as outputs:
+            async for output in outputs:
+                yield output
 
     async def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
         engine = self._engine
         stream = self._stream(request_id, lambda: engine.prefill_reserved(request_id))
-        try:
-            async with contextlib.aclosing(stream) as outputs:
-                async for output in outputs:
-                    yield output
-        finally:
-            self._reservations.pop(request_id, None)  # no KV will arrive for it
+        async with contextlib.aclosing(stream) as outputs:
+            async for output in outputs:
+                yield output
 
     async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
-        self._reservations.pop(request_id, None)
         return await self._call(self._engine.release_reserved, request_id, keep_arrived)
 
     async def send_cached(self, send: CachedSend) -> int:
@@ -181,16 +180,17 @@ class AsyncEngine:
 
     def load(self) -> EngineLoad:
         """A racy but harmless snapshot for heartbeats and routing."""
-        return engine_load(self._engine)
+        return engine_load(self._engine.core)
 
     def latest_status(self) -> EngineStatus:
-        return engine_status(self._engine)
+        return engine_status(self._engine.core)
 
     async def status(self) -> EngineStatus:
-        return await self._call(engine_status, self._engine)
+        return await self._call(engine_status, self._engine.core)
 
     async def kv_events(self, snapshot: bool = False) -> KVCacheEvents:
-        return await self._call(kv_cache_events, self._engine.block_pool, snapshot, self._engine.tiers.manager)
+        core = self._engine.core
+        return await self._call(kv_cache_events, core.block_pool, snapshot, core.tiers.manager)
 
     # ---- streams --------------------------------------------------------------------------
 
@@ -269,30 +269,35 @@ class AsyncEngine:
             if self._num_threads:
                 torch.set_num_threads(self._num_threads)  # per calling thread: set it where steps run
             while not self._stopping.is_set():
-                is_idle = not self._engine.scheduler.num_unfinished
+                is_idle = not self._engine.core.scheduler.num_unfinished
                 if self.on_loop is not None:
                     self._notify(self.on_loop, is_idle)
                 self._run_commands(block=is_idle)
                 # transfers that ended during the last step go out before the next one computes
                 self._dispatch(self._engine.poll_kv_transfers())
-                self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
+                self._dispatch_reservation_events(self._engine.drain_reservation_events())
                 self._dispatch(self._engine.step(wait_for_sends=False))  # first tokens out at once
                 self._dispatch(self._engine.finish_step_sends())
-                self._dispatch_kv_arrivals(self._engine.drain_kv_arrivals())
+                self._dispatch_reservation_events(self._engine.drain_reservation_events())
         except BaseException as error:  # noqa: BLE001 - fail every stream, then stop
             logger.exception("engine thread failed")
             self.error = error
             for stream in list(self._streams.values()):
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
-            for wait in list(self._reservations.values()):
-                wait.loop.call_soon_threadsafe(wait.settle, f"the engine failed: {error}")
+            if self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the service's loop is closed: nobody waits
+                    self._loop.call_soon_threadsafe(self._kv_waits.fail_all,
+                                                    EngineDeadError(f"the engine failed: {error}"))
             self._fail_queued_calls(str(error))
             if self.on_failure is not None:
                 self._notify(self.on_failure, error)
 
     def _run_commands(self, block: bool) -> None:
-        try:  # an idle loop still wakes now and then, so that on_loop sees it idle
-            command = self._commands.get(block=block, timeout=IDLE_WAKE_S if block else None)
+        # an idle loop still wakes now and then, so that on_loop sees it idle, and by the next
+        # reservation's deadline (it times out then)
+        timeout_s = min(IDLE_WAKE_S, self._engine.seconds_to_next_deadline()) if block else None
+        try:
+            command = self._commands.get(block=block, timeout=timeout_s)
         except queue.Empty:
             return
         while command is not None:
@@ -329,11 +334,10 @@ class AsyncEngine:
             if stream is not None:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
 
-    def _dispatch_kv_arrivals(self, arrivals: list[tuple[str, str | None]]) -> None:
-        for request_id, error in arrivals:
-            wait = self._reservations.get(request_id)
-            if wait is not None:
-                wait.loop.call_soon_threadsafe(wait.settle, error)
+    def _dispatch_reservation_events(self, events: list[ReservationEvent]) -> None:
+        for event in events:
+            with contextlib.suppress(RuntimeError):  # the service's loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(self._kv_waits.deliver, event)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

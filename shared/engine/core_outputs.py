@@ -8,7 +8,7 @@ plain msgspec structs.
 
 import msgspec
 
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.outputs import SampledLogprobs
 from shared.kv_transfer.types import KVTransferResult
 
 

@@ -11,23 +11,25 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from shared.config import EngineConfig
 from shared.core.kv_cache_manager import KVCacheManager
+from shared.core.remote_kv import RemoteKVState
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine.admission import max_output_tokens, validate_prompt_tokens
-from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
-from shared.engine.errors import CapacityError
 from shared.engine.guided_decoding import GuidedDecoding
 from shared.engine.peer_sends import PeerSends
 from shared.engine.resume import resume_request, split_resumed
 from shared.engine.stats import EngineStats
+from shared.engine_api.client import CachedSend, KVReservation, ReservationEvent, ReservationEventKind
+from shared.engine_api.errors import CapacityError
+from shared.engine_api.outputs import SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import Executor, ModelRunnerOutput, SampledLogprobs
+from shared.executor.base import Executor, ModelRunnerOutput
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_tier.attach import TierHooks
 from shared.kv_transfer.base import KVConnector
@@ -43,17 +45,6 @@ logger = logging.getLogger(__name__)
 
 
 TRANSFER_TOKEN_BYTES = 16
-
-
-@dataclass
-class Reservation:
-    # The request's whole block table; the first num_skip_blocks already hold the prompt's
-    # KV (decode-side prefix-cache hits) and need not be sent.
-    block_ids: list[int]
-    num_cached_tokens: int
-    num_skip_blocks: int
-    # Random per reservation: the producer's transfer must present it.
-    transfer_token: bytes
 
 
 class EngineCore:
@@ -101,8 +92,8 @@ class EngineCore:
         self._outputs_awaiting_send: dict[str, EngineCoreOutput] = {}
         # Requests whose KV send the last step started (finish_step_sends waits for them).
         self._sends_started_in_step: set[str] = set()
-        # Outcomes of KV received for requests waiting for it, not yet drained (request id, error).
-        self._kv_arrivals: list[tuple[str, str | None]] = []
+        # What happened to reservations (KV arrived, a transfer failed, timed out), not yet drained.
+        self._reservation_events: list[ReservationEvent] = []
         # Called with each step's scheduler and runner outputs once applied (request tracing).
         self.step_listener: Callable[[SchedulerOutput, ModelRunnerOutput], None] | None = None
 
@@ -210,34 +201,40 @@ class EngineCore:
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                         cache_salt: str | None = None, num_resumed_output_tokens: int = 0,
-                        lora_request: LoRARequest | None = None) -> Reservation:
-        """Decode role: see LLMEngine.reserve_request. Raises CapacityError when there is no room."""
+                        lora_request: LoRARequest | None = None, lease_s: float | None = None) -> KVReservation:
+        """Decode role: see LLMEngine.reserve_request; the scheduler times the reservation out
+        `lease_s` from now unless renewed (None: never; the caller releases). Raises
+        CapacityError when there is no room."""
         if params.n != 1:
             raise InvalidRequestError("n", "disaggregated requests generate one completion each")
         [request] = self._new_request(list(prompt_token_ids), params, request_id, cache_salt,
                                       num_resumed_output_tokens, lora_request)
         token = secrets.token_bytes(TRANSFER_TOKEN_BYTES)
         try:
-            admitted = self.scheduler.admit_with_remote_kv(request, token)
+            admitted = self.scheduler.admit_with_remote_kv(request, token, lease_s)
         except BaseException:
             self._forget_request(request_id)
             raise
         if not admitted:
             self._forget_request(request_id)
             raise CapacityError(f"no room for {request.num_prompt_tokens} prompt tokens")
-        num_skip_blocks = request.num_cached_prompt_tokens // self.kv_manager.block_size
-        return Reservation(self.kv_manager.block_ids(request_id), request.num_cached_prompt_tokens,
-                           num_skip_blocks, token)
+        return KVReservation(request_id, tuple(self.kv_manager.block_ids(request_id)), request.num_cached_prompt_tokens,
+                             request.num_cached_prompt_tokens // self.kv_manager.block_size, self.connector.address,
+                             token)
+
+    def renew_reserved(self, request_id: str, lease_s: float) -> bool:
+        """Decode role: move a reservation's deadline to `lease_s` from now; False if it ended."""
+        return self.scheduler.renew_remote_kv(request_id, lease_s)
+
+    def reservation_state(self, request_id: str) -> RemoteKVState | None:
+        """Where a reservation stands (shared.core.remote_kv); None once it ended (or never was)."""
+        request = self.scheduler.waiting_for_remote_kv.get(request_id)
+        return request.remote_kv.state if request is not None else None
 
     def start_reserved(self, request_id: str, first_token_id: int,
                        first_logprobs: SampledLogprobs | None = None) -> list[EngineCoreOutput]:
         """Decode role: the prompt's KV arrived into the reserved blocks; start decoding after
-        the producer's first token."""
-        request = self.scheduler.waiting_for_remote_kv.get(request_id)
-        if request is None:
-            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        if not request.has_remote_kv:
-            raise InvalidRequestError("request_id", f"the KV of {request_id!r} has not arrived")
+        the producer's first token (InvalidRequestError when it has not arrived)."""
         if not 0 <= first_token_id < self.model_config.vocab_size:
             raise InvalidRequestError("first_token_id", f"{first_token_id} is outside the vocabulary "
                                                         f"[0, {self.model_config.vocab_size})")
@@ -249,55 +246,64 @@ class EngineCore:
     def prefill_reserved(self, request_id: str) -> None:
         """Decode role: compute a reservation's prompt in this engine instead of receiving its
         KV (conditional disaggregation), then decode it; its outputs come from the steps."""
-        if request_id not in self.scheduler.waiting_for_remote_kv:
-            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
         self.scheduler.compute_reserved(request_id)
 
     def release_reserved(self, request_id: str, keep_arrived: bool = False) -> bool:
         """Decode role: free a reservation that will not be decoded; False if there is none.
         With `keep_arrived` (a peer pull), KV that arrived joins the prefix cache first."""
-        request = self.scheduler.waiting_for_remote_kv.get(request_id)
-        if request is None:
+        if not self.scheduler.release_remote_kv(request_id, keep_arrived):
             return False
-        if keep_arrived and request.has_remote_kv:
-            request.num_computed_tokens = request.num_tokens
-            self.kv_manager.cache_computed_blocks(request)
-        return self.abort_request(request_id)
+        self._forget_request(request_id)
+        return True
+
+    def seconds_to_next_deadline(self) -> float:
+        """How long an idle loop may wait before a reservation times out (math.inf: none)."""
+        return self.scheduler.seconds_to_next_deadline()
 
     def send_cached(self, send: CachedSend) -> int:
         """Holder of a peer pull: see shared.engine.peer_sends."""
         return self.peer_sends.start(send)
 
     def poll_kv_transfers(self) -> list[EngineCoreOutput]:
-        """Apply the transfers the connector finished: sent blocks are freed and their requests'
-        final outputs returned; received KV is committed and its arrival recorded."""
+        """Apply the transfers the connector finished (sent blocks are freed and their requests'
+        final outputs returned; received KV is committed into its reservation), then time out
+        the reservations whose deadline passed."""
         if self.connector is None:
             return []
         finished: FinishedTransfers = self.connector.get_finished()
         for outcome in finished.receiving:
             self._on_kv_received(outcome)
-        return [output for outcome in finished.sending if (output := self._on_kv_sent(outcome)) is not None]
+        outputs = [output for outcome in finished.sending if (output := self._on_kv_sent(outcome)) is not None]
+        for request in self.scheduler.expire_remote_kv():
+            self._forget_request(request.request_id)
+            num_failed = request.remote_kv.num_failed_transfers
+            logger.warning("reservation %s timed out (%d failed transfers); its blocks are freed", request.request_id,
+                           num_failed, extra={"request_id": request.request_id})
+            self._reservation_events.append(ReservationEvent(request.request_id, ReservationEventKind.EXPIRED,
+                                                             num_failed_transfers=num_failed))
+        return outputs
 
-    def drain_kv_arrivals(self) -> list[tuple[str, str | None]]:
-        """(request id, error or None) for each transfer into a reservation since the last call."""
-        arrivals, self._kv_arrivals = self._kv_arrivals, []
-        return arrivals
+    def drain_reservation_events(self) -> list[ReservationEvent]:
+        """What happened to reservations since the last call, in order (the engine clients pass
+        these to `wait_kv` callers and to the service's listener)."""
+        events, self._reservation_events = self._reservation_events, []
+        return events
 
     def _on_kv_received(self, outcome: KVTransferOutcome) -> None:
-        request = self.scheduler.waiting_for_remote_kv.get(outcome.request_id)
+        request = self.scheduler.on_remote_kv_transfer(outcome.request_id, outcome.error)
         if request is None:
-            return  # released or started meanwhile
-        if outcome.is_ok:
+            return  # released, started or timed out meanwhile
+        remote_kv = request.remote_kv
+        if remote_kv.state == RemoteKVState.ARRIVED:
             num_skip = request.num_cached_prompt_tokens // self.kv_manager.block_size
             self.executor.commit_received_blocks(self.kv_manager.block_ids(request.request_id)[num_skip:])
-            request.has_remote_kv = True
+            kind = ReservationEventKind.ARRIVED
         else:
-            # A failed transfer may have written part of its chunks over KV that arrived before
-            # (a retried prefill after one that completed): never decode from a mix of the two.
-            request.has_remote_kv = False
             logger.warning("KV transfer for %s failed (%s); waiting for a retry", outcome.request_id, outcome.error,
                            extra={"request_id": outcome.request_id})
-        self._kv_arrivals.append((outcome.request_id, outcome.error))
+            kind = ReservationEventKind.TRANSFER_FAILED
+        self._reservation_events.append(ReservationEvent(outcome.request_id, kind, outcome.error,
+                                                         remote_kv.num_failed_transfers))
 
     def _on_kv_sent(self, outcome: KVTransferOutcome) -> EngineCoreOutput | None:
         if self.peer_sends.finish(outcome):

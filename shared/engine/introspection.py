@@ -1,43 +1,44 @@
-"""What the engine API reports about an LLMEngine: its fixed info, its status (load, counters,
-KV transfer, memory) and its prefix-cache events. Called on the engine's thread for a
+"""What the engine API reports about an EngineCore (the in-thread client's and the core
+process's alike): its fixed info, its status (load, counters, KV transfer, memory) and its
+prefix-cache events. Called on the engine's thread for a
 consistent snapshot, or from another thread for a latest-values read (plain ints and lengths:
 each value some recent one, never a torn one)."""
 
-from shared.engine.client import (
+from shared.engine.engine_core import EngineCore
+from shared.engine_api.client import (
     CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents, SpecDecodeCounts,
 )
-from shared.engine.llm_engine import LLMEngine
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_tier.manager import KVTierManager
 from shared.kv_transfer.types import KVConnectorStats
 from shared.memory.engine_memory import grammar_cache_usage, kv_pool_bytes, weight_bytes
 
 
-def engine_info(engine: LLMEngine) -> EngineInfo:
-    layout = engine.executor.kv_cache_layout
+def engine_info(core: EngineCore) -> EngineInfo:
+    layout = core.executor.kv_cache_layout
     cache = CacheSettings(
-        model_id=engine.kv_manager.model_key, block_size=layout.block_size,
-        prefix_hash_algo=engine.kv_manager.hash_algo, dtype=str(layout.dtype).removeprefix("torch."),
+        model_id=core.kv_manager.model_key, block_size=layout.block_size,
+        prefix_hash_algo=core.kv_manager.hash_algo, dtype=str(layout.dtype).removeprefix("torch."),
         kv_layout=layout.description,
-        tensor_parallel_size=engine.config.parallel.tensor_parallel_size)
-    address = engine.connector.address if engine.connector is not None else ""
-    tiers = engine.tiers.manager
-    return EngineInfo(cache, layout.num_blocks, engine.model_config.vocab_size, engine.max_model_len,
-                      weight_bytes(engine.executor), kv_pool_bytes(engine.executor), address,
-                      kv_tier_id=tiers.tier_id if tiers is not None else "", compute=engine.executor.compute_paths)
+        tensor_parallel_size=core.config.parallel.tensor_parallel_size)
+    address = core.connector.address if core.connector is not None else ""
+    tiers = core.tiers.manager
+    return EngineInfo(cache, layout.num_blocks, core.model_config.vocab_size, core.max_model_len,
+                      weight_bytes(core.executor), kv_pool_bytes(core.executor), address,
+                      kv_tier_id=tiers.tier_id if tiers is not None else "", compute=core.executor.compute_paths)
 
 
-def engine_load(engine: LLMEngine) -> EngineLoad:
-    scheduler, pool = engine.scheduler, engine.block_pool
-    resident = engine.adapters.names_of(engine.executor.resident_lora_ids())
+def engine_load(core: EngineCore) -> EngineLoad:
+    scheduler, pool = core.scheduler, core.block_pool
+    resident = core.adapters.names_of(core.executor.resident_lora_ids())
     return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.waiting_for_remote_kv),
                       pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)))
 
 
-def engine_status(engine: LLMEngine) -> EngineStatus:
-    stats, spec = engine.stats, engine.spec_stats
+def engine_status(core: EngineCore) -> EngineStatus:
+    stats, spec = core.stats, core.spec_stats
     return EngineStatus(
-        load=engine_load(engine), num_held=len(engine.scheduler.sending),
+        load=engine_load(core), num_held=len(core.scheduler.sending),
         num_prompt_tokens=stats.num_prompt_tokens, num_prompt_tokens_computed=stats.num_prompt_tokens_computed,
         num_cached_prompt_tokens=stats.num_cached_prompt_tokens, num_generation_tokens=stats.num_generation_tokens,
         num_requests_finished=stats.num_requests_finished, num_prefix_cache_queries=stats.num_prefix_cache_queries,
@@ -45,15 +46,15 @@ def engine_status(engine: LLMEngine) -> EngineStatus:
         num_steps=stats.num_steps,
         spec_decode=SpecDecodeCounts(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
                                      tuple(spec.accepted_per_position)),
-        kv_transfer=engine.connector.stats() if engine.connector is not None else KVConnectorStats(),
-        memory=engine_memory(engine),
-        kv_tiers=engine.tiers.manager.stats() if engine.tiers.manager is not None else ())
+        kv_transfer=core.connector.stats() if core.connector is not None else KVConnectorStats(),
+        memory=engine_memory(core),
+        kv_tiers=core.tiers.manager.stats() if core.tiers.manager is not None else ())
 
 
-def engine_memory(engine: LLMEngine) -> EngineMemory:
-    scheduler = engine.scheduler
+def engine_memory(core: EngineCore) -> EngineMemory:
+    scheduler = core.scheduler
     caches = {"request_state": (len(scheduler.requests) + len(scheduler.sending), -1, -1)}
-    grammars = grammar_cache_usage(engine)
+    grammars = grammar_cache_usage(core)
     if grammars is not None:
         caches[grammars.name] = (grammars.num_entries, grammars.max_entries, grammars.memory_bytes)
     return EngineMemory(caches)

@@ -3,11 +3,11 @@
 from collections.abc import Sequence
 
 from shared.engine.llm_engine import LLMEngine
-from shared.engine.outputs import RequestOutput
-from shared.engine_args import EngineArgs
-from shared.lora.request import LoRARequest
 from shared.engine.stats import KVUsage
+from shared.engine_api.outputs import RequestOutput
+from shared.engine_args import EngineArgs
 from shared.errors import InvalidRequestError
+from shared.lora.request import LoRARequest
 from shared.sampling.params import SamplingParams
 
 Prompt = str | list[int]
@@ -65,7 +65,7 @@ class LLM:
         self.shutdown()
 
     def kv_usage(self) -> KVUsage:
-        return self.engine.stats.kv_usage()
+        return self.engine.core.stats.kv_usage()
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

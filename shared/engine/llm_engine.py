@@ -9,21 +9,22 @@ Services drive it from one thread; the offline `LLM` wraps it in a loop. No tran
 import logging
 
 from shared.config import EngineConfig
+from shared.core.remote_kv import RemoteKVState
 from shared.core.request import Request, RequestStatus
-from shared.engine.client import CachedSend
 from shared.engine.core_outputs import EngineCoreOutput
-from shared.engine.engine_core import EngineCore, Reservation
-from shared.engine.errors import CapacityError
+from shared.engine.engine_core import EngineCore
 from shared.engine.output_processor import OutputProcessor
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import CachedSend, KVReservation, ReservationEvent
+from shared.engine_api.errors import CapacityError
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import Executor, SampledLogprobs
+from shared.executor.base import Executor
 from shared.kv_transfer.types import KVSendParams
 from shared.lora.request import LoRARequest
 from shared.model.config import ModelConfig
 from shared.sampling.params import SamplingParams
 
-__all__ = ["CapacityError", "LLMEngine", "Reservation"]
+__all__ = ["CapacityError", "LLMEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,21 +44,6 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Release the KV connector and the executor (stops worker processes, if any)."""
         self.core.shutdown()
-
-    # The core's parts, for tests, metrics and the services that still reach them.
-    config = property(lambda self: self.core.config)
-    model_config = property(lambda self: self.core.model_config)
-    executor = property(lambda self: self.core.executor)
-    max_model_len = property(lambda self: self.core.max_model_len)
-    block_pool = property(lambda self: self.core.block_pool)
-    kv_manager = property(lambda self: self.core.kv_manager)
-    scheduler = property(lambda self: self.core.scheduler)
-    adapters = property(lambda self: self.core.adapters)
-    guided = property(lambda self: self.core.guided)
-    stats = property(lambda self: self.core.stats)
-    spec_stats = property(lambda self: self.core.spec_stats)
-    connector = property(lambda self: self.core.connector)
-    tiers = property(lambda self: self.core.tiers)
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -115,15 +101,24 @@ class LLMEngine:
 
     def reserve_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                         cache_salt: str | None = None, num_resumed_output_tokens: int = 0,
-                        lora_request: LoRARequest | None = None) -> Reservation:
+                        lora_request: LoRARequest | None = None, lease_s: float | None = None) -> KVReservation:
         """Decode role: allocate blocks for a prompt whose KV arrives through the connector
-        (its last `num_resumed_output_tokens` generated elsewhere already: see add_request).
-        Raises CapacityError when there is no room (the caller tries another instance)."""
+        (its last `num_resumed_output_tokens` generated elsewhere already: see add_request),
+        held until `lease_s` from now unless renewed (None: until released). Raises
+        CapacityError when there is no room (the caller tries another instance)."""
         token_ids = self._checked_tokens(list(prompt_token_ids), params)
         reservation = self.core.reserve_request(token_ids, params, request_id, cache_salt, num_resumed_output_tokens,
-                                                lora_request)
+                                                lora_request, lease_s)
         self.output_processor.add_group(request_id, token_ids, params, num_resumed_output_tokens)
         return reservation
+
+    def renew_reserved(self, request_id: str, lease_s: float) -> bool:
+        """Decode role: move a reservation's deadline to `lease_s` from now; False if it ended."""
+        return self.core.renew_reserved(request_id, lease_s)
+
+    def reservation_state(self, request_id: str) -> RemoteKVState | None:
+        """Where a reservation stands (shared.core.remote_kv); None once it ended."""
+        return self.core.reservation_state(request_id)
 
     def start_reserved(self, request_id: str, first_token_id: int,
                        first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
@@ -145,6 +140,10 @@ class LLMEngine:
         self.output_processor.abort_group(request_id)
         return True
 
+    def seconds_to_next_deadline(self) -> float:
+        """How long an idle loop may wait before a reservation times out (math.inf: none)."""
+        return self.core.seconds_to_next_deadline()
+
     def send_cached(self, send: CachedSend) -> int:
         """Holder of a peer pull: send the prefix's blocks it holds (shared.engine.peer_sends)."""
         return self.core.send_cached(send)
@@ -153,9 +152,9 @@ class LLMEngine:
         """Apply the transfers the connector finished (see EngineCore.poll_kv_transfers)."""
         return self._process(self.core.poll_kv_transfers())
 
-    def drain_kv_arrivals(self) -> list[tuple[str, str | None]]:
-        """(request id, error or None) for each transfer into a reservation since the last call."""
-        return self.core.drain_kv_arrivals()
+    def drain_reservation_events(self) -> list[ReservationEvent]:
+        """What happened to reservations since the last call (see EngineCore)."""
+        return self.core.drain_reservation_events()
 
     # ---- one step ------------------------------------------------------------------------
 

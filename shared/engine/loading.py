@@ -20,21 +20,13 @@ from shared.model.config import ModelConfig
 from shared.model.default_model import resolve_model
 from shared.model.batch_invariance import make_batch_invariant
 from shared.model.describe_paths import describe_model, expected_cpu_paths
+from shared.model.dtypes import parse_dtype
 from shared.model.cpu_budget import default_num_threads
 from shared.native.cpu_info import describe_cpu
 from shared.model.loader import load_model
 from shared.spec_decode.builder import build_speculator, draft_model_config
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ConfigurationError("dtype", f"{name!r} is not one of {sorted(DTYPES)}")
-    return DTYPES[name]
-
 
 def build_engine_parts(config: EngineConfig):
     """(model_config, executor, tokenizer, model_key) for LLMEngine."""

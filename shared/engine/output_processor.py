@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
-from shared.engine.outputs import CompletionOutput, RequestOutput
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.outputs import CompletionOutput, RequestOutput, SampledLogprobs
 from shared.isolation import describe_error
 from shared.kv_transfer.types import KVTransferResult
 from shared.sampling.params import SamplingParams

@@ -16,7 +16,7 @@ import logging
 
 from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request
-from shared.engine.client import CachedSend
+from shared.engine_api.client import NOT_HELD_FIELD, CachedSend
 from shared.errors import InvalidRequestError
 from shared.kv_cache.block_pool import KVBlock
 from shared.kv_transfer.base import KVConnector
@@ -26,8 +26,6 @@ from shared.sampling.params import SamplingParams
 logger = logging.getLogger(__name__)
 
 TRANSFER_ID_PREFIX = "peer-send:"
-# The field an InvalidRequestError names when this engine does not hold every block asked for.
-NOT_HELD_FIELD = "held_blocks"
 
 
 class PeerSends:

@@ -10,20 +10,13 @@ from typing import TYPE_CHECKING
 
 from shared.core.scheduler_output import SchedulerOutput
 from shared.core.verified_tokens import VerifiedTokens
+from shared.engine_api.outputs import SampledLogprobs
 from shared.kv_cache.layout import KVCacheLayout
 
 if TYPE_CHECKING:
     import torch
 
     from shared.model.compute_paths import ComputePaths
-
-TopLogprobs = list[tuple[int, float]]
-
-
-@dataclass
-class SampledLogprobs:
-    logprob: float
-    top: TopLogprobs
 
 
 @dataclass

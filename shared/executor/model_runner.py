@@ -17,7 +17,8 @@ import torch
 
 from shared.core.input_batch import ModelInputs, build_model_inputs
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from shared.executor.base import ModelRunnerOutput, SampledLogprobs
+from shared.engine_api.outputs import SampledLogprobs
+from shared.executor.base import ModelRunnerOutput
 from shared.executor.lora_slots import AdapterSlots
 from shared.executor.thread_governor import ThreadGovernor
 from shared.isolation import run_isolated

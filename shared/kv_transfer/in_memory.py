@@ -14,6 +14,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_transfer.base import KVCacheAccess, KVConnector
 from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorStats, KVSendParams, KVTransferConfig, KVTransferCounts, KVTransferOutcome,
@@ -70,7 +71,7 @@ class InMemoryConnector(KVConnector):
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int,
                                  transfer_token: bytes, adapter_key: str = "") -> None:
         block_size = self.kv_access.kv_cache_layout.block_size
-        num_external_blocks = -(-num_external_tokens // block_size)
+        num_external_blocks = blocks_for_tokens(num_external_tokens, block_size)
         with _lock:
             self._expected[request_id] = _Expected(tuple(block_ids[len(block_ids) - num_external_blocks:]),
                                                    transfer_token, adapter_key)

@@ -26,9 +26,9 @@ def kv_pool_bytes(executor) -> int:
     return tensor_bytes([cache for cache in caches if cache is not None])
 
 
-def grammar_cache_usage(engine) -> CacheUsage | None:
+def grammar_cache_usage(core) -> CacheUsage | None:
     """The compiled-grammar cache, once a guided request has built it (None before)."""
-    grammars = getattr(engine.guided, "_grammars", None)  # built lazily; None until then
+    grammars = getattr(core.guided, "_grammars", None)  # built lazily; None until then
     if grammars is None:
         return None
     try:  # read from the metrics thread while the engine thread may be adding an entry

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from shared.engine.client import EngineStatus, KVTierStats
+from shared.engine_api.client import EngineStatus, KVTierStats
 from shared.metrics.families import FamilyMaker
 from shared.metrics.tier_metrics import tier_families
 

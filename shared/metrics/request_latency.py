@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.outputs import RequestOutput
 from shared.metrics.buckets import ITL_BUCKETS_S, REQUEST_BUCKETS_S, TOKEN_COUNT_BUCKETS, TTFT_BUCKETS_S
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Counters of proposed and accepted tokens, kept on the engine (`LLMEngine.spec_stats`).
+"""Counters of proposed and accepted tokens, kept on the engine (`EngineCore.spec_stats`).
 
 The engine records one draft per speculating request and step; metrics exporters read the
 fields as they are.

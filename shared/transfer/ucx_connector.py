@@ -9,10 +9,11 @@ Producer: `request_finished` reads the prompt's blocks (gathered from the ranks'
 under tensor parallelism, on the engine thread) and sends those after `num_skip_blocks` to
 the consumer; the blocks stay allocated until the send ends, whatever its outcome.
 Consumer: `update_state_after_alloc` arms the receiver for the reservation's blocks and
-token before the reservation is handed out; a watcher reports each transfer's outcome and
-re-arms, after a failure (a retried prefill must be able to deliver) and after a success (a
-prefill that died after sending is retried elsewhere, and that copy must be accepted too),
-until `cancel` withdraws it: then no later transfer writes into those blocks.
+token before the reservation is handed out; the receiver keeps accepting transfers into them
+(a retried prefill after a failure; a second copy after a success, from a prefill retried
+elsewhere after it died having sent) and the connector reports the end of each, until
+`cancel` withdraws them: then no later transfer writes into those blocks. The connector keeps
+no timer and no state of the reservation: the engine's scheduler owns it (shared.core.remote_kv).
 """
 
 import asyncio
@@ -21,6 +22,7 @@ import logging
 import threading
 from collections.abc import Collection
 
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_transfer.base import KVCacheAccess, KVConnector
 from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorStats, KVSendParams, KVStagingUsage, KVTransferConfig, KVTransferCounts,
@@ -29,7 +31,7 @@ from shared.kv_transfer.types import (
 from shared.transfer import loop_thread
 from shared.transfer.errors import KVTransferError
 from shared.transfer.inflight import num_lingering
-from shared.transfer.stats import TransferCounters
+from shared.transfer.stats import TransferCounters, TransferResult
 from shared.transfer.ucx_transport import KVReceiver, KVSender
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class UCXConnector(KVConnector):
         self.sender: KVSender | None = None
         self.receiver: KVReceiver | None = None
         self._address = ""
-        self._watchers: dict[str, asyncio.Task] = {}
+        self._receiving: set[str] = set()  # armed and not withdrawn (the engine thread reads it)
         self._sending: set[str] = set()  # sends started and not ended (any thread reads it)
         self._send_tasks: dict[str, asyncio.Task] = {}  # on the transfer loop
         self._lock = threading.Lock()
@@ -80,7 +82,7 @@ class UCXConnector(KVConnector):
             self._release_loop()
 
     async def _close_ends(self) -> None:
-        for request_id in list(self._watchers):
+        for request_id in list(self._receiving):
             self._disarm(request_id)
         sends = list(self._send_tasks.values())
         for task in sends:
@@ -111,33 +113,27 @@ class UCXConnector(KVConnector):
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int,
                                  transfer_token: bytes, adapter_key: str = "") -> None:
         block_size = self.kv_access.kv_cache_layout.block_size
-        num_external_blocks = -(-num_external_tokens // block_size)
+        num_external_blocks = blocks_for_tokens(num_external_tokens, block_size)
         dst_block_ids = tuple(block_ids[len(block_ids) - num_external_blocks:])
         loop_thread.run(self._loop, self._arm(request_id, dst_block_ids, transfer_token, adapter_key))
 
     async def _arm(self, request_id: str, dst_block_ids: tuple[int, ...], transfer_token: bytes,
                    adapter_key: str) -> None:
-        self.receiver.expect(request_id, dst_block_ids, transfer_token, adapter_key)
-        self._watchers[request_id] = asyncio.get_running_loop().create_task(
-            self._watch(request_id, dst_block_ids, transfer_token, adapter_key))
+        self.receiver.expect(request_id, dst_block_ids, transfer_token, adapter_key,
+                             on_outcome=functools.partial(self._on_received, request_id))
+        self._receiving.add(request_id)
 
-    async def _watch(self, request_id: str, dst_block_ids: tuple[int, ...], transfer_token: bytes,
-                     adapter_key: str) -> None:
-        while True:
-            try:
-                # No timeout of its own: the decode side's (renewable) lease is the clock.
-                result = await self.receiver.wait(request_id, None)
-                outcome = KVTransferOutcome(request_id, KVTransferResult(result.num_bytes, result.seconds))
-            except KVTransferError as error:
-                outcome = KVTransferOutcome(request_id, error=str(error))
-            self._report_received(outcome)
-            self.receiver.expect(request_id, dst_block_ids, transfer_token, adapter_key)
+    def _on_received(self, request_id: str, result: TransferResult | KVTransferError) -> None:
+        """On the transfer loop: a transfer into `request_id`'s blocks ended."""
+        if isinstance(result, KVTransferError):
+            outcome = KVTransferOutcome(request_id, error=str(result))
+        else:
+            outcome = KVTransferOutcome(request_id, KVTransferResult(result.num_bytes, result.seconds))
+        self._report_received(outcome)
 
     def _disarm(self, request_id: str) -> None:
         """On the transfer loop: after this, nothing more is written for `request_id`."""
-        watcher = self._watchers.pop(request_id, None)
-        if watcher is not None:
-            watcher.cancel()
+        self._receiving.discard(request_id)
         self.receiver.withdraw(request_id)
 
     # ---- producer ------------------------------------------------------------------------
@@ -182,7 +178,7 @@ class UCXConnector(KVConnector):
     # ---- both ----------------------------------------------------------------------------
 
     def cancel(self, request_id: str) -> None:
-        if request_id in self._watchers:
+        if request_id in self._receiving:
             loop_thread.run(self._loop, _as_coroutine(self._disarm, request_id))
         if request_id in self._sending:
             self._loop.call_soon_threadsafe(self._cancel_send, request_id)

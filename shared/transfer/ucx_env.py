@@ -21,6 +21,8 @@ import os
 import threading
 import weakref
 
+from shared.transfer.ucx_lifecycle import ucx_context
+
 DEFAULT_UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
 
 logger = logging.getLogger(__name__)
@@ -75,9 +77,9 @@ def stop_ucx() -> None:
     a finished receive whose exception keeps a closed endpoint alive, for example); the
     notifier thread is stopped either way, and such a stale context is kept (see above).
     """
-    if ucxx.core._ctx is None:
+    if ucx_context() is None:
         return
-    context = weakref.ref(ucxx.core._ctx)  # a strong reference here would fail the reset itself
+    context = weakref.ref(ucx_context())  # a strong reference here would fail the reset itself
     gc.collect()  # references held only by cycles (tracebacks, futures) are no reason to fail
     try:
         ucxx.reset()

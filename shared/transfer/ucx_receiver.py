@@ -7,6 +7,12 @@ Used by the decode service, from its asyncio event loop:
     receiver.expect(request_id, dst_block_ids)    # before telling prefill to send
     result = await receiver.wait(request_id, timeout_s=5.0)   # TransferResult or KVTransferError
 
+or, for an engine's KV connector, an expectation that lasts until withdrawn and reports the
+end of every transfer into it (a retry after a failure, or a second copy after a success):
+
+    receiver.expect(request_id, dst_block_ids, token, on_outcome=report)   # report(result or error)
+    receiver.withdraw(request_id)
+
 Each connection (ucxx endpoint) serves one transfer at a time, following the message order in
 proto/pdserve/v1/kv_transfer.proto; concurrent transfers arrive on separate endpoints (the
 sender opens one per transfer in flight), so their bytes can never mix. The payload arrives
@@ -31,7 +37,7 @@ import asyncio
 import logging
 import hmac
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +76,8 @@ class _ExpectedTransfer:
     is_withdrawn: bool = False
     generation: int = 0  # bumped by every admitted transfer: a superseded one writes no more
     endpoint: object = None  # the connection of the transfer in flight
+    # Told of every transfer's end until withdrawn (None: one transfer, awaited with `wait`).
+    on_outcome: "Callable[[TransferResult | KVTransferError], None] | None" = None
 
     def is_current(self, generation: int) -> bool:
         """Whether the transfer admitted as `generation` may still write."""
@@ -124,7 +132,8 @@ class KVReceiver:
         return f"{self._host}:{self._listener.port}"
 
     def expect(self, request_id: str, dst_block_ids: Sequence[int], transfer_token: bytes = b"",
-               adapter_key: str = "") -> None:
+               adapter_key: str = "",
+               on_outcome: Callable[[TransferResult | KVTransferError], None] | None = None) -> None:
         """Register a transfer for `request_id` into `dst_block_ids` (already reserved by the caller).
 
         Call from the event loop before the sender starts. A header for any other request id,
@@ -132,6 +141,9 @@ class KVReceiver:
         a header with a wrong token leaves the expectation untouched for the real sender. A header
         with the right token whose KV was computed with another LoRA adapter than `adapter_key`
         ("" for the base model) is rejected and fails the expectation (field "adapter_key").
+        With `on_outcome`, the expectation lasts until `withdraw`: the end of every transfer into
+        it is passed to `on_outcome` (on the event loop), and a later transfer is accepted after
+        one completed or failed; without, one outcome is awaited with `wait`.
         """
         if not request_id:
             raise InvalidRequestError("request_id", "must not be empty")
@@ -142,7 +154,7 @@ class KVReceiver:
             raise InvalidRequestError("dst_block_ids", problem)
         outcome = asyncio.get_running_loop().create_future()
         self._expected[request_id] = _ExpectedTransfer(request_id, tuple(dst_block_ids), outcome, transfer_token,
-                                                       adapter_key)
+                                                       adapter_key, on_outcome=on_outcome)
 
     async def wait(self, request_id: str, timeout_s: float | None) -> TransferResult:
         """Wait for `request_id`'s blocks to be written; always withdraws the expectation.
@@ -154,6 +166,8 @@ class KVReceiver:
         expected = self._expected.get(request_id)
         if expected is None:
             raise InvalidRequestError("request_id", f"{request_id!r} is not expected")
+        if expected.on_outcome is not None:
+            raise InvalidRequestError("request_id", f"{request_id!r} reports its transfers to a listener")
         try:
             return await asyncio.wait_for(asyncio.shield(expected.outcome), timeout_s)
         except asyncio.TimeoutError:
@@ -236,8 +250,7 @@ class KVReceiver:
             self._end_flight(expected, generation)
             self._settle_staging(staging, receives)
         result = self._record(header, time.perf_counter() - started)
-        if not expected.outcome.done():
-            expected.outcome.set_result(result)
+        self._report(expected, result)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED))
         return True
 
@@ -332,7 +345,7 @@ class KVReceiver:
         mismatch = adapter_mismatch(header.adapter_key, expected.adapter_key)
         if mismatch is not None:
             raise KVTransferError("adapter_key", mismatch)
-        if expected.outcome.done():
+        if expected.on_outcome is None and expected.outcome.done():
             raise KVTransferError("request_id", f"a transfer for {header.request_id!r} is already done")
         if tuple(header.dst_block_ids) != expected.dst_block_ids:
             raise KVTransferError(
@@ -375,5 +388,17 @@ class KVReceiver:
         """Report a rejection to whoever waits on `request_id`, unless another transfer for it is running."""
         self.counters.record_failure()
         expected = self._expected.get(request_id)
-        if expected is not None and not expected.is_in_flight and not expected.outcome.done():
-            expected.outcome.set_exception(error)
+        if expected is not None and not expected.is_in_flight:
+            self._report(expected, error)
+
+    @staticmethod
+    def _report(expected: _ExpectedTransfer, outcome: TransferResult | KVTransferError) -> None:
+        """A transfer into `expected` ended: tell its listener, or settle its one outcome."""
+        if expected.on_outcome is not None:
+            if not expected.is_withdrawn:
+                expected.on_outcome(outcome)
+        elif not expected.outcome.done():
+            if isinstance(outcome, KVTransferError):
+                expected.outcome.set_exception(outcome)
+            else:
+                expected.outcome.set_result(outcome)

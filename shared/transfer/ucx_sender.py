@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 from shared.transfer.chunks import (
     DEFAULT_CHUNK_BYTES, PayloadChunk, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes,
 )
-from shared.transfer.address import parse_address
 from shared.transfer.errors import KVTransferError, KVTransferRejected
 from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.transfer.inflight import keep_until_done
@@ -166,20 +166,28 @@ class KVSender:
         Each chunk is gathered while the ones before it are on the wire (UCX progresses them on
         its own thread). An early answer (a rejected header) stops the gathering. On anything
         but COMPLETED the endpoint is aborted, which cancels what is still pending.
+
+        The operations are awaited through `asyncio.shield`: a timeout or a cancellation of this
+        transfer must not reach them (awaiting a task directly, or a gather of them, cancels
+        them with the awaiter), or their buffers would be freed while UCX still points into
+        them; the abort ends them instead (see inflight).
         """
         ack = asyncio.ensure_future(recv_message(endpoint, pb.KVTransferAck, MAX_ACK_BYTES))
         pending = [ack, asyncio.ensure_future(send_message(endpoint, header))]
+        sends = None
         try:
             for chunk in payload.chunks:
                 if ack.done():
                     break
                 pending.append(asyncio.ensure_future(self._send_chunk(endpoint, payload, chunk)))
                 await asyncio.sleep(0)  # let the send be posted before gathering the next chunk
-            _raise_unless_completed(await ack, header.request_id)
-            await asyncio.gather(*pending[1:])
+            _raise_unless_completed(await asyncio.shield(ack), header.request_id)
+            sends = asyncio.gather(*pending[1:])
+            await asyncio.shield(sends)
         except BaseException:
             endpoint.abort()
-            keep_until_done(pending)  # never cancelled: UCX may still use their buffers (see inflight)
+            # never cancelled: UCX may still use their buffers (see inflight)
+            keep_until_done(pending if sends is None else [*pending, sends])
             raise
 
     @staticmethod

@@ -1,7 +1,6 @@
 """Engine outputs -> GenerateResponse messages, and logprobs both ways."""
 
-from shared.engine.outputs import CompletionOutput, RequestOutput
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.outputs import CompletionOutput, RequestOutput, SampledLogprobs
 from shared.pb.pdserve.v1 import generation_pb2 as pb
 
 FINISH_REASONS = {

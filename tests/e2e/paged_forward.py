@@ -3,11 +3,12 @@
 import torch
 
 from shared.attention.metadata import AttentionMetadata
+from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_cache.layout import KVCacheLayout
 
 
 def prompt_logits(model, config, prompt: list[int], block_size: int) -> torch.Tensor:
-    num_blocks = -(-len(prompt) // block_size)
+    num_blocks = blocks_for_tokens(len(prompt), block_size)
     dtype = next(model.parameters()).dtype
     layout = KVCacheLayout(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype)
     kv_cache = layout.allocate()

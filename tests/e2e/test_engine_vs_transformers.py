@@ -92,8 +92,8 @@ def test_every_scheduling_mode_gives_the_same_tokens(smollm2_folder, prompts, on
         assert_greedy_under_teacher_forcing(hf_model, prompt, generated)
     assert tokens == one_batch_tokens
     if mode.startswith("preemption"):
-        assert llm.engine.stats.num_preemptions > 0
-    pool = llm.engine.block_pool
+        assert llm.engine.core.stats.num_preemptions > 0
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 

@@ -14,7 +14,8 @@ import jsonschema
 import pytest
 
 from shared.engine import LLM, LLMEngine, SamplingParams
-from shared.engine.loading import kv_cache_layout, parse_dtype
+from shared.engine.loading import kv_cache_layout
+from shared.model.dtypes import parse_dtype
 from shared.executor.in_process import InProcessExecutor
 from shared.guided import GuidedDecodingParams as Guided
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
@@ -126,7 +127,8 @@ def assert_all_valid(llm: LLM, outputs, params: list[SamplingParams]) -> None:
         completion = output.outputs[0]
         if p.guided.json_object and completion.finish_reason == "length":
             assert len(completion.token_ids) == p.max_tokens and completion.text.startswith("{")
-            assert_grammar_allows(llm.engine.guided.grammars.compile(p.guided), llm.engine.model_config.vocab_size,
+            core = llm.engine.core
+            assert_grammar_allows(core.guided.grammars.compile(p.guided), core.model_config.vocab_size,
                                   list(completion.token_ids), complete=False)
             continue
         assert completion.finish_reason == "stop", (p.guided, completion.text)
@@ -137,21 +139,22 @@ def test_every_output_validates_at_temperature_0_and_1(llm):
     prompts = [chat_prompt(llm, question) for _, question in CASES] * 2
     params = case_params(0.0) + case_params(1.0)
     outputs = llm.generate(prompts, params)
-    grammars = llm.engine.guided.grammars
+    grammars = llm.engine.core.guided.grammars
     assert (grammars.num_misses, grammars.num_hits) == (len(CASES), len(CASES))
     assert_all_valid(llm, outputs, params)
-    assert llm.engine.block_pool.num_free_blocks == llm.engine.block_pool.num_blocks
+    assert llm.engine.core.block_pool.num_free_blocks == llm.engine.core.block_pool.num_blocks
 
 
 def small_cache_engine(llm: LLM, num_blocks: int, chunk_tokens: int) -> LLMEngine:
     """An engine on the same weights with a tiny KV cache and small prefill chunks."""
-    config = copy.deepcopy(llm.engine.config)
+    core = llm.engine.core
+    config = copy.deepcopy(core.config)
     config.cache.num_blocks = num_blocks
     config.cache.enable_prefix_caching = False
     config.scheduler.long_prefill_token_threshold = chunk_tokens
-    layout = kv_cache_layout(config, llm.engine.model_config, parse_dtype(config.dtype))
-    executor = InProcessExecutor(llm.engine.executor.runner.model, layout)
-    return LLMEngine(config, llm.engine.model_config, executor, llm.tokenizer, llm.engine.kv_manager.model_key)
+    layout = kv_cache_layout(config, core.model_config, parse_dtype(config.dtype))
+    executor = InProcessExecutor(core.executor.runner.model, layout)
+    return LLMEngine(config, core.model_config, executor, llm.tokenizer, core.kv_manager.model_key)
 
 
 def test_small_chunks_and_preemption_still_validate(llm):
@@ -164,9 +167,9 @@ def test_small_chunks_and_preemption_still_validate(llm):
     finished = {}
     while engine.has_unfinished_requests():
         finished.update((o.request_id, o) for o in engine.step() if o.finished)
-    assert engine.scheduler.num_preemptions > 0
+    assert engine.core.scheduler.num_preemptions > 0
     assert_all_valid(llm, [finished[str(index)] for index in chosen], params)
-    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+    assert engine.core.block_pool.num_free_blocks == engine.core.block_pool.num_blocks
 
 
 @pytest.fixture(scope="module")
@@ -188,10 +191,10 @@ def test_prefill_and_decode_instances_share_the_grammar(llm, stack):
     the allowed tokens (a choice has several tokenizations: "n" "eg" "ative" and "n" "eg" "at"
     "iv" "e" both spell "negative", and their logits can tie in bf16); sampled outputs validate
     and walk the grammar too."""
-    vocab_size = llm.engine.guided.vocab_size
+    vocab_size = llm.engine.core.guided.vocab_size
     for index in (7, 10):
         prompt = chat_prompt(llm, CASES[index][1])
-        compiled = llm.engine.guided.grammars.compile(CASES[index][0])
+        compiled = llm.engine.core.guided.grammars.compile(CASES[index][0])
         expected = llm.generate(prompt, case_params(0.0)[index])[0].outputs[0]
         got = generate(stack.gateway, stack_request(llm, index, 0.0))
         assert_grammar_allows(compiled, vocab_size, list(got.token_ids))
@@ -202,7 +205,7 @@ def test_prefill_and_decode_instances_share_the_grammar(llm, stack):
     for index in (5, 11):
         got = generate(stack.gateway, stack_request(llm, index, 1.0))
         check(CASES[index][0], got.text)
-        assert_grammar_allows(llm.engine.guided.grammars.compile(CASES[index][0]), vocab_size, list(got.token_ids))
+        assert_grammar_allows(llm.engine.core.guided.grammars.compile(CASES[index][0]), vocab_size, list(got.token_ids))
     assert sum(status.num_prompt_tokens_computed for status in stack.statuses("prefill").values()) > 0
     stack.wait_all_blocks_free()
 

@@ -31,5 +31,5 @@ def test_parallel_smollm2_matches_transformers(smollm2_folder, hf_model, tp, pp)
         for prompt, output in zip(prompts, outputs):
             assert len(output.token_ids) == GREEDY.max_tokens
             assert_greedy_under_teacher_forcing(hf_model, prompt, list(output.token_ids))
-        pool = llm.engine.block_pool
+        pool = llm.engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks

@@ -36,8 +36,8 @@ def reference_tokens(reference) -> list[list[int]]:
 def test_greedy_chat_with_speculation_equals_without(smollm2_folder, reference_tokens, spec):
     llm = LLM(model=str(smollm2_folder), dtype=DTYPE, num_threads=1, **spec)
     assert [output.outputs[0].token_ids for output in llm.chat(CHATS, GREEDY)] == reference_tokens
-    assert llm.engine.spec_stats.num_draft_tokens > 0
-    pool = llm.engine.block_pool
+    assert llm.engine.core.spec_stats.num_draft_tokens > 0
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 

@@ -8,13 +8,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
-from shared.engine.client import CacheSettings
 from shared.cluster.prefix_index import PrefixIndex
+from shared.engine_api.client import CacheSettings
 from shared.errors import REQUEST_FAILED_METADATA_KEY
-from shared.pb.pdserve.v1 import generation_pb2 as gen
-from shared.pb.pdserve.v1 import instance_pb2 as inst
-from shared.pb.pdserve.v1 import instance_pb2_grpc
-from shared.wire.handback import handed_back_message
+from shared.pb.pdserve.v1 import generation_pb2 as gen, instance_pb2 as inst, instance_pb2_grpc
+from shared.wire.handback import handed_back_message, handed_back_trailer
 
 # Gateway settings that keep every prompt on the prefill pool (no conditional disaggregation):
 # the fixtures' default, so that short test prompts take the path their tests are about.
@@ -182,7 +180,8 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
             yield message
             if self.behaviour.decode_drains_after_first:
                 await self.set_serving(False)
-                await context.abort(grpc.StatusCode.UNAVAILABLE, handed_back_message(request.request_id))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, handed_back_message(request.request_id),
+                                    trailing_metadata=handed_back_trailer(request.request_id))
             if self.behaviour.decode_blocks_after_first:
                 await self._wait_for_cancel()
 

@@ -1,7 +1,8 @@
 """Prefill/decode splits inside one process through the in-memory KV connector (helpers)."""
 
 from shared.engine import LLM, SamplingParams
-from shared.engine.llm_engine import LLMEngine, Reservation
+from shared.engine_api.client import KVReservation, ReservationEventKind
+from shared.engine.llm_engine import LLMEngine
 from shared.kv_transfer.types import KVConnectorRole, KVSendParams, KVTransferConfig
 
 IN_MEMORY = "shared.kv_transfer.in_memory:InMemoryConnector"
@@ -12,9 +13,16 @@ def connected_llm(folder, role: KVConnectorRole = KVConnectorRole.BOTH, **kwargs
                kv_transfer=kwargs.pop("kv_transfer", KVTransferConfig(IN_MEMORY, role)), **kwargs)
 
 
-def send_params(consumer: LLMEngine, reservation: Reservation, consumer_id: str) -> KVSendParams:
-    return KVSendParams(consumer.connector.address, consumer_id, tuple(reservation.block_ids),
+def send_params(consumer: LLMEngine, reservation: KVReservation, consumer_id: str) -> KVSendParams:
+    return KVSendParams(consumer.core.connector.address, consumer_id, tuple(reservation.block_ids),
                         reservation.num_skip_blocks, reservation.transfer_token)
+
+
+def kv_arrivals(engine: LLMEngine) -> list[tuple[str, str | None]]:
+    """(request id, error or None) for each transfer into a reservation the engine applied
+    since the last call (its ARRIVED and TRANSFER_FAILED events)."""
+    return [(event.request_id, event.error) for event in engine.drain_reservation_events()
+            if event.kind != ReservationEventKind.EXPIRED]
 
 
 def first_token_params(params: SamplingParams, num_resumed: int = 0) -> SamplingParams:

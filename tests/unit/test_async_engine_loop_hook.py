@@ -5,10 +5,9 @@ any command arriving, and a hook that raises never stops the engine."""
 import asyncio
 import threading
 
-from shared.engine import LLM, SamplingParams
-from shared.engine import async_engine as async_engine_module
+from shared.engine import LLM, SamplingParams, async_engine as async_engine_module
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 
 
 def make_async_engine(folder, on_loop) -> AsyncEngine:

@@ -11,6 +11,7 @@ import torch
 from shared.attention import torch_paged_step
 from shared.attention.torch_paged import TorchPagedAttention
 from shared.attention.torch_paged_step import split_by_length
+from shared.kv_cache.blocks import blocks_for_tokens
 from tests.unit.paged_batch import StepSequence, build_batch, slot_of
 
 BLOCK_SIZE = 4
@@ -34,7 +35,7 @@ class Step:
         free_blocks = torch.randperm(NUM_BLOCKS, generator=generator).tolist()
         self.sequences = []
         for context_len, query_len, spare_blocks in decodes + prefills:
-            num_blocks = -(-context_len // BLOCK_SIZE) + spare_blocks
+            num_blocks = blocks_for_tokens(context_len, BLOCK_SIZE) + spare_blocks
             block_ids = [free_blocks.pop() for _ in range(num_blocks)]
             self.sequences.append(StepSequence(block_ids, context_len, query_len))
         self.batch = build_batch(self.sequences[:len(decodes)], self.sequences[len(decodes):], BLOCK_SIZE)

@@ -7,8 +7,8 @@ import pytest
 
 from benchmarks import chaos
 from benchmarks.chaos_load import FAILED, LOST, OK, ChaosResult
-from benchmarks.chaos_report import _first_wrong_token, latency_windows, outcomes
-from shared.executor.base import SampledLogprobs
+from benchmarks.chaos_report import FlaggedToken, flagged_tokens, latency_windows, outcomes, rescore
+from shared.engine_api.outputs import SampledLogprobs
 from shared.pb.pdserve.v1 import generation_pb2
 
 TIMEOUT_S = 100.0
@@ -43,12 +43,30 @@ def scored(*entries: tuple[float, int, float]) -> list[SampledLogprobs]:
     return prompt + [SampledLogprobs(logprob, [(best_id, best)]) for logprob, best_id, best in entries]
 
 
-def test_a_token_is_wrong_only_when_fp32_prefers_another_by_more_than_a_near_tie():
+def test_a_token_is_flagged_only_when_the_scoring_model_prefers_another_by_more_than_a_near_tie():
     output = result(token_ids=[5, 6])
-    assert _first_wrong_token(output, scored((-0.1, 5, -0.1), (-0.2, 6, -0.2))) == ""
-    assert _first_wrong_token(output, scored((-0.1, 5, -0.1), (-0.6, 9, -0.3))) == ""  # a near-tie
-    verdict = _first_wrong_token(output, scored((-0.1, 5, -0.1), (-4.0, 9, -0.3)))
-    assert "output token 1 is 6, fp32 prefers 9 by 3.70 nats" in verdict
+    assert flagged_tokens(output, scored((-0.1, 5, -0.1), (-0.2, 6, -0.2))) == []
+    assert flagged_tokens(output, scored((-0.1, 5, -0.1), (-0.6, 9, -0.3))) == []  # a near-tie
+    [flagged] = flagged_tokens(output, scored((-0.1, 5, -0.1), (-4.0, 9, -0.3)))
+    assert "output token 1 is 6, fp32 prefers 9 by 3.70 nats" in flagged.line("fp32")
+
+
+def test_a_token_is_wrong_only_when_the_serving_dtype_alone_rejects_it_too():
+    finished = dict(token_ids=[5, 6, 7], completion_tokens=3, finish_reason=generation_pb2.FINISH_REASON_LENGTH)
+    outputs = [result(index=i, **finished) for i in range(3)]
+    by_dtype = {  # request index -> flagged positions, per scoring dtype
+        "float32": {0: [], 1: [1], 2: [0, 2]},
+        "bfloat16": {1: [], 2: [2]},  # bf16 itself chooses request 1's token 1 and request 2's token 0
+    }
+
+    def fake_flags(results, model, dtype, batch):
+        assert dtype == "float32" or [r.index for r in results] == [1, 2]  # only fp32's suspects again
+        return {r.index: [FlaggedToken(r.index, p, 5, 9, 1.0) for p in by_dtype[dtype][r.index]] for r in results}
+
+    scored = rescore(outputs, "model", "bfloat16", flag_outputs=fake_flags)
+    assert scored.num_scored == 3
+    assert [(f.request, f.position) for f in scored.wrong] == [(2, 2)]
+    assert sorted((f.request, f.position) for f in scored.dtype_disagreements) == [(1, 1), (2, 0)]
 
 
 def test_latency_windows_place_first_tokens_and_gaps_by_when_they_came():

@@ -10,11 +10,11 @@ import pytest
 from services.gateway.server import GatewayServer
 from services.gateway.served_model import ServedModel
 from services.gateway.settings import GatewaySettings
-from benchmarks.harness.clients import ClientOptions, make_client
-from benchmarks.harness.clients.openai_client import api_base, first_model_id
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.records import RequestRecord
-from benchmarks.harness.runner import LoadShape, run_benchmark
+from services.bench.clients import ClientOptions, make_client
+from services.bench.clients.openai_client import api_base, first_model_id
+from services.bench.datasets import BenchPrompt
+from services.bench.records import RequestRecord
+from services.bench.runner import LoadShape, run_benchmark
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from tests.helpers.redis_server import connect_async

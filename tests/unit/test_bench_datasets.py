@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from benchmarks.harness.arrivals import arrival_offsets
-from benchmarks.harness.datasets import LengthRange, file_dataset, random_dataset, shared_prefix_dataset
-from benchmarks.harness.vocabulary import usable_token_ids, with_prompt_text
+from services.bench.arrivals import arrival_offsets
+from services.bench.datasets import LengthRange, file_dataset, random_dataset, shared_prefix_dataset
+from services.bench.vocabulary import usable_token_ids, with_prompt_text
 from shared.errors import ConfigurationError
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 
@@ -85,7 +85,7 @@ def test_infinite_rate_sends_everything_at_once_and_bad_rates_are_refused():
 
 
 def test_each_run_of_a_sweep_gets_its_own_prompts_and_the_warm_up_others(smollm2_tokenizer):  # noqa: F811
-    from benchmarks.harness.workload import WorkloadSpec, sweep_workloads
+    from services.bench.workload import WorkloadSpec, sweep_workloads
 
     spec = WorkloadSpec(num_prompts=3, input_len=LengthRange(8, 16), output_len=LengthRange(4, 4), seed=5)
     warmup, runs = sweep_workloads(spec, smollm2_tokenizer, num_runs=2, num_warmups=2)

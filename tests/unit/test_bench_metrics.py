@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from benchmarks.harness.metrics import itls_s, parse_goodput, summarize, tpot_s
-from benchmarks.harness.records import RequestRecord
+from services.bench.metrics import itls_s, parse_goodput, summarize, tpot_s
+from services.bench.records import RequestRecord
 from shared.errors import ConfigurationError
 
 

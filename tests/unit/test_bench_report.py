@@ -7,12 +7,12 @@ import math
 import pytest
 
 from benchmarks.serve_compare_table import format_compare_table
-from benchmarks.harness.datasets import LengthRange
-from benchmarks.harness.metrics import parse_goodput, summarize
-from benchmarks.harness.plots import plot_latency_cdfs, plot_rate_sweep
-from benchmarks.harness.records import RequestRecord
-from benchmarks.harness.report import format_summary, write_result_json
-from benchmarks.harness.runner import LoadShape, RunResult
+from services.bench.datasets import LengthRange
+from services.bench.metrics import parse_goodput, summarize
+from services.bench.plots import plot_latency_cdfs, plot_rate_sweep
+from services.bench.records import RequestRecord
+from services.bench.report import format_summary, write_result_json
+from services.bench.runner import LoadShape, RunResult
 from services.cli.bench_run import loads_of, workload_spec
 from services.cli.main import build_parser
 

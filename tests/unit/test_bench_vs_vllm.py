@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.clients import ClientOptions
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.metrics import summarize
-from benchmarks.harness.records import RequestRecord
-from benchmarks.harness.runner import LoadShape, RunResult
-from benchmarks.harness.sweep import run_sweep
+from services.bench.clients import ClientOptions
+from services.bench.datasets import BenchPrompt
+from services.bench.metrics import summarize
+from services.bench.records import RequestRecord
+from services.bench.runner import LoadShape, RunResult
+from services.bench.sweep import run_sweep
 from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_server, pdserve_stack_config,
                                       stop_process_group, vllm_argv, vllm_server, wait_until_http_ready)
 from benchmarks.serve_vs_vllm import parse_args

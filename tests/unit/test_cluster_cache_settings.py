@@ -11,7 +11,7 @@ from shared.cluster.cache_settings import cache_mismatches, decode_cache_setting
 from shared.cluster.instance_records import decode_instance, encode_instance
 from shared.cluster.instances import InstanceInfo, InstanceLoad, InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
-from shared.engine.client import CacheSettings
+from shared.engine_api.client import CacheSettings
 from shared.errors import InvalidRequestError
 from shared.kv_cache.block_hash import HashRecipe
 from tests.helpers.redis_server import connect_async

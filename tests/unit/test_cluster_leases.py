@@ -1,4 +1,5 @@
-"""LeaseTable (local, exact expiry on an injected clock) and its best-effort Redis mirror."""
+"""LeaseTable (local records with their expiry on an injected clock; the engine's scheduler times
+the reservations out) and its best-effort Redis mirror."""
 
 import asyncio
 
@@ -25,11 +26,9 @@ def test_lease_expires_exactly_at_grant_time_plus_ttl():
     table = LeaseTable("d0", clock=FakeClock(100.0))
     lease = table.grant("req-1", [4, 5, 6], ttl_s=5.0)
     assert lease == BlockLeaseRecord("req-1", "d0", (4, 5, 6), 105.0)
-    assert table.expired(104.999) == []
-    assert table.expired(105.0) == [lease]
-    assert table.expired(105.0) == [lease]  # still held until released
+    assert table.get("req-1") == lease and len(table) == 1
     assert table.release("req-1") == lease
-    assert table.expired(200.0) == []
+    assert table.get("req-1") is None and len(table) == 0
     assert table.release("req-1") is None
 
 
@@ -39,22 +38,10 @@ def test_renew_moves_the_expiry_to_now_plus_the_new_ttl():
     table.grant("req-1", [4, 5], ttl_s=5.0)
     clock.now = 104.0
     assert table.renew("req-1", ttl_s=5.0) == BlockLeaseRecord("req-1", "d0", (4, 5), 109.0)
-    assert table.expired(108.999) == []
-    assert table.expired(109.0) == [table.get("req-1")]
+    assert table.get("req-1").expires_at == 109.0
     assert table.renew("never-granted", ttl_s=5.0) is None
     with pytest.raises(InvalidRequestError, match="ttl_s"):
         table.renew("req-1", ttl_s=0)
-
-
-def test_expired_lists_oldest_first_and_defaults_to_the_clock():
-    clock = FakeClock(0.0)
-    table = LeaseTable("d0", clock=clock)
-    late = table.grant("late", [1], ttl_s=3.0)
-    early = table.grant("early", [2], ttl_s=1.0)
-    table.grant("never", [3], ttl_s=60.0)
-    clock.now = 3.0
-    assert table.expired() == [early, late]
-    assert len(table) == 3
 
 
 def test_released_blocks_can_be_leased_again_but_not_double_leased():

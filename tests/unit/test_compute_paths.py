@@ -19,7 +19,7 @@ def tiny_llm(folder, **kwargs) -> LLM:
 
 def test_the_engine_reports_the_paths_it_loaded_with(tiny_llama_folder):
     config = ModelConfig.from_folder(tiny_llama_folder)
-    paths = engine_info(tiny_llm(tiny_llama_folder).engine).compute
+    paths = engine_info(tiny_llm(tiny_llama_folder).engine.core).compute
     assert paths == expected_cpu_paths(config.num_heads, config.num_kv_heads, config.head_dim, torch.bfloat16, 16)
     fastest = load_native_decode().available_paths(config.num_heads, config.num_kv_heads, config.head_dim, 16,
                                                    torch.bfloat16)[-1]
@@ -31,12 +31,12 @@ def test_the_engine_reports_the_paths_it_loaded_with(tiny_llama_folder):
 def test_forced_paths_and_deterministic_mode_show_in_the_report(tiny_llama_folder, monkeypatch):
     monkeypatch.setenv(PATH_ENV_VAR, "portable")
     monkeypatch.setenv(cpu_matmul.ENV_VAR, "float32")
-    paths = engine_info(tiny_llm(tiny_llama_folder).engine).compute
+    paths = engine_info(tiny_llm(tiny_llama_folder).engine.core).compute
     assert paths.decode_attention == "C++ kernel, portable path"
     assert paths.matmul == "float32 (oneDNN, bf16 weights and activations widened)"
     monkeypatch.delenv(PATH_ENV_VAR)
     monkeypatch.delenv(cpu_matmul.ENV_VAR)
-    deterministic = engine_info(tiny_llm(tiny_llama_folder, deterministic=True).engine).compute
+    deterministic = engine_info(tiny_llm(tiny_llama_folder, deterministic=True).engine.core).compute
     assert deterministic.matmul.startswith("float32")
     assert deterministic.decode_attention in ("C++ kernel, avx512f path", "C++ kernel, portable path")
     assert deterministic.prompt_attention == f"{deterministic.decode_attention} (deterministic)"

@@ -5,7 +5,8 @@ request without waiting a whole step for the news."""
 import zmq
 
 from shared.engine.core_process.core_loop import CoreLoop
-from shared.engine.core_process.messages import KVArrival, StepOutputs, decode_core_message
+from shared.engine_api.client import ReservationEvent, ReservationEventKind
+from shared.engine.core_process.messages import StepOutputs, decode_core_message
 from shared.engine import SamplingParams
 from shared.kv_transfer.types import KVConnectorRole
 from tests.unit.kv_split import connected_llm, send_params
@@ -38,15 +39,15 @@ def test_an_arrival_is_reported_before_the_next_step_computes(tiny_llama_folder)
             while service.poll(0):
                 message = decode_core_message(service.recv())
                 if isinstance(message, StepOutputs):
-                    reported_before_step.extend(message.kv_arrivals)
+                    reported_before_step.extend(message.reservation_events)
             return real_step()
         core.step = step
         loop._run_once()
-        assert reported_before_step == [KVArrival("d")]
+        assert reported_before_step == [ReservationEvent("d", ReservationEventKind.ARRIVED)]
         consumer.engine.abort_request("d")
         consumer.engine.abort_request(busy)
         for llm in (producer, consumer):
-            assert llm.engine.block_pool.num_free_blocks == llm.engine.block_pool.num_blocks
+            assert llm.engine.core.block_pool.num_free_blocks == llm.engine.core.block_pool.num_blocks
     finally:
         for socket in (inbox, outbox, service):
             socket.close(linger=0)

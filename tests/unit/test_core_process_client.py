@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from shared.engine.client import EngineDeadError, GenerateRequest
 from shared.engine.core_process.client import CoreProcessClient
+from shared.engine_api.client import EngineDeadError, GenerateRequest
 from shared.engine_args import EngineArgs
 from shared.errors import InvalidRequestError
 from shared.guided.params import GuidedDecodingParams

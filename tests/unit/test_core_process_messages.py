@@ -4,21 +4,21 @@ version, or bytes that are not a message, are refused with ProtocolError."""
 import msgspec
 import pytest
 
-from shared.memory.idle_trim import TrimPolicy
 from shared.config import CacheConfig, EngineConfig
-from shared.engine.client import (CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
-                                  KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, AbortRequests, AddRequest, CallResult,
-                                                 CoreFailed, CoreStartup, FinishRequests, KVArrival, PrefillReserved,
-                                                 ProtocolError, Query, Ready, Rejected, ReleaseKV, ReserveKV, Shutdown,
-                                                 StartReserved, StepOutputs, check_version, decode_core_message,
+                                                 CoreFailed, CoreStartup, FinishRequests, PrefillReserved,
+                                                 ProtocolError, Query, Ready, Rejected, ReleaseKV, RenewKV, ReserveKV,
+                                                 Shutdown, StartReserved, StepOutputs, check_version, decode_core_message,
                                                  decode_service_message, decode_startup, encode)
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.client import (CacheSettings, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
+                                      KVReservation, ReservationEvent, ReservationEventKind)
+from shared.engine_api.outputs import SampledLogprobs
 from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.types import (KVConnectorRole, KVConnectorStats, KVSendParams, KVTransferConfig,
                                       KVTransferResult)
 from shared.lora import LoRAConfig, LoRARequest
+from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
 LOAD = EngineLoad(num_waiting=1, num_running=2, num_reserved=0, num_free_blocks=7, num_total_blocks=64)
@@ -42,6 +42,8 @@ SERVICE_MESSAGES = [
                                                                            "00f067aa0ba902b7-01", "tracestate": "a=1"}),
     AddRequest("r8", [5, 6], SamplingParams(), lora_request=LoRARequest("sql", 2, "/adapters/sql")),
     ReserveKV(9, "r9", [1, 2, 3], SamplingParams(max_tokens=4), lora_request=LoRARequest("sql", 2, "/adapters/sql")),
+    ReserveKV(10, "r10", [1, 2, 3], SamplingParams(max_tokens=4), lease_s=2.5),
+    RenewKV(11, "r10", 2.5),
     StartReserved("r4", 17, SampledLogprobs(-0.25, [(17, -0.25)])),
     PrefillReserved("r5"),
     ReleaseKV(4, "r4"),
@@ -49,6 +51,7 @@ SERVICE_MESSAGES = [
     FinishRequests(["r1#0"], "stop"),
     FinishRequests(["r2"], "error", "detokenizer failed"),
     Query(7, "kv_snapshot"),
+    Query(12, "kv_arrived", "r10"),
     Shutdown(),
 ]
 CORE_MESSAGES = [
@@ -57,12 +60,16 @@ CORE_MESSAGES = [
                                   [SampledLogprobs(-2.0, [])], "length", None, 4, first_scheduled_time=12.5),
                  EngineCoreOutput("r2", finish_reason="error", error="sampling failed"),
                  EngineCoreOutput("p1", [4], finish_reason="length", kv_transfer=KVTransferResult(4096, 0.01))],
-                LOAD, STATUS, [KVArrival("r4"), KVArrival("r5", "CRC mismatch")]),
+                LOAD, STATUS, [ReservationEvent("r4", ReservationEventKind.ARRIVED),
+                               ReservationEvent("r5", ReservationEventKind.TRANSFER_FAILED, "CRC mismatch", 1),
+                               ReservationEvent("r6", ReservationEventKind.EXPIRED, num_failed_transfers=2)]),
     Rejected("r3", "prompt_token_ids", "token id 999 is outside the vocabulary"),
     CallResult(7, status=STATUS),
     CallResult(8, kv_events=KVCacheEvents(stored=(b"\x01" * 32,), removed=(b"\x02" * 32,))),
     CallResult(3, reservation=KVReservation("r4", (1, 2), 16, 1, "127.0.0.1:4000", b"\x07" * 16)),
     CallResult(4, released=True),
+    CallResult(11, renewed=False),
+    CallResult(12, kv_arrived=True),
     CallResult(5, error_kind="capacity", error="no room for 300 prompt tokens"),
     CoreFailed("RuntimeError: forward pass failed"),
 ]

@@ -165,7 +165,7 @@ def each_alone(tiny_llama_folder):
 def test_engine_output_in_a_batch_equals_each_prompt_alone(tiny_llama_folder, each_alone, engine_kwargs):
     llm = make_llm(tiny_llama_folder, **engine_kwargs)
     assert tokens_and_logprobs(llm.generate(ENGINE_PROMPTS, GREEDY)) == each_alone
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -189,7 +189,7 @@ def test_every_path_deterministic_mode_may_take_holds_on_this_machine(tiny_llama
     alone = [tokens_and_logprobs(make_llm(tiny_llama_folder).generate([prompt], GREEDY))[0]
              for prompt in ENGINE_PROMPTS]
     llm = make_llm(tiny_llama_folder)
-    assert llm.engine.executor.compute_paths.decode_attention == f"C++ kernel, {path} path"
+    assert llm.engine.core.executor.compute_paths.decode_attention == f"C++ kernel, {path} path"
     assert tokens_and_logprobs(llm.generate(ENGINE_PROMPTS, GREEDY)) == alone
     cached = llm.generate(ENGINE_PROMPTS[::-1], GREEDY)
     assert all(output.num_cached_tokens > 0 for output in cached if len(output.prompt_token_ids) > BLOCK_SIZE)

@@ -40,7 +40,7 @@ def make_llm(folder, **kwargs) -> LLM:
 
 
 def assert_pool_is_whole(llm: LLM):
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
     assert all(block.ref_count == 0 for block in pool.blocks)
 
@@ -80,7 +80,7 @@ def test_prefix_caching_on_and_off_give_the_same_tokens(tiny_llama_folder, refer
 def test_preemption_from_a_tiny_cache_gives_the_same_tokens(tiny_llama_folder, reference_tokens):
     llm = make_llm(tiny_llama_folder, num_blocks=16, enable_prefix_caching=False)
     assert generate_tokens(llm) == reference_tokens
-    assert llm.engine.stats.num_preemptions > 0
+    assert llm.engine.core.stats.num_preemptions > 0
     assert_pool_is_whole(llm)
 
 
@@ -123,7 +123,7 @@ def test_abort_frees_blocks_at_once(tiny_llama_folder):
     engine = llm.engine
     engine.add_request(PROMPTS[2], GREEDY, request_id="x")
     engine.step()
-    assert engine.block_pool.num_free_blocks < engine.block_pool.num_blocks
+    assert engine.core.block_pool.num_free_blocks < engine.core.block_pool.num_blocks
     final = engine.abort_request("x")
     assert final.outputs[0].finish_reason == "abort"
     assert_pool_is_whole(llm)

@@ -12,12 +12,12 @@ from services.common.engine_setup import engine_config
 from services.common.settings import InstanceSettings
 from shared.config import CacheConfig, EngineConfig
 from shared.core.scheduler_config import SchedulerConfig
-from shared.engine.loading import DTYPES
 from shared.engine_args import GIB, EngineArgs
 from shared.errors import ConfigurationError
 from shared.guided.limits import GuidedLimits
 from shared.kv_tier.config import KVTierConfig
 from shared.lora.config import LoRAConfig
+from shared.model.dtypes import DTYPES
 from shared.parallel.config import ParallelConfig
 from shared.spec_decode.config import SpeculativeConfig
 
@@ -90,7 +90,9 @@ def test_the_config_sections_names_are_accepted_as_aliases():
 
 
 def test_the_dtype_names_are_the_loaders():
-    assert set(EngineArgs.__pydantic_fields__["dtype"].annotation.__args__) == set(DTYPES)
+    assert all(EngineArgs(dtype=name).create_engine_config().dtype == name for name in DTYPES)
+    with pytest.raises(ConfigurationError, match="dtype"):
+        EngineArgs.from_kwargs(dtype="float16")
 
 
 def test_instance_settings_hold_the_engine_args():

@@ -1,4 +1,4 @@
-"""The engine API (shared.engine.client) through its in-thread implementation, AsyncEngine,
+"""The engine API (shared.engine_api.client) through its in-thread implementation, AsyncEngine,
 used as services use it: typed requests in, typed outputs out, no engine internals. KV moves
 between two engines of this process through the in-memory KV connector."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.client import (
+from shared.engine_api.client import (
     CapacityError, GenerateRequest, KVSendParams, KVTransferFailedError,
 )
 from shared.errors import InvalidRequestError
@@ -89,7 +89,7 @@ def test_a_disaggregated_request_equals_a_local_one(tiny_llama_folder):
 
 def test_a_failed_transfer_raises_on_both_sides_and_frees_the_producers_blocks(tiny_llama_folder):
     prefill, decode = pair(tiny_llama_folder)
-    prefill._engine.connector.fail_next_sends = 1  # white box: inject the failure
+    prefill._engine.core.connector.fail_next_sends = 1  # white box: inject the failure
 
     async def scenario():
         async with started(prefill, decode):

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from shared.engine import SamplingParams
-from shared.engine.client import CacheSettings
-from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info
+from shared.engine_api.client import CacheSettings
+from shared.engine_api.errors import CapacityError
 from shared.errors import InvalidRequestError
 from shared.kv_transfer.types import FinishedTransfers, KVConnectorRole, KVTransferConfig
-from tests.unit.kv_split import connected_llm, first_token_params, run_prefill, run_split, send_params
+from tests.unit.kv_split import connected_llm, first_token_params, kv_arrivals, run_prefill, run_split, send_params
 
 UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
 PROMPT = list(range(30, 67))  # 37 tokens: 2 full blocks of 16 and a partial one
@@ -23,7 +23,7 @@ def make_llm(folder, **kwargs):
 
 
 def assert_pool_is_whole(llm) -> None:
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -43,20 +43,20 @@ def test_the_same_blocks_arrive_from_a_producer_engine(tiny_llama_folder):
     consumer = connected_llm(tiny_llama_folder, KVConnectorRole.CONSUMER, enable_prefix_caching=False)
     reservation = consumer.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "r")
     sources = []
-    real_request_finished = producer.engine.connector.request_finished
+    real_request_finished = producer.engine.core.connector.request_finished
 
     def remember_blocks(request_id, block_ids, send):
         sources.extend(block_ids)
         return real_request_finished(request_id, block_ids, send)
-    producer.engine.connector.request_finished = remember_blocks
+    producer.engine.core.connector.request_finished = remember_blocks
     output = run_prefill(producer.engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "r",
                          send_params(consumer.engine, reservation, "r"))
-    assert output.kv_transfer.num_bytes == 3 * producer.engine.executor.kv_cache_layout.bytes_per_block
-    sent = producer.engine.executor.kv_cache[:, :, sources]
-    assert torch.equal(consumer.engine.executor.kv_cache[:, :, reservation.block_ids], sent)
+    assert output.kv_transfer.num_bytes == 3 * producer.engine.core.executor.kv_cache_layout.bytes_per_block
+    sent = producer.engine.core.executor.kv_cache[:, :, sources]
+    assert torch.equal(consumer.engine.core.executor.kv_cache[:, :, reservation.block_ids], sent)
     assert_pool_is_whole(producer)  # freed once sent
     consumer.engine.step()
-    assert consumer.engine.drain_kv_arrivals() == [("r", None)]
+    assert kv_arrivals(consumer.engine) == [("r", None)]
     consumer.engine.abort_request("r")
     assert_pool_is_whole(consumer)
 
@@ -65,11 +65,11 @@ def test_a_failed_send_frees_the_blocks_and_the_consumer_waits_for_a_retry(tiny_
     llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
     engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     reservation = engine.reserve_request(PROMPT, params, "d")
-    engine.connector.fail_next_sends = 1
+    engine.core.connector.fail_next_sends = 1
     failed = run_prefill(engine, PROMPT, first_token_params(params), "p1", send_params(engine, reservation, "d"))
     assert failed.kv_transfer is None and "injected" in failed.kv_transfer_error
     engine.step()
-    assert [error is not None for _, error in engine.drain_kv_arrivals()] == [True]
+    assert [error is not None for _, error in kv_arrivals(engine)] == [True]
     with pytest.raises(InvalidRequestError, match="has not arrived"):
         engine.start_reserved("d", 1)
     retried = run_prefill(engine, PROMPT, first_token_params(params), "p2", send_params(engine, reservation, "d"))
@@ -84,13 +84,13 @@ def test_a_wrong_token_writes_nothing(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder, enable_prefix_caching=False)
     engine = llm.engine
     reservation = engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
-    before = engine.executor.kv_cache[:, :, reservation.block_ids].clone()
+    before = engine.core.executor.kv_cache[:, :, reservation.block_ids].clone()
     send = send_params(engine, reservation, "d")
     forged = type(send)(send.remote_address, "d", send.remote_block_ids, 0, b"forged")
     output = run_prefill(engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "p", forged)
     assert output.kv_transfer_error.startswith("transfer_token")
-    assert torch.equal(engine.executor.kv_cache[:, :, reservation.block_ids], before)
-    assert engine.drain_kv_arrivals() == []  # the consumer is not disturbed
+    assert torch.equal(engine.core.executor.kv_cache[:, :, reservation.block_ids], before)
+    assert kv_arrivals(engine) == []  # the consumer is not disturbed
     engine.abort_request("d")
     assert_pool_is_whole(llm)
 
@@ -103,7 +103,7 @@ def test_blocks_the_consumer_holds_are_not_sent(tiny_llama_folder):
     assert reservation.num_cached_tokens == 32 and reservation.num_skip_blocks == 2
     output = run_prefill(engine, PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
                          send_params(engine, reservation, "d"))
-    assert output.kv_transfer.num_bytes == engine.executor.kv_cache_layout.bytes_per_block
+    assert output.kv_transfer.num_bytes == engine.core.executor.kv_cache_layout.bytes_per_block
     engine.abort_request("d")
     assert_pool_is_whole(llm)
 
@@ -113,24 +113,24 @@ def test_aborting_a_request_whose_kv_is_being_sent_frees_its_blocks_once_sent(ti
     engine = llm.engine
     reservation = engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
     # The in-memory copy ends at once; its end is held back here, as a slow network send's is.
-    real_get_finished, held = engine.connector.get_finished, []
+    real_get_finished, held = engine.core.connector.get_finished, []
 
     def get_finished_but_sends():
         finished = real_get_finished()
         held.extend(finished.sending)
         return FinishedTransfers((), finished.receiving)
-    engine.connector.get_finished = get_finished_but_sends
+    engine.core.connector.get_finished = get_finished_but_sends
     engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1), "p",
                        kv_send=send_params(engine, reservation, "d"))
-    while "p" not in engine.scheduler.sending:
+    while "p" not in engine.core.scheduler.sending:
         assert not [o for o in engine.step() if o.request_id == "p" and o.finished]
     assert engine.abort_request("p") is None
     engine.step()
-    assert "p" in engine.scheduler.sending  # its blocks are still being read
-    engine.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
+    assert "p" in engine.core.scheduler.sending  # its blocks are still being read
+    engine.core.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
     engine.step()  # the send ends
-    engine.connector.get_finished = real_get_finished
-    assert "p" not in engine.scheduler.sending and not engine.scheduler.requests.get("p")
+    engine.core.connector.get_finished = real_get_finished
+    assert "p" not in engine.core.scheduler.sending and not engine.core.scheduler.requests.get("p")
     engine.abort_request("d")
     assert_pool_is_whole(llm)
 
@@ -140,9 +140,9 @@ def test_reserve_refuses_when_full_and_changes_nothing(tiny_llama_folder):
     llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), request_id="a")
     with pytest.raises(CapacityError):
         llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), request_id="b")
-    assert not llm.engine.scheduler.requests.get("b")
+    assert not llm.engine.core.scheduler.requests.get("b")
     assert llm.engine.release_reserved("a") and not llm.engine.release_reserved("a")
-    assert llm.engine.block_pool.num_free_blocks == 4
+    assert llm.engine.core.block_pool.num_free_blocks == 4
 
 
 def test_starting_an_unknown_reservation_names_the_field(tiny_llama_folder):
@@ -164,16 +164,16 @@ def test_a_connector_that_cannot_arm_the_receive_leaves_nothing_reserved(tiny_ll
 
     def cannot_arm(*args):
         raise RuntimeError("listener gone (injected)")
-    llm.engine.connector.update_state_after_alloc = cannot_arm
+    llm.engine.core.connector.update_state_after_alloc = cannot_arm
     with pytest.raises(RuntimeError, match="injected"):
         llm.engine.reserve_request(PROMPT, SamplingParams(max_tokens=4), "d")
     assert_pool_is_whole(llm)
-    assert not llm.engine.has_unfinished_requests() and not llm.engine.scheduler.requests
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.core.scheduler.requests
 
 
 def test_cache_settings_say_what_a_peer_must_share(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder, block_size=8, prefix_hash_algo="blake2b")
-    assert engine_info(llm.engine).cache == CacheSettings(
+    assert engine_info(llm.engine.core).cache == CacheSettings(
         model_id=tiny_llama_folder.name, block_size=8, prefix_hash_algo="blake2b", dtype="float32",
         kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;head_dim=16", tensor_parallel_size=1)
 
@@ -197,7 +197,7 @@ def test_the_step_that_prefills_a_prompt_returns_it_once_its_kv_is_sent(tiny_lla
         assert final.finished and final.kv_transfer is not None, final.kv_transfer_error
         assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
         engine.step()
-        assert engine.drain_kv_arrivals() == [("d", None)]
+        assert kv_arrivals(engine) == [("d", None)]
         engine.abort_request("d")
         assert_pool_is_whole(llm)
     finally:
@@ -212,25 +212,25 @@ def test_a_prefill_hands_out_its_first_token_before_its_kv_send_ends(tiny_llama_
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1)
     reservation = engine.reserve_request(PROMPT, params, "d")
-    real_get_finished, held = engine.connector.get_finished, []
+    real_get_finished, held = engine.core.connector.get_finished, []
 
     def get_finished_but_sends():
         finished = real_get_finished()
         held.extend(finished.sending)
         return FinishedTransfers((), finished.receiving)
-    engine.connector.get_finished = get_finished_but_sends
+    engine.core.connector.get_finished = get_finished_but_sends
     engine.add_request(PROMPT, first_token_params(params), "p", kv_send=send_params(engine, reservation, "d"))
     outputs = []
     while not outputs:
         outputs = [o for o in engine.step() if o.request_id == "p"]
     [first] = outputs
-    assert not first.finished and "p" in engine.scheduler.sending
+    assert not first.finished and "p" in engine.core.scheduler.sending
     assert len(first.token_ids) == 1 and len(first.outputs[0].logprobs) == 1
     assert len(first.prompt_logprobs) == len(PROMPT) - 1
     assert not [o for o in engine.step() if o.request_id == "p"]  # the send has not ended
-    engine.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
+    engine.core.connector.get_finished = lambda: FinishedTransfers(tuple(held), real_get_finished().receiving)
     [final] = [o for o in engine.step() if o.request_id == "p"]
-    engine.connector.get_finished = real_get_finished
+    engine.core.connector.get_finished = real_get_finished
     assert final.finished and final.outputs[0].finish_reason == "length" and final.kv_transfer is not None
     assert final.outputs[0].delta_token_ids == [] and final.token_ids == first.token_ids
     from tests.unit.kv_split import decode_after
@@ -250,7 +250,7 @@ def test_a_reservation_prefilled_here_equals_a_local_run(tiny_llama_folder, para
     engine = llm.engine
     engine.reserve_request(PROMPT, params, "d")
     assert engine.prefill_reserved("d") == []
-    assert "d" not in engine.scheduler.waiting_for_remote_kv
+    assert "d" not in engine.core.scheduler.waiting_for_remote_kv
     output = None
     while output is None or not output.finished:
         output = next((o for o in engine.step() if o.request_id == "d"), output)
@@ -264,14 +264,14 @@ def test_a_reservation_prefilled_here_computes_only_what_the_prefix_cache_lacks(
     llm = make_llm(tiny_llama_folder)
     engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     expected = llm.generate([PROMPT], params)[0].token_ids  # leaves the prompt's 2 full blocks cached
-    computed = engine.stats.num_prompt_tokens_computed
+    computed = engine.core.stats.num_prompt_tokens_computed
     assert engine.reserve_request(PROMPT, params, "d").num_cached_tokens == 32
     engine.prefill_reserved("d")
     output = None
     while output is None or not output.finished:
         output = next((o for o in engine.step() if o.request_id == "d"), output)
     assert output.token_ids == expected and output.num_cached_tokens == 32
-    assert engine.stats.num_prompt_tokens_computed - computed == len(PROMPT) - 32
+    assert engine.core.stats.num_prompt_tokens_computed - computed == len(PROMPT) - 32
     assert_pool_is_whole(llm)
 
 

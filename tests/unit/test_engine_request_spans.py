@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from shared.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared.core.verified_tokens import VerifiedTokens
 from shared.engine.core_outputs import EngineCoreOutput
-from shared.engine.core_process.messages import KVArrival
+from shared.engine_api.client import ReservationEvent, ReservationEventKind
 from shared.engine.core_process.request_spans import RequestSpans
 from shared.executor.base import ModelRunnerOutput
 from shared.kv_transfer.types import KVSendParams, KVTransferResult
@@ -94,7 +94,7 @@ def test_a_failed_send_is_a_failure_event(exporter):
 def test_a_reservation_notes_its_kv_and_speculation_or_ends_when_released(exporter):
     spans = RequestSpans()
     spans.on_arrival("d1", None, "reservation")
-    spans.on_kv_arrivals([KVArrival("d1")])
+    spans.on_reservation_events([ReservationEvent("d1", ReservationEventKind.ARRIVED)])
     decode = ScheduledRequest("d1", [42], len(PROMPT), [0, 1], SamplingParams(), PROMPT, [42])
     step(spans, decode, verified={"d1": VerifiedTokens([43, 44, 45], num_draft_tokens=3)})
     spans.on_outputs([EngineCoreOutput("d1", [43, 44, 45], finish_reason="stop")])

@@ -30,7 +30,7 @@ def test_a_resumed_request_continues_like_the_local_run(tiny_llama_folder, param
     llm = make_llm(tiny_llama_folder)
     continued = run_resumed(llm, params, local[:num_resumed])
     assert local[:num_resumed] + continued == local
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -63,5 +63,5 @@ def test_a_resumed_guided_request_continues_its_grammar(tiny_llama_folder, tempe
             continued = output.outputs[0]
     assert local.token_ids[:4] + continued.token_ids == local.token_ids
     assert continued.finish_reason == local.finish_reason
-    pool = engine.block_pool
+    pool = engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks

@@ -88,7 +88,7 @@ def test_a_forward_pass_failure_fails_the_step(tiny_llama_folder, monkeypatch):
 
     def broken(*args, **kwargs):
         raise RuntimeError("worker died (injected)")
-    monkeypatch.setattr(llm.engine.executor.runner, "model", broken)
+    monkeypatch.setattr(llm.engine.core.executor.runner, "model", broken)
     with pytest.raises(RuntimeError, match="worker died"):
         llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))
     assert_pool_is_whole(llm)
@@ -98,7 +98,7 @@ def test_a_forward_pass_failure_fails_the_step(tiny_llama_folder, monkeypatch):
 def test_a_speculation_failure_finishes_only_its_request(tiny_llama_folder, clean_tokens, stage):
     expected = clean_tokens(0.0)
     llm = make_llm(tiny_llama_folder, speculative_method="draft", draft_num_layers=2, num_speculative_tokens=2)
-    speculator = llm.engine.executor.runner.speculator
+    speculator = llm.engine.core.executor.runner.speculator
     real = getattr(speculator, stage)
 
     def failing(items, *args):
@@ -112,5 +112,5 @@ def test_a_speculation_failure_finishes_only_its_request(tiny_llama_folder, clea
     outputs = llm._run(request_ids)
     assert outputs[0].outputs[0].finish_reason == "error" and "injected" in outputs[0].outputs[0].error
     assert [outputs[i].token_ids for i in (1, 2, 3)] == [expected[i] for i in (1, 2, 3)]
-    assert llm.engine.spec_stats.num_draft_tokens > 0
+    assert llm.engine.core.spec_stats.num_draft_tokens > 0
     assert_pool_is_whole(llm)

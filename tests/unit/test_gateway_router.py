@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from services.gateway.router import (
     COLOCATED, DISAGGREGATED, Candidate, no_pair_reason, pairable_decodes, plan_route, prefills_for, rank)
-from shared.engine.client import CacheSettings
+from shared.engine_api.client import CacheSettings
 
 CACHE = CacheSettings(model_id="m", block_size=16, prefix_hash_algo="sha256", dtype="bfloat16",
                       kv_layout="kv,layer,block,slot,kv_head,head_dim;layers=2;kv_heads=2;head_dim=8")

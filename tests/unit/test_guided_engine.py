@@ -29,12 +29,12 @@ def make_llm(folder, **kwargs) -> LLM:
     kwargs.setdefault("num_blocks", 64)
     llm = LLM(model=str(folder), dtype="float32", block_size=4,
               kv_transfer=KVTransferConfig(IN_MEMORY, KVConnectorRole.BOTH), **kwargs)
-    llm.engine.guided.use_grammar_cache(tiny_grammar_cache())
+    llm.engine.core.guided.use_grammar_cache(tiny_grammar_cache())
     return llm
 
 
 def assert_pool_is_whole(llm: LLM):
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -103,7 +103,7 @@ def test_chunked_prefill_and_preemption_give_the_same_guided_output(tiny_llama_f
     llm = make_llm(tiny_llama_folder, num_blocks=12, long_prefill_token_threshold=3,
                    enable_prefix_caching=False)
     outputs = llm.generate(PROMPTS, params)
-    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.core.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outputs] == reference
     assert all(re.fullmatch("[0-9]+", decode(tokens)) for tokens in reference)
     assert_pool_is_whole(llm)
@@ -118,14 +118,14 @@ def test_n_children_each_get_their_own_matcher(tiny_llama_folder):
     [output] = llm._run([request_id])
     texts = [decode(completion.token_ids) for completion in output.outputs]
     assert all(text in CHOICES for text in texts) and len(set(texts)) > 1
-    assert llm.engine.guided.grammars.num_misses == 1
+    assert llm.engine.core.guided.grammars.num_misses == 1
     assert_pool_is_whole(llm)
 
 
 def test_repeated_constraints_are_compiled_once(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
     llm.generate(PROMPTS, [SamplingParams(max_tokens=4, guided=Guided(regex=DATE))] * 4)
-    grammars = llm.engine.guided.grammars
+    grammars = llm.engine.core.guided.grammars
     assert (grammars.num_misses, grammars.num_hits) == (1, 3)
 
 
@@ -134,7 +134,7 @@ def test_an_invalid_grammar_is_refused_at_admission(tiny_llama_folder):
     with pytest.raises(InvalidRequestError) as caught:
         llm.engine.add_request(PROMPTS[0], SamplingParams(guided=Guided(regex="[0-9")))
     assert (caught.value.field, caught.value.message) == ("guided.regex", "Regex parsing error at position 5: Unclosed '['")
-    assert not llm.engine.has_unfinished_requests() and not llm.engine.scheduler.requests
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.core.scheduler.requests
     with pytest.raises(InvalidRequestError, match="^guided.json_schema: "):
         llm.engine.reserve_request(PROMPTS[0], SamplingParams(guided=Guided(json_schema="{")), "r")
     assert_pool_is_whole(llm)

@@ -14,7 +14,7 @@ import pytest
 import shared.engine.guided_decoding as guided_decoding
 from shared.engine import SamplingParams
 from shared.engine.async_engine import AsyncEngine, RequestFailedError
-from shared.engine.client import GenerateRequest
+from shared.engine_api.client import GenerateRequest
 from shared.errors import InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
 from shared.guided.limits import nesting_depth
@@ -143,7 +143,7 @@ async def collect(async_engine: AsyncEngine, request_id: str, prompt, params: Sa
 
 def test_a_slow_compilation_never_stalls_other_requests(tiny_llama_folder, monkeypatch):
     llm = make_llm(tiny_llama_folder)
-    blocked = BlockedCompiles(llm.engine.guided.grammars, monkeypatch)
+    blocked = BlockedCompiles(llm.engine.core.guided.grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
     asyncio.run(async_engine.start())
 
@@ -168,7 +168,7 @@ def test_a_slow_compilation_never_stalls_other_requests(tiny_llama_folder, monke
 
 def test_a_compilation_over_the_time_limit_is_refused(tiny_llama_folder, monkeypatch):
     llm = make_llm(tiny_llama_folder, compile_timeout_s=0.05)
-    blocked = BlockedCompiles(llm.engine.guided.grammars, monkeypatch)
+    blocked = BlockedCompiles(llm.engine.core.guided.grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
     asyncio.run(async_engine.start())
     params = SamplingParams(max_tokens=8, guided=DIGITS)
@@ -236,7 +236,7 @@ class FailsAfterAccepting:
 
 def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_llama_folder, monkeypatch):
     llm = make_llm(tiny_llama_folder)
-    grammars = llm.engine.guided.grammars
+    grammars = llm.engine.core.guided.grammars
     blocked = BlockedCompiles(grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
     asyncio.run(async_engine.start())

@@ -1,8 +1,10 @@
-"""The one-way layers of pyproject.toml's [tool.importlinter] contracts hold (issue 9).
+"""The one-way layers of pyproject.toml's [tool.importlinter] contracts hold (issues 9, 29).
 
-engine core <- disaggregation <- services <- CLI, benchmarks on top; the engine imports no
-transport; no cycles between the packages of shared/ or of services/. The contracts are run
-by import-linter's own `lint-imports` (no cache, about a second). The planted-violation
+engine core <- disaggregation <- services <- bench load generator <- CLI, benchmarks on top;
+the engine imports no transport; no cycles between the packages of shared/ or of services/;
+services reach an engine only through its API (shared.engine_api), which imports none of the
+implementation, the composition root that builds engines excepted. The contracts are run by
+import-linter's own `lint-imports` (no cache, about a second). The planted-violation
 tests copy the source tree, add one bad import and check that the right contract breaks, so
 a contract that stopped checking anything would fail here too.
 """
@@ -11,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,11 @@ def test_contracts_are_kept():
     ("shared/guided/bitmask.py", "import shared.core.request", "no import cycles"),
     ("services/gateway/server.py", "import services.cli.main", "never back"),
     ("services/common/metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
+    ("services/cli/bench_run.py", "import benchmarks.harness.netfault", "benchmarks sit on top"),
+    ("services/gateway/router.py", "import shared.core.scheduler", "only through its API"),
+    # Indirectly: the offline LLM imports the step-driven LLMEngine.
+    ("services/decode/handler.py", "import shared.engine.llm", "only through its API"),
+    ("shared/engine_api/outputs.py", "import shared.executor.base", "sits below the engine implementation"),
 ])
 def test_a_planted_violation_breaks_its_contract(tmp_path, module, bad_import, broken_contract):
     root = copy_sources(tmp_path)
@@ -67,3 +75,24 @@ def test_a_new_unlisted_shared_package_must_be_placed_in_a_tier(tmp_path):
     completed = lint_imports(root)
     assert completed.returncode != 0, completed.stdout
     assert "shared.newcomer" in completed.stdout
+
+
+# Modules of the packages the services contract names piecemeal that services may import.
+PUBLIC_TO_SERVICES = {
+    "shared.core": {"scheduler_config"},
+    "shared.kv_cache": {"block_hash", "blocks"},
+    "shared.transfer": {"protocol", "ucx_env", "ucx_lifecycle"},
+}
+
+
+def test_every_module_of_a_piecemeal_package_is_public_or_forbidden_to_services():
+    """A module added to shared/core, shared/kv_cache or shared/transfer must be placed: named in
+    the services contract's forbidden_modules, or deliberately public (above)."""
+    contracts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    forbidden = set(next(c for c in contracts if c["id"] == "services-use-the-engine-api")["forbidden_modules"])
+    for package, public in PUBLIC_TO_SERVICES.items():
+        folder = REPO_ROOT.joinpath(*package.split("."))
+        modules = {path.stem for path in folder.glob("*.py") if path.stem != "__init__"}
+        unplaced = {m for m in modules - public if f"{package}.{m}" not in forbidden}
+        assert not unplaced, f"{package}: neither public nor forbidden to services: {sorted(unplaced)}"
+        assert public <= modules, f"{package}: public modules that do not exist: {sorted(public - modules)}"

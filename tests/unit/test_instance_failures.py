@@ -81,7 +81,7 @@ def test_an_engine_failure_leaves_the_pool_and_reports_not_serving(redis_server,
 
             def dead_worker(*args, **kwargs):
                 raise RuntimeError("CUDA error: an illegal memory access (injected)")
-            monkeypatch.setattr(runtime.engine._engine.executor.runner, "model", dead_worker)  # fault injection
+            monkeypatch.setattr(runtime.engine._engine.core.executor.runner, "model", dead_worker)  # fault injection
             async with grpc.aio.insecure_channel(runtime.grpc_address) as channel:
                 call = InstanceStub(channel).Generate(pb.InstanceGenerateRequest(
                     request_id="doomed", prompt_token_ids=prompt_ids(10, 3), sampling=greedy(4)), timeout=TIMEOUT_S)
@@ -126,7 +126,7 @@ def test_a_reservation_whose_caller_is_gone_is_freed_at_once(redis_server, tiny_
             assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
             status = await decode.status()
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
-            assert len(handler.book) == 0
+            assert len(handler.leases) == 0
     asyncio.run(scenario())
 
 
@@ -140,7 +140,7 @@ def test_cancelling_a_prefill_during_its_kv_transfer_frees_both_sides_at_once(re
             async def stuck_send(*args, **kwargs):
                 sending.set()
                 await asyncio.sleep(3600)
-            prefill.runtime.engine._engine.connector.sender.send = stuck_send  # white box: a send that hangs
+            prefill.runtime.engine._engine.core.connector.sender.send = stuck_send  # white box: a send that hangs
             reserved = await reserve(decode, "mid-transfer", prompt, greedy(4))
             call = prefill.stub.Prefill(prefill_request(reserved, "mid-transfer", prompt, sampling=greedy(4)),
                                         timeout=TIMEOUT_S)

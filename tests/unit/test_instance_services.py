@@ -18,17 +18,17 @@ import services.prefill
 from services.common.grpc_server import INSTANCE_SERVICE_NAME
 from services.common.runtime import InstanceRuntime
 from services.common.settings import InstanceSettings
-from services.common.ucx import reset_ucx
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import list_mirrored_leases
 from shared.cluster.prefix_index import PrefixIndex
 from shared.engine import LLM, SamplingParams
-from shared.engine.client import CacheSettings
+from shared.engine_api.client import CacheSettings
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
-from shared.pb.pdserve.v1 import generation_pb2 as gen_pb
-from shared.pb.pdserve.v1 import instance_pb2 as pb
+from shared.kv_cache.blocks import blocks_for_tokens
+from shared.pb.pdserve.v1 import generation_pb2 as gen_pb, instance_pb2 as pb
 from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
+from shared.transfer.ucx_lifecycle import reset_ucx
 from tests.helpers.redis_server import connect_async
 
 BLOCK_SIZE = 16
@@ -206,7 +206,7 @@ def test_reserve_prefill_decode_gives_the_offline_engines_tokens(redis_server, t
                     [e.logprob for e in expected.prompt_logprobs], abs=1e-4)
                 got_logprobs = [entry.logprob for message in run.messages for entry in message.logprobs]
                 assert got_logprobs == pytest.approx([e.logprob for e in expected.outputs[0].logprobs], abs=1e-4)
-                num_blocks = -(-len(prompt) // BLOCK_SIZE)
+                num_blocks = blocks_for_tokens(len(prompt), BLOCK_SIZE)
                 assert len(run.reserved.block_ids) == num_blocks
                 assert run.prefilled.num_computed_prompt_tokens == len(prompt)
                 assert run.prefilled.kv_bytes_sent == num_blocks * bytes_per_block(decode)
@@ -382,7 +382,7 @@ def test_a_reserve_past_its_deadline_leaves_nothing_reserved(redis_server, tiny_
             await decode.runtime.engine.status()
             status = await decode.status()
             assert (status.num_reserved, status.num_free_blocks) == (0, NUM_BLOCKS)
-            assert len(decode.runtime.handlers.decode.book) == 0
+            assert len(decode.runtime.handlers.decode.leases) == 0
     asyncio.run(scenario())
 
 
@@ -394,7 +394,7 @@ def test_decode_before_the_kv_arrived_is_a_failed_precondition(redis_server, tin
             reserved = await reserve(decode, "early", prompt, greedy(3))
             early = decode.stub.Decode(pb.DecodeRequest(request_id="early", first_token_id=5), timeout=TIMEOUT_S).read()
             await expect_status(early, grpc.StatusCode.FAILED_PRECONDITION, "the KV of 'early' has not arrived")
-            # (after waiting services.decode.reservations.ARRIVAL_GRACE_S for an arrival the engine has not noted yet)
+            # (after waiting services.decode.leases.ARRIVAL_GRACE_S for an arrival the engine has not noted yet)
             prefilled = await prefill_into(prefill, reserved, "early", prompt, greedy(3))  # still reserved
             messages = [m async for m in decode.stub.Decode(decode_request("early", prefilled), timeout=TIMEOUT_S)]
             assert sum(len(m.token_ids) for m in messages) == 3

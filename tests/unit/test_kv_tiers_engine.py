@@ -36,15 +36,15 @@ def tier_stats(llm, name="host"):
 def evict_prompt_a(llm) -> None:
     for filler in FILLERS:  # 3 x 4 blocks: the pool reuses every block of A
         llm.generate([filler], GREEDY)
-    assert llm.engine.block_pool.lookup(hashes_of_a(llm)[0], tuple(PROMPT_A[:16])) is None
+    assert llm.engine.core.block_pool.lookup(hashes_of_a(llm)[0], tuple(PROMPT_A[:16])) is None
 
 
 def hashes_of_a(llm) -> list[bytes]:
-    return prompt_block_hashes(PROMPT_A, llm.engine.kv_manager.hash_recipe)
+    return prompt_block_hashes(PROMPT_A, llm.engine.core.kv_manager.hash_recipe)
 
 
 def assert_pool_is_whole(llm) -> None:
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -82,7 +82,7 @@ def test_the_file_tier_takes_what_the_host_tier_pushes_out(tiny_llama_folder, tm
     block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # the tiny model: 2 layers, 2 KV heads, head dim 16, fp32
     llm = tiered_llm(tiny_llama_folder, tmp_path, host_bytes=6 * block_bytes, file_bytes=64 << 20,
                      file_dir=str(tmp_path / "file"))
-    assert llm.engine.executor.kv_cache_layout.bytes_per_block == block_bytes
+    assert llm.engine.core.executor.kv_cache_layout.bytes_per_block == block_bytes
     llm.generate([PROMPT_A], GREEDY)
     evict_prompt_a(llm)  # 16 blocks stored through a 6-block host tier: A moved down
     again = llm.generate([PROMPT_A], GREEDY)[0]

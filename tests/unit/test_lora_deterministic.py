@@ -52,7 +52,7 @@ def tokens_and_logprobs(outputs) -> list[tuple[list[int], list[float]]]:
 
 
 def assert_pool_is_whole(llm: LLM) -> None:
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -89,7 +89,7 @@ def test_the_base_projections_are_probed_inside_the_lora_layers(tiny_llama_folde
     """make_batch_invariant never tiles a whole MLP holding LoRA layers (its tiles would
     renumber the rows the adapters' segments name); the layers' own projections are probed."""
     llm = make_llm(tiny_llama_folder)
-    model = llm.engine.executor.runner.model
+    model = llm.engine.core.executor.runner.model
     mlp = model.layers[0].mlp
     assert not isinstance(mlp, RowTiled)
     assert isinstance(mlp.gate_up_proj, RowTiledLoRALinear) and isinstance(mlp.down_proj, RowTiledLoRALinear)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from shared.engine import LLM, LoRARequest, SamplingParams
-from shared.engine.client import GenerateRequest
-from shared.engine.core_process.client import CoreProcessClient
 from shared.core.kv_cache_manager import KVCacheManager
 from shared.core.request import Request
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_config import SchedulerConfig
+from shared.engine import LLM, LoRARequest, SamplingParams
+from shared.engine.core_process.client import CoreProcessClient
+from shared.engine_api.client import GenerateRequest
 from shared.engine_args import EngineArgs
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
@@ -70,7 +70,7 @@ def make_llm(folder, **kwargs) -> LLM:
 
 
 def assert_pool_is_whole(llm: LLM):
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
     assert all(block.ref_count == 0 for block in pool.blocks)
 
@@ -128,12 +128,12 @@ def test_the_engine_reports_the_adapters_its_model_runner_holds_in_memory(tiny_l
     used dropped)."""
     from shared.engine.introspection import engine_load
     llm = make_llm(tiny_llama_folder, max_loras=2, max_cpu_loras=2)
-    assert engine_load(llm.engine).resident_lora_adapters == ()
+    assert engine_load(llm.engine.core).resident_lora_adapters == ()
     llm.generate([PROMPTS[1]], GREEDY, lora_request=adapters["attn-r4"])
-    assert engine_load(llm.engine).resident_lora_adapters == ("attn-r4",)
+    assert engine_load(llm.engine.core).resident_lora_adapters == ("attn-r4",)
     for name in ("all-r8-rslora", "mlp-r16-layer1"):
         llm.generate([PROMPTS[1]], GREEDY, lora_request=adapters[name])
-    assert engine_load(llm.engine).resident_lora_adapters == ("all-r8-rslora", "mlp-r16-layer1")
+    assert engine_load(llm.engine.core).resident_lora_adapters == ("all-r8-rslora", "mlp-r16-layer1")
 
 
 def test_block_hashes_depend_on_the_adapter():
@@ -253,7 +253,7 @@ def test_the_engine_core_process_serves_adapters_beside_the_base(tiny_llama_fold
 def test_guided_requests_with_adapters_follow_their_constraints(tiny_llama_folder, adapters):
     """The grammar's mask applies to an adapter's logits as to the base model's."""
     llm = make_llm(tiny_llama_folder)
-    llm.engine.guided.use_grammar_cache(tiny_grammar_cache())
+    llm.engine.core.guided.use_grammar_cache(tiny_grammar_cache())
     constraints = [Guided(regex=r"20[0-9]{2}-[01][0-9]"), Guided(choice=["yes", "no", "maybe"]),
                    Guided(grammar='root ::= "(" ("ab")+ ")"')]
     names = [*ADAPTERS, None]

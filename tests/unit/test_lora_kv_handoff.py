@@ -14,7 +14,7 @@ import torch
 from shared.engine import LoRARequest, SamplingParams
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.helpers.lora_adapters import AdapterSpec, save_peft_adapter
-from tests.unit.kv_split import connected_llm, decode_after, first_token_params, send_params
+from tests.unit.kv_split import connected_llm, decode_after, first_token_params, kv_arrivals, send_params
 
 UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
 PROMPT = [5, 17, 92, 3, 44, 101, 7, 8, 9, 200, 31]
@@ -51,14 +51,14 @@ def test_kv_of_another_adapter_is_refused_and_matching_kv_decodes(tiny_llama_fol
     try:
         engine = llm.engine
         reservation = engine.reserve_request(PROMPT, PARAMS, "d", lora_request=wanted)
-        kv_cache = engine.executor.kv_cache
+        kv_cache = engine.core.executor.kv_cache
         kv_cache[:, :, list(reservation.block_ids)] = 7.0  # a canary: any write shows
         for index, (lora, sender_says) in enumerate([(other, "lora:a1:"), (None, "the base model")]):
             refused = prefill_into(engine, reservation, f"p{index}", lora)
             assert refused.kv_transfer is None and "adapter_key" in refused.kv_transfer_error
             assert sender_says in refused.kv_transfer_error and "lora:a0:" in refused.kv_transfer_error
             engine.step()
-            [(request_id, error)] = engine.drain_kv_arrivals()
+            [(request_id, error)] = kv_arrivals(engine)
             assert request_id == "d" and "adapter_key" in error
             assert bool((kv_cache[:, :, list(reservation.block_ids)] == 7.0).all())
         accepted = prefill_into(engine, reservation, "p-right", wanted)
@@ -66,7 +66,7 @@ def test_kv_of_another_adapter_is_refused_and_matching_kv_decodes(tiny_llama_fol
         tokens = decode_after(engine, "d", accepted.outputs[0].token_ids[-1])
         [alone] = llm.generate([PROMPT], PARAMS, lora_request=wanted)
         assert tokens == alone.outputs[0].token_ids
-        pool = engine.block_pool
+        pool = engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks
     finally:
         llm.engine.shutdown()

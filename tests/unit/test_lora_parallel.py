@@ -66,10 +66,10 @@ def test_parallel_mixed_adapter_batch_matches_peft_merged(parallel_llama_folder,
         outputs = llm.generate([PROMPTS[p] for _, p in CASES], GREEDY,
                                lora_request=[adapters[name] if name else None for name, _ in CASES])
         assert [output.token_ids for output in outputs] == [references[name][p] for name, p in CASES]
-        pool = llm.engine.block_pool
+        pool = llm.engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks
         # The output rank reports the adapters in memory (max_cpu_loras=2: the last two used).
-        assert len(engine_load(llm.engine).resident_lora_adapters) == 2
+        assert len(engine_load(llm.engine.core).resident_lora_adapters) == 2
 
 
 def test_the_ranks_shards_of_an_adapter_add_up_to_its_delta():

@@ -20,7 +20,7 @@ from shared.cluster.instance_records import InstanceInfo, InstanceLoad, decode_i
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
-from shared.engine.client import EngineLoad
+from shared.engine_api.client import EngineLoad
 from tests.unit.gateway_fakes import FAKE_BLOCK_SIZE, fake_cache_settings
 
 MODEL = "tiny"

@@ -44,7 +44,7 @@ def test_components_add_up_to_the_resident_set():
 
 def test_engine_weights_and_kv_pool_are_measured(tiny_llama_folder):
     llm = LLM(model=str(tiny_llama_folder), dtype="float32", num_blocks=8)
-    executor = llm.engine.executor
+    executor = llm.engine.core.executor
     assert kv_pool_bytes(executor) == executor.kv_cache.numel() * executor.kv_cache.element_size()
     num_parameters = sum(p.numel() for p in executor.runner.model.parameters())
     assert weight_bytes(executor) >= 4 * num_parameters > 0
@@ -78,9 +78,9 @@ def test_the_grammar_cache_reports_its_entries_limit_and_bytes(tiny_llama_folder
     from tests.unit.guided_vocab import tiny_grammar_cache
 
     llm = LLM(model=str(tiny_llama_folder), dtype="float32", num_blocks=16)
-    assert grammar_cache_usage(llm.engine) is None
-    llm.engine.guided.use_grammar_cache(tiny_grammar_cache(max_entries=3))
+    assert grammar_cache_usage(llm.engine.core) is None
+    llm.engine.core.guided.use_grammar_cache(tiny_grammar_cache(max_entries=3))
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, guided=GuidedDecodingParams(choice=["yes", "no"])))
-    usage = grammar_cache_usage(llm.engine)
+    usage = grammar_cache_usage(llm.engine.core)
     assert (usage.name, usage.num_entries, usage.max_entries) == ("compiled_grammars", 1, 3)
     assert usage.memory_bytes > 0

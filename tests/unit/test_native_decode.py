@@ -14,6 +14,7 @@ import torch
 
 from shared.attention.native_decode import PATH_ENV_VAR, PATH_NAMES, load_native_decode
 from shared.errors import ConfigurationError
+from shared.kv_cache.blocks import blocks_for_tokens
 
 SPARE_BLOCKS = 40
 
@@ -27,7 +28,7 @@ def kernel():
 
 def paged_inputs(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    max_blocks = max(-(-length // block_size) for length in context_lens)
+    max_blocks = max(blocks_for_tokens(length, block_size) for length in context_lens)
     num_blocks = len(context_lens) * max_blocks + SPARE_BLOCKS
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     key_cache = torch.randn(shape, generator=generator).to(dtype)

@@ -7,6 +7,7 @@ The delayer's schedule is tested without root; the rest needs root, iptables wit
 checked on the delayer's packet counter, not on a clock.
 """
 
+import os
 import socket
 import subprocess
 import sys
@@ -133,7 +134,15 @@ def ask(child: subprocess.Popen, command: str) -> str:
 
 
 def our_rules() -> list:
-    return [rule for table in netfault_rules.IPTABLES for rule in netfault_rules.tagged_rules(table)]
+    """This process's tagged rules (a chaos benchmark running beside the tests has its own)."""
+    return [rule for table in netfault_rules.IPTABLES for rule in netfault_rules.tagged_rules(table)
+            if netfault_rules.rule_owner(rule) == os.getpid()]
+
+
+def rules_tagged(tag: str) -> list:
+    """[table, *spec] of the rules tagged `tag` (for delete_rules)."""
+    return [[table, *rule] for table in netfault_rules.IPTABLES for rule in netfault_rules.tagged_rules(table)
+            if f"{netfault_rules.RULE_TAG}:{tag}" in rule]
 
 
 def queued_packets(fault: netfault.Fault) -> int:
@@ -181,6 +190,26 @@ def test_a_partition_cuts_one_process_from_a_port_and_no_one_else(injector, serv
     assert ask(client_process, f"connect {server.port}") == "ok"
 
 
+def test_latency_between_a_pair_holds_only_their_packets_and_delivers_them_when_healed(injector, server,
+                                                                                      client_process):
+    client = injector.process_target("client", client_process.pid)
+    with injector.injected("latency", client, injector.port_target("server", server.port), delay_ms=600_000) as held:
+        client_process.stdin.write(f"hold {server.port}\n")  # its SYN is held: no answer yet
+        client_process.stdin.flush()
+        wait_until(lambda: held.packets_matched() > 0, "the client's packets to be held")
+        assert server.exchange(1) >= 0  # this process's packets to the same port pass
+    assert held.delayer_exit_code == 0  # it let go of what it held (killed, it would have dropped it)
+    assert client_process.stdout.readline().strip() == "ok"  # delivered at the heal, not lost
+    server.accept_and_close().close()
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def test_a_reset_aborts_the_open_connection_and_refuses_new_ones(injector, server, client_process):
     assert ask(client_process, f"hold {server.port}") == "ok"
     accepted = server.accept_and_close()
@@ -197,7 +226,12 @@ def test_heal_is_idempotent_and_leftovers_of_a_killed_run_are_removed(injector, 
     fault.heal()
     fault.heal()
     assert not fault.is_active and not our_rules()
-    netfault_rules.insert_rules(netfault_rules.rule_specs("leftover", ["DROP"], None, dports=[server.port]))
-    assert our_rules()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_tag, live_tag = f"{gone.stdout.strip()}.leftover", f"{os.getppid()}.live-run"
+    for tag in (dead_tag, live_tag):
+        netfault_rules.insert_rules(netfault_rules.rule_specs(tag, ["DROP"], None, dports=[server.port]))
     injector.remove_leftovers()
-    assert not our_rules()
+    assert not rules_tagged(dead_tag)  # its process is gone
+    assert rules_tagged(live_tag)  # another live process's fault is not ours to remove
+    netfault_rules.delete_rules(rules_tagged(live_tag))

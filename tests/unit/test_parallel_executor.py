@@ -42,7 +42,7 @@ def reference(parallel_llama_folder):
     """(greedy tokens, the whole KV cache afterwards) of the single-process engine."""
     llm = LLM(model=parallel_llama_folder, **ENGINE)
     tokens = [output.token_ids for output in llm.generate(PROMPTS, GREEDY)]
-    return tokens, llm.engine.executor.kv_cache.clone()
+    return tokens, llm.engine.core.executor.kv_cache.clone()
 
 
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
@@ -51,9 +51,9 @@ def test_parallel_greedy_output_and_kv_equal_single_process(parallel_llama_folde
     with LLM(model=parallel_llama_folder, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
         outputs = llm.generate(PROMPTS, GREEDY)
         assert [output.token_ids for output in outputs] == reference_tokens
-        pool = llm.engine.block_pool
+        pool = llm.engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks
-        executor = llm.engine.executor
+        executor = llm.engine.core.executor
         assert executor.num_steps > 0
         # Every rank's KV shard, put back together, is the single-process cache (same block
         # tables); this is what a prefill instance sends.
@@ -73,19 +73,19 @@ def test_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(parallel
 
 def test_killed_worker_fails_the_step_cleanly(parallel_llama_folder):
     with LLM(model=parallel_llama_folder, tensor_parallel_size=2, **ENGINE) as llm:
-        os.kill(llm.engine.executor.worker_pids[1], signal.SIGKILL)
+        os.kill(llm.engine.core.executor.worker_pids[1], signal.SIGKILL)
         with pytest.raises(WorkerFailedError, match="rank 1 exited"):
             llm.generate(PROMPTS[:1], GREEDY)
         with pytest.raises(WorkerFailedError):
             llm.generate(PROMPTS[:1], GREEDY)
         assert not llm.engine.has_unfinished_requests()
-        pool = llm.engine.block_pool
+        pool = llm.engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks
 
 
 def test_hung_worker_is_detected_by_the_step_timeout(parallel_llama_folder):
     with LLM(model=parallel_llama_folder, pipeline_parallel_size=2, worker_step_timeout_s=3.0, **ENGINE) as llm:
-        os.kill(llm.engine.executor.worker_pids[0], signal.SIGSTOP)
+        os.kill(llm.engine.core.executor.worker_pids[0], signal.SIGSTOP)
         with pytest.raises(WorkerFailedError, match="hangs"):
             llm.generate(PROMPTS[:1], GREEDY)
 

@@ -6,9 +6,9 @@ leaves the puller computing the prompt itself, with the same tokens, and every b
 import pytest
 
 from shared.engine import SamplingParams
-from shared.engine.client import CachedSend
+from shared.engine_api.client import CachedSend
 from shared.errors import InvalidRequestError
-from tests.unit.kv_split import connected_llm
+from tests.unit.kv_split import connected_llm, kv_arrivals
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 PROMPT = [(13 * i) % 190 + 5 for i in range(75)]  # 4 full blocks of 16, then 11 tokens
@@ -18,16 +18,16 @@ PREFIX = PROMPT[:64]
 def pull(holder, puller, num_skip_hint: int = 0, request_id: str = "pull-1"):
     """Reserve PREFIX on the puller, have the holder send it; (blocks sent, arrivals)."""
     reservation = puller.engine.reserve_request(PREFIX, SamplingParams(max_tokens=1), request_id)
-    send = CachedSend(request_id, tuple(PREFIX), None, reservation.num_skip_blocks, puller.engine.connector.address,
-                      tuple(reservation.block_ids), reservation.transfer_token)
+    send = CachedSend(request_id, tuple(PREFIX), None, reservation.num_skip_blocks,
+                      puller.engine.core.connector.address, tuple(reservation.block_ids), reservation.transfer_token)
     num_sent = holder.engine.send_cached(send)
     holder.engine.step()  # the holder lets go of the blocks once the send is reported
     puller.engine.step()  # the puller commits the arrival
-    return num_sent, puller.engine.drain_kv_arrivals()
+    return num_sent, kv_arrivals(puller.engine)
 
 
 def assert_pool_is_whole(llm) -> None:
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -61,7 +61,7 @@ def test_only_the_blocks_the_puller_lacks_travel(pair):
 
 def test_a_failed_send_leaves_the_prompt_to_be_computed(pair):
     holder, puller, reference = pair
-    holder.engine.connector.fail_next_sends = 1
+    holder.engine.core.connector.fail_next_sends = 1
     _, [(request_id, error)] = pull(holder, puller)
     assert request_id == "pull-1" and "injected" in error
     puller.engine.release_reserved("pull-1", keep_arrived=True)  # nothing arrived: nothing kept
@@ -75,7 +75,7 @@ def test_a_holder_without_the_blocks_refuses_and_holds_nothing(pair, tiny_llama_
     _, puller, _ = pair
     stranger = connected_llm(tiny_llama_folder)
     reservation = puller.engine.reserve_request(PREFIX, SamplingParams(max_tokens=1), "pull-2")
-    send = CachedSend("pull-2", tuple(PREFIX), None, 0, puller.engine.connector.address,
+    send = CachedSend("pull-2", tuple(PREFIX), None, 0, puller.engine.core.connector.address,
                       tuple(reservation.block_ids), reservation.transfer_token)
     with pytest.raises(InvalidRequestError, match="holds 0 of the 4 blocks"):
         stranger.engine.send_cached(send)

@@ -2,8 +2,10 @@
 
 import pytest
 
+from shared.engine_args import EngineArgs
 from shared.kv_tier.cost_seeds import load_cost_seeds
 
+from services.common.engine_setup import build_engine_probe
 from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.cli.main import main
 
@@ -60,6 +62,16 @@ def test_prefill_is_fitted_on_relative_error():
         assert profile.prefill_s(n) == pytest.approx(measured, rel=0.1)
 
 
+def tiny_engine_args(folder) -> EngineArgs:
+    return EngineArgs(model=str(folder), dtype="float32", num_blocks=64)
+
+
+def assert_every_block_free(probe) -> None:
+    load = probe.load()
+    assert load.num_free_blocks == load.num_total_blocks
+    assert load.num_waiting == load.num_running == load.num_reserved == 0
+
+
 def test_quick_profile_of_the_tiny_model(tiny_llama_folder, tmp_path, capsys):
     output = tmp_path / "profile.json"
     assert main(["profile", "--quick", "--model", str(tiny_llama_folder), "--dtype", "float32",
@@ -85,16 +97,13 @@ def test_colocated_slowdown_beside_a_real_busy_neighbour(tiny_llama_folder):
     from dataclasses import replace
 
     from services.planner.profiler import QUICK_PLAN, Profiler, neighbour_command_for
-    from shared.engine_args import EngineArgs
-    from shared.engine.llm_engine import LLMEngine
 
     plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32, 64), colocated_decode=((4, 16),))
-    engine = LLMEngine.from_config(EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32",
-                                                           num_blocks=64).create_engine_config())
-    profile = Profiler(engine, plan).run("tiny", "float32", 1, neighbour_command_for(str(tiny_llama_folder),
-                                                                                    "float32", 1, 64))
+    probe = build_engine_probe(tiny_engine_args(tiny_llama_folder))
+    profile = Profiler(probe, plan).run("tiny", "float32", 1, neighbour_command_for(str(tiny_llama_folder),
+                                                                                   "float32", 1, 64))
     assert profile.colocated_slowdown >= 1.0 and profile.host_cores >= 1 and profile.transfer == []
-    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+    assert_every_block_free(probe)
 
 
 def test_a_neighbour_that_dies_is_reported(tiny_llama_folder):
@@ -102,23 +111,16 @@ def test_a_neighbour_that_dies_is_reported(tiny_llama_folder):
     from dataclasses import replace
 
     from services.planner.profiler import QUICK_PLAN, Profiler
-    from shared.engine_args import EngineArgs
-    from shared.engine.llm_engine import LLMEngine
 
     plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32,))
-    engine = LLMEngine.from_config(EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32",
-                                                           num_blocks=64).create_engine_config())
+    probe = build_engine_probe(tiny_engine_args(tiny_llama_folder))
     with pytest.raises(RuntimeError, match="exited before it was ready"):
-        Profiler(engine, plan).run("tiny", "float32", 1, [sys.executable, "-c", "pass"])
+        Profiler(probe, plan).run("tiny", "float32", 1, [sys.executable, "-c", "pass"])
 
 
 def test_profiling_returns_every_kv_block(tiny_llama_folder):
     from services.planner.profiler import QUICK_PLAN, Profiler
-    from shared.engine_args import EngineArgs
-    from shared.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_config(EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32",
-                                                           num_blocks=64).create_engine_config())
-    Profiler(engine, QUICK_PLAN).run("tiny", "float32", None)
-    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
-    assert not engine.has_unfinished_requests()
+    probe = build_engine_probe(tiny_engine_args(tiny_llama_folder))
+    Profiler(probe, QUICK_PLAN).run("tiny", "float32", None)
+    assert_every_block_free(probe)

@@ -3,7 +3,7 @@ client gets for the first token is what the decode side's output processor will 
 (the stop strings applied, what could start one held back), and a completion that ends with
 it says how, with the held-back text flushed as the decode side would flush it."""
 
-from shared.engine.outputs import CompletionOutput, RequestOutput
+from shared.engine_api.outputs import CompletionOutput, RequestOutput
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.sampling.params import SamplingParams
 from services.prefill.first_token import FirstTokenText, ending

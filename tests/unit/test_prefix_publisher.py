@@ -5,7 +5,7 @@ nobody drained) replaces the instance's entry."""
 import asyncio
 
 from services.common.prefix_publisher import PrefixPublisher
-from shared.engine.client import KVCacheEvents
+from shared.engine_api.client import KVCacheEvents
 
 A, B, C = (bytes([n]) * 32 for n in (1, 2, 3))
 

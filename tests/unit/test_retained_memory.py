@@ -18,7 +18,7 @@ from shared.engine import LLM, SamplingParams
 from shared.guided import GuidedDecodingParams as Guided
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.unit.guided_vocab import tiny_grammar_cache
-from tests.unit.kv_split import IN_MEMORY, send_params
+from tests.unit.kv_split import IN_MEMORY, kv_arrivals, send_params
 
 KINDS = ("plain", "long", "n2_logprobs", "cancelled", "guided")
 BATCH = 20
@@ -33,7 +33,7 @@ MAX_RETAINED_BLOCKS_PER_REQUEST = 1.0
 def make_llm(folder, role: KVConnectorRole) -> LLM:
     llm = LLM(model=str(folder), dtype="float32", num_blocks=256, block_size=16,
               enable_prefix_caching=False, kv_transfer=KVTransferConfig(IN_MEMORY, role))
-    llm.engine.guided.use_grammar_cache(tiny_grammar_cache(max_entries=8))
+    llm.engine.core.guided.use_grammar_cache(tiny_grammar_cache(max_entries=8))
     return llm
 
 
@@ -73,7 +73,7 @@ def prefill_all(prefill: LLM, decode: LLM, requests) -> dict[str, int]:
 
 def decode_all(decode: LLM, requests, first_tokens: dict[str, int], is_cancelled: bool) -> None:
     decode.engine.step()  # applies the arrivals
-    assert len(decode.engine.drain_kv_arrivals()) == len(requests)
+    assert len(kv_arrivals(decode.engine)) == len(requests)
     for request_id, _, _ in requests:
         decode.engine.start_reserved(request_id, first_tokens[request_id])
     decode.engine.step()
@@ -107,7 +107,7 @@ def retained(start: tracemalloc.Snapshot, end: tracemalloc.Snapshot) -> tuple[in
 
 def assert_pools_whole(*llms: LLM) -> None:
     for llm in llms:
-        pool = llm.engine.block_pool
+        pool = llm.engine.core.block_pool
         assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -129,5 +129,5 @@ def test_requests_of_every_kind_leave_no_python_memory_behind(tiny_llama_folder)
     assert num_bytes / num_requests < MAX_RETAINED_BYTES_PER_REQUEST, top
     assert num_blocks / num_requests < MAX_RETAINED_BLOCKS_PER_REQUEST, top
     assert_pools_whole(prefill, decode)
-    assert len(prefill.engine.scheduler.requests) == len(decode.engine.scheduler.requests) == 0
-    assert not prefill.engine.scheduler.sending
+    assert len(prefill.engine.core.scheduler.requests) == len(decode.engine.core.scheduler.requests) == 0
+    assert not prefill.engine.core.scheduler.sending

@@ -70,7 +70,7 @@ def test_edge_values_sample_inside_the_vocabulary(llm, neighbour_tokens, field, 
     assert completion.finish_reason == "length", completion.error
     assert completion.token_ids and all(0 <= token < VOCAB_SIZE for token in completion.token_ids)
     assert neighbour.token_ids == neighbour_tokens
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
 
 

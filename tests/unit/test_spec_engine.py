@@ -36,7 +36,7 @@ def generate_tokens(llm, prompts=PROMPTS, params=GREEDY):
 
 
 def assert_pool_is_whole(llm: LLM):
-    pool = llm.engine.block_pool
+    pool = llm.engine.core.block_pool
     assert pool.num_free_blocks == pool.num_blocks
     assert all(block.ref_count == 0 for block in pool.blocks)
 
@@ -56,7 +56,7 @@ def reference_tokens(plain_llm):
 def test_greedy_speculation_gives_the_non_speculative_tokens(tiny_llama_folder, reference_tokens, spec, k):
     llm = make_llm(tiny_llama_folder, num_speculative_tokens=k, **spec)
     assert generate_tokens(llm) == reference_tokens
-    stats = llm.engine.spec_stats
+    stats = llm.engine.core.spec_stats
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
     assert len(stats.proposed_per_position) == k
     if spec is EXACT_DRAFT:
@@ -67,7 +67,7 @@ def test_greedy_speculation_gives_the_non_speculative_tokens(tiny_llama_folder, 
 def test_another_hf_folder_works_as_the_draft(tiny_llama_folder, tiny_llama_untied_folder, reference_tokens):
     llm = make_llm(tiny_llama_folder, speculative_method="draft", draft_model=str(tiny_llama_untied_folder))
     assert generate_tokens(llm) == reference_tokens
-    assert llm.engine.spec_stats.num_draft_tokens > 0
+    assert llm.engine.core.spec_stats.num_draft_tokens > 0
     assert_pool_is_whole(llm)
 
 
@@ -126,7 +126,7 @@ def test_prefix_cache_holds_only_confirmed_tokens(tiny_llama_folder, plain_llm, 
     sequences = [prompt + tokens for prompt, tokens in zip(PROMPTS, reference_tokens)]
     sequences += [prompt + o.outputs[0].token_ids for prompt, o in zip(extended, outputs)]
     confirmed_blocks = {tuple(seq[i:i + 4]) for seq in sequences for i in range(0, len(seq) - 3, 4)}
-    cached = [block.token_ids for block in llm.engine.block_pool.blocks if block.block_hash is not None]
+    cached = [block.token_ids for block in llm.engine.core.block_pool.blocks if block.block_hash is not None]
     assert cached and all(token_ids in confirmed_blocks for token_ids in cached)
     assert_pool_is_whole(llm)
 
@@ -135,7 +135,7 @@ def test_prefix_cache_holds_only_confirmed_tokens(tiny_llama_folder, plain_llm, 
 def test_preemption_from_a_tiny_cache_gives_the_same_tokens(tiny_llama_folder, reference_tokens, spec):
     llm = make_llm(tiny_llama_folder, num_blocks=20, num_speculative_tokens=3, **spec)
     assert generate_tokens(llm) == reference_tokens
-    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.core.scheduler.num_preemptions > 0
     assert_pool_is_whole(llm)
 
 
@@ -201,7 +201,7 @@ def test_seeded_sampling_repeats_whatever_the_batch(tiny_llama_folder, spec):
     alone = generate_tokens(llm, [PROMPTS[4]], seeded)[0]
     in_batch = llm.generate([PROMPTS[0], PROMPTS[4], PROMPTS[1]], [others, seeded, others])
     assert in_batch[1].outputs[0].token_ids == alone
-    assert llm.engine.spec_stats.num_drafts > 0
+    assert llm.engine.core.spec_stats.num_drafts > 0
     assert_pool_is_whole(llm)
 
 

@@ -15,7 +15,7 @@ NUM_NEW = 3
 
 def test_greedy_tokens_match_transformers_through_chunks_and_prefix_hits(tiny_llama_folder, reference_tokens):
     llm = make_llm(tiny_llama_folder, device=str(DEVICE), attention_backend="triton", max_num_batched_tokens=16)
-    assert isinstance(llm.engine.executor.runner.model.attn_backend, TritonPagedAttention)
+    assert isinstance(llm.engine.core.executor.runner.model.attn_backend, TritonPagedAttention)
     params = SamplingParams(temperature=0, max_tokens=NUM_NEW, ignore_eos=True)
     generate_tokens(llm, PROMPTS[:1], SamplingParams(temperature=0, max_tokens=1))
     outputs = llm.generate(PROMPTS[:3], params)

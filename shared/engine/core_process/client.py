@@ -1,4 +1,4 @@
-"""The service side of the engine-core process: an EngineClient (shared.engine.client) whose
+"""The service side of the engine-core process: an EngineClient (shared.engine_api.client) whose
 scheduler and executor run in a child process.
 
 The service process keeps the text work: requests go to the core as token ids; the core's
@@ -17,36 +17,28 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
 from shared.config import EngineConfig
-from shared.memory.idle_trim import TrimPolicy
-from shared.engine.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
-                                  EngineStatus, GenerateRequest, KVCacheEvents, KVReservation,
-                                  raise_if_failed)
 from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, CoreFailed, CoreMessage,
                                                  FinishRequests, PrefillReserved, Query, Ready, Rejected, ReleaseKV,
-                                                 ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
+                                                 RenewKV, ReserveKV, SendCached, Shutdown, StartReserved, StepOutputs,
                                                  decode_core_message, encode)
 from shared.engine.core_process.spawn import CoreHandle, describe_exit, spawn_core
-from shared.engine.kv_waits import KVArrivalWait
+from shared.engine.kv_waits import KVWaits
 from shared.engine.output_processor import OutputProcessor
-from shared.engine.outputs import RequestOutput
+from shared.engine_api.client import (CachedSend, CapacityError, EngineDeadError, EngineInfo, EngineLoad, EngineMemory,
+                                      EngineStatus, GenerateRequest, KVCacheEvents, KVReservation, ReservationEvent,
+                                      ReservationEventKind, raise_if_failed)
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.errors import InvalidRequestError
-from shared.executor.base import SampledLogprobs
+from shared.memory.idle_trim import TrimPolicy
 from shared.tracing import inject_context
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(kw_only=True)
-class ReservationWait(KVArrivalWait):
-    """A reservation in the core, with the prompt it was made for (its output processing
-    starts when Decode takes it)."""
-    request: GenerateRequest
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -70,7 +62,10 @@ class CoreProcessClient:
         self._tasks: list[asyncio.Task] = []
         self._streams: dict[str, asyncio.Queue] = {}
         self._calls: dict[int, asyncio.Future] = {}
-        self._reservations: dict[str, ReservationWait] = {}
+        # Reservations in the core, with the prompts they were made for (their output
+        # processing starts when Decode takes them); the core's scheduler owns their state.
+        self._reserved_prompts: dict[str, GenerateRequest] = {}
+        self._kv_waits = KVWaits()
         self._call_ids = itertools.count()
         self._output_processor = OutputProcessor(tokenizer)
         self._load = EngineLoad(0, 0, 0, 0, 0)
@@ -151,9 +146,8 @@ class CoreProcessClient:
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
-        for wait in self._reservations.values():
-            wait.fail(error)
-        self._reservations.clear()
+        self._kv_waits.fail_all(error)
+        self._reserved_prompts.clear()
         self._output_processor = OutputProcessor(self.tokenizer)
         self._load = EngineLoad(0, 0, 0, self._load.num_free_blocks, self._load.num_total_blocks)
 
@@ -229,56 +223,68 @@ class CoreProcessClient:
 
     # ---- disaggregation: the KV connector runs in the core ---------------------------------
 
-    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
+    @property
+    def on_reservation_event(self) -> Callable[[ReservationEvent], None] | None:
+        return self._kv_waits.listener
+
+    @on_reservation_event.setter
+    def on_reservation_event(self, listener: Callable[[ReservationEvent], None] | None) -> None:
+        self._kv_waits.listener = listener
+
+    async def reserve_kv(self, request: GenerateRequest, lease_s: float | None = None) -> KVReservation:
         """CapacityError when there is no room (the caller tries another instance)."""
         self._check_alive()
         request_id = request.request_id
-        if request_id in self._reservations or request_id in self._streams:
+        if request_id in self._reserved_prompts or request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already reserved or running")
-        self._reservations[request_id] = ReservationWait(request=request)
+        self._reserved_prompts[request_id] = request
         trace_context = inject_context()
         try:
             result = await self._call(lambda call_id: ReserveKV(
                 call_id, request_id, list(request.prompt_token_ids), request.params, request.cache_salt,
-                request.num_resumed_output_tokens, trace_context, request.lora_request))
+                request.num_resumed_output_tokens, trace_context, request.lora_request, lease_s))
         except BaseException:
-            self._reservations.pop(request_id, None)
+            self._reserved_prompts.pop(request_id, None)
             if self.is_alive:  # cancelled while the core reserved: free what it may have made
                 self._send(AbortRequests([request_id]))
             raise
         return result.reservation
 
+    async def renew_kv(self, request_id: str, lease_s: float) -> bool:
+        """Move a reservation's deadline to `lease_s` from now; False if it has ended."""
+        return (await self._call(lambda call_id: RenewKV(call_id, request_id, lease_s))).renewed
+
     async def wait_kv(self, request_id: str) -> None:
         """Returns once the reservation's KV arrived; KVTransferFailedError after a failed
-        transfer (the connector waits for a retry)."""
-        wait = self._reservations.get(request_id)
-        if wait is None:
-            raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        await wait.wait()
+        transfer (the connector waits for a retry) or when its lease ran out."""
+        await self._kv_waits.wait(request_id, lambda: self._kv_arrived(request_id))
+
+    async def _kv_arrived(self, request_id: str) -> bool:
+        return (await self._call(lambda call_id: Query(call_id, "kv_arrived", request_id))).kv_arrived
 
     async def generate_reserved(self, request_id: str, first_token_id: int,
                                 first_logprobs: SampledLogprobs | None = None) -> AsyncIterator[RequestOutput]:
         """Decode a reservation whose KV arrived, from the producer's first token."""
         self._check_alive()
-        wait = self._reservations.pop(request_id, None)
-        if wait is None:
+        request = self._reserved_prompts.pop(request_id, None)
+        if request is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        async for output in self._stream(wait.request, StartReserved(request_id, first_token_id, first_logprobs)):
+        async for output in self._stream(request, StartReserved(request_id, first_token_id, first_logprobs)):
             yield output
 
     async def prefill_reserved(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """Compute a reservation's prompt here instead of receiving its KV, then decode it."""
         self._check_alive()
-        wait = self._reservations.pop(request_id, None)
-        if wait is None:
+        request = self._reserved_prompts.pop(request_id, None)
+        if request is None:
             raise InvalidRequestError("request_id", f"{request_id!r} has no reservation")
-        async for output in self._stream(wait.request, PrefillReserved(request_id)):
+        async for output in self._stream(request, PrefillReserved(request_id)):
             yield output
 
     async def release_kv(self, request_id: str, keep_arrived: bool = False) -> bool:
         """Free a reservation that will not be decoded; False if there is none. With
         `keep_arrived`, KV that arrived into it joins the prefix cache first (a peer pull)."""
-        self._reservations.pop(request_id, None)
+        self._reserved_prompts.pop(request_id, None)
         return (await self._call(lambda call_id: ReleaseKV(call_id, request_id, keep_arrived))).released
 
     async def send_cached(self, send: CachedSend) -> int:
@@ -370,10 +376,10 @@ class CoreProcessClient:
             logger.warning("ignoring a second Ready from the engine core")
 
     def _process(self, message: StepOutputs) -> None:
-        for arrival in message.kv_arrivals:
-            wait = self._reservations.get(arrival.request_id)
-            if wait is not None:
-                wait.settle(arrival.error)
+        for event in message.reservation_events:
+            if event.kind == ReservationEventKind.EXPIRED:
+                self._reserved_prompts.pop(event.request_id, None)
+            self._kv_waits.deliver(event)
         processed = self._output_processor.process(message.outputs)
         if processed.stopped_ids:
             self._send(FinishRequests(processed.stopped_ids, "stop"))

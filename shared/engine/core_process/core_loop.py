@@ -3,15 +3,17 @@
 While requests run it never blocks: it drains whatever messages arrived, steps, and sends the
 step's token outputs with the load; the service detokenizes them while the next step runs.
 Idle, it waits for a message or for the KV connector's wake-up (a transfer ended), waking
-every `IDLE_POLL_MS` to trim memory. Grammar compilation happens on worker threads
-(GuidedDecoding.prepare): a guided request waits outside the scheduler until its grammar is
-ready, while the others keep stepping. A failure of the engine as a whole (a forward pass)
-propagates: the caller reports it and the process exits.
+every `IDLE_POLL_MS` to trim memory, and by the next reservation's deadline (it times out
+then). Grammar compilation happens on worker threads (GuidedDecoding.prepare): a guided
+request waits outside the scheduler until its grammar is ready, while the others keep
+stepping. A failure of the engine as a whole (a forward pass) propagates: the caller reports
+it and the process exits.
 """
 
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -20,16 +22,17 @@ from concurrent.futures import Future
 
 import zmq
 
+from shared.core.remote_kv import RemoteKVState
 from shared.core.request import RequestStatus
-from shared.engine.client import KVReservation
-from shared.engine.core_process.request_spans import RequestSpans
-from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests, KVArrival,
-                                                 PrefillReserved, Query, Rejected, ReleaseKV, ReserveKV, SendCached,
-                                                 ServiceMessage, Shutdown, StartReserved, StepOutputs,
+from shared.engine.core_process.messages import (AbortRequests, AddRequest, CallResult, FinishRequests,
+                                                 PrefillReserved, Query, Rejected, ReleaseKV, RenewKV, ReserveKV,
+                                                 SendCached, ServiceMessage, Shutdown, StartReserved, StepOutputs,
                                                  decode_service_message, encode)
+from shared.engine.core_process.request_spans import RequestSpans
 from shared.engine.engine_core import EngineCore
-from shared.engine.errors import CapacityError
 from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
+from shared.engine_api.client import KVReservation, ReservationEvent
+from shared.engine_api.errors import CapacityError
 from shared.errors import InvalidRequestError
 from shared.tracing import is_enabled as tracing_is_enabled
 
@@ -96,7 +99,6 @@ class CoreLoop:
         self.poller.register(self.wakeup.read_fd, zmq.POLLIN)
         if core.connector is not None:
             core.connector.set_wakeup(self.wakeup.wake)
-        self.kv_transfer_address = engine_info(core).kv_transfer_address
         self._compiling: dict[str, tuple[Future, AddRequest]] = {}
         # Each request's spans while tracing is on (None: off, nothing is tracked).
         self.spans = RequestSpans() if tracing_is_enabled() else None
@@ -120,15 +122,18 @@ class CoreLoop:
         if self.on_loop is not None:
             self.on_loop(not is_stepping and not self._compiling)
         timeout = 0 if is_stepping else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
+        next_deadline_s = self.core.seconds_to_next_deadline()
+        if next_deadline_s < timeout / 1000:
+            timeout = math.ceil(next_deadline_s * 1000)
         changed = self._wait_and_handle_messages(timeout)
         changed = self._admit_compiled() or changed
         self._send_transfers_ended()
         if self.spans is not None:
             self.spans.on_step_start()
         outputs = self.core.step()  # applies finished KV transfers first; no-op when idle
-        arrivals = self._kv_arrivals()
-        if outputs or arrivals or changed or is_stepping:
-            self._send(self._step_outputs(outputs, arrivals))
+        events = self.core.drain_reservation_events()
+        if outputs or events or changed or is_stepping:
+            self._send(self._step_outputs(outputs, events))
         sent = self.core.finish_step_sends()  # after the first tokens above went out
         if sent:
             self._send(self._step_outputs(sent))
@@ -138,25 +143,22 @@ class CoreLoop:
         computes: a decode service starts a request once its KV has arrived, and a prefill
         service answers once the KV is sent; neither should wait for another step."""
         outputs = self.core.poll_kv_transfers()
-        arrivals = self._kv_arrivals()
-        if outputs or arrivals:
-            self._send(self._step_outputs(outputs, arrivals))
+        events = self.core.drain_reservation_events()
+        if outputs or events:
+            self._send(self._step_outputs(outputs, events))
 
-    def _kv_arrivals(self) -> list[KVArrival]:
-        return [KVArrival(request_id, error) for request_id, error in self.core.drain_kv_arrivals()]
-
-    def _step_outputs(self, outputs: list, arrivals: list[KVArrival] | None = None) -> StepOutputs:
+    def _step_outputs(self, outputs: list, events: list[ReservationEvent] | None = None) -> StepOutputs:
         """The outputs with the load, and the status when due or when the core went idle."""
         if self.spans is not None:
             self.spans.on_outputs(outputs)
-            self.spans.on_kv_arrivals(arrivals or ())
+            self.spans.on_reservation_events(events or ())
         now = time.monotonic()
         is_idle = self.core.scheduler.num_unfinished == 0
         status = None
         if is_idle or now - self._last_status_time >= STATUS_INTERVAL_S:
             self._last_status_time = now
             status = engine_status(self.core)
-        return StepOutputs(outputs, engine_load(self.core), status, arrivals or [])
+        return StepOutputs(outputs, engine_load(self.core), status, events or [])
 
     def _wait_and_handle_messages(self, timeout_ms: int) -> bool:
         """Handle every message waiting (after up to `timeout_ms` for the first message or a
@@ -183,7 +185,7 @@ class CoreLoop:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
                 self._add(message)
-        elif isinstance(message, (ReserveKV, ReleaseKV, SendCached, Query)):
+        elif isinstance(message, (ReserveKV, RenewKV, ReleaseKV, SendCached, Query)):
             self._send(self._answer(message))
         elif isinstance(message, StartReserved):
             self._start_reserved(message)
@@ -243,10 +245,12 @@ class CoreLoop:
                 self._reject(request_id, "guided", f"compiling the constraint failed: {error}")
         return bool(ready)
 
-    def _answer(self, call: ReserveKV | ReleaseKV | SendCached | Query) -> CallResult:
+    def _answer(self, call: ReserveKV | RenewKV | ReleaseKV | SendCached | Query) -> CallResult:
         try:
             if isinstance(call, ReserveKV):
                 return CallResult(call.call_id, reservation=self._reserve(call))
+            if isinstance(call, RenewKV):
+                return CallResult(call.call_id, renewed=self.core.renew_reserved(call.request_id, call.lease_s))
             if isinstance(call, ReleaseKV):
                 if self.spans is not None:
                     self.spans.on_released(call.request_id, "released")
@@ -266,21 +270,23 @@ class CoreLoop:
         logger.debug("reservation %s arrived: %d prompt tokens", call.request_id, len(call.prompt_token_ids),
                      extra={"request_id": call.request_id})
         try:
-            reservation = self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id,
-                                                    call.cache_salt, call.num_resumed_output_tokens,
-                                                    call.lora_request)
+            return self.core.reserve_request(call.prompt_token_ids, call.params, call.request_id, call.cache_salt,
+                                             call.num_resumed_output_tokens, call.lora_request, call.lease_s)
         except BaseException:
             if self.spans is not None:
                 self.spans.on_released(call.request_id, "refused")
             raise
-        return KVReservation(call.request_id, tuple(reservation.block_ids), reservation.num_cached_tokens,
-                             reservation.num_skip_blocks, self.kv_transfer_address, reservation.transfer_token)
 
     def _query(self, query: Query) -> CallResult:
         if query.what == "status":
             return CallResult(query.call_id, status=engine_status(self.core))
         if query.what == "memory":
             return CallResult(query.call_id, memory=engine_memory(self.core))
+        if query.what == "kv_arrived":
+            state = self.core.reservation_state(query.request_id)
+            if state is None:
+                raise InvalidRequestError("request_id", f"{query.request_id!r} has no reservation")
+            return CallResult(query.call_id, kv_arrived=state == RemoteKVState.ARRIVED)
         snapshot = query.what == "kv_snapshot"
         return CallResult(query.call_id, kv_events=kv_cache_events(self.core.block_pool, snapshot,
                                                                    self.core.tiers.manager))

@@ -15,16 +15,16 @@ from typing import Literal
 import msgspec
 
 from shared.config import EngineConfig
-from shared.engine.client import (CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
-                                  KVReservation)
 from shared.engine.core_outputs import EngineCoreOutput
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.client import (CachedSend, EngineInfo, EngineLoad, EngineMemory, EngineStatus, KVCacheEvents,
+                                      KVReservation, ReservationEvent)
+from shared.engine_api.outputs import SampledLogprobs
 from shared.kv_transfer.types import KVSendParams
 from shared.lora.request import LoRARequest
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class ProtocolError(RuntimeError):
@@ -58,8 +58,9 @@ class AddRequest(msgspec.Struct, tag=True, frozen=True):
 
 
 class ReserveKV(msgspec.Struct, tag=True, frozen=True):
-    """Decode role: allocate blocks for a prompt whose KV arrives through the connector;
-    answered by a CallResult with the reservation, or why not."""
+    """Decode role: allocate blocks for a prompt whose KV arrives through the connector, held
+    until `lease_s` from now unless renewed (None: until released); answered by a CallResult
+    with the reservation, or why not."""
     call_id: int
     request_id: str
     prompt_token_ids: list[int]
@@ -68,6 +69,14 @@ class ReserveKV(msgspec.Struct, tag=True, frozen=True):
     num_resumed_output_tokens: int = 0
     trace_context: dict[str, str] | None = None
     lora_request: LoRARequest | None = None
+    lease_s: float | None = None
+
+
+class RenewKV(msgspec.Struct, tag=True, frozen=True):
+    """Move a reservation's deadline to `lease_s` from now; CallResult.renewed says if it was live."""
+    call_id: int
+    request_id: str
+    lease_s: float
 
 
 class StartReserved(msgspec.Struct, tag=True, frozen=True):
@@ -109,17 +118,19 @@ class FinishRequests(msgspec.Struct, tag=True, frozen=True):
 
 
 class Query(msgspec.Struct, tag=True, frozen=True):
-    """A read of the engine's state between steps, answered by `CallResult` with `call_id`."""
+    """A read of the engine's state between steps, answered by `CallResult` with `call_id`;
+    "kv_arrived" asks whether the KV of the reservation `request_id` has arrived."""
     call_id: int
-    what: Literal["status", "kv_events", "kv_snapshot", "memory"]
+    what: Literal["status", "kv_events", "kv_snapshot", "memory", "kv_arrived"]
+    request_id: str = ""
 
 
 class Shutdown(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
-ServiceMessage = (AddRequest | ReserveKV | StartReserved | PrefillReserved | ReleaseKV | SendCached | AbortRequests
-                  | FinishRequests | Query | Shutdown)
+ServiceMessage = (AddRequest | ReserveKV | RenewKV | StartReserved | PrefillReserved | ReleaseKV | SendCached
+                  | AbortRequests | FinishRequests | Query | Shutdown)
 
 
 # ---- core -> service -------------------------------------------------------------------------
@@ -130,19 +141,13 @@ class Ready(msgspec.Struct, tag=True, frozen=True):
     pid: int
 
 
-class KVArrival(msgspec.Struct, array_like=True, frozen=True):
-    """A transfer into a reservation ended: its KV arrived, or `error` says why not (the
-    connector then waits for a retry)."""
-    request_id: str
-    error: str | None = None
-
-
 class StepOutputs(msgspec.Struct, tag=True, omit_defaults=True):
     outputs: list[EngineCoreOutput]
     load: EngineLoad
     # Every STATUS_INTERVAL_S or so while stepping, and whenever the core goes idle.
     status: EngineStatus | None = None
-    kv_arrivals: list[KVArrival] = []
+    # What happened to reservations since the last message (the scheduler's, in order).
+    reservation_events: list[ReservationEvent] = []
 
 
 class Rejected(msgspec.Struct, tag=True, frozen=True):
@@ -154,7 +159,7 @@ class Rejected(msgspec.Struct, tag=True, frozen=True):
 
 
 class CallResult(msgspec.Struct, tag=True, frozen=True):
-    """The answer to a Query, ReserveKV, ReleaseKV or SendCached with the same call_id. A refused call
+    """The answer to a Query, ReserveKV, RenewKV, ReleaseKV or SendCached with the same call_id. A refused call
     has `error_kind` "invalid" (InvalidRequestError naming `error_field`) or "capacity"."""
     call_id: int
     status: EngineStatus | None = None
@@ -162,6 +167,8 @@ class CallResult(msgspec.Struct, tag=True, frozen=True):
     memory: EngineMemory | None = None
     reservation: KVReservation | None = None
     released: bool | None = None
+    renewed: bool | None = None
+    kv_arrived: bool | None = None
     num_blocks: int | None = None
     error_kind: Literal["invalid", "capacity"] | None = None
     error_field: str = ""

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.core.scheduler_output import SchedulerOutput
+from shared.engine_api.client import ReservationEventKind
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.executor.base import ModelRunnerOutput
 from shared.kv_transfer.types import KVSendParams
@@ -76,17 +77,20 @@ class RequestSpans:
         tracked.span.set_attribute("pdserve.guided.compile_seconds", (now - tracked.queued_at_ns) / 1e9)
         tracked.queued_at_ns = now
 
-    def on_kv_arrivals(self, arrivals) -> None:
-        for arrival in arrivals:
-            tracked = self._tracked.get(arrival.request_id)
+    def on_reservation_events(self, events) -> None:
+        """A reservation's KV arrived, a transfer into it failed, or it timed out."""
+        for event in events:
+            tracked = self._tracked.get(event.request_id)
             if tracked is None:
                 continue
-            if arrival.error is None:
+            if event.kind == ReservationEventKind.EXPIRED:
+                self.on_released(event.request_id, "lease_expired")
+            elif event.kind == ReservationEventKind.ARRIVED:
                 tracked.span.add_event("kv_received")
                 tracked.queued_at_ns = time.time_ns()  # a reservation queues once its KV is here
             else:
                 tracked.span.add_event("kv_receive_failed", {"pdserve.failure": "kv_transfer",
-                                                             "message": arrival.error[:300]})
+                                                             "message": (event.error or "")[:300]})
 
     # ---- steps ---------------------------------------------------------------------------
 

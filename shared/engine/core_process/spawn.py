@@ -12,11 +12,11 @@ import zmq
 import zmq.asyncio
 
 from shared.config import EngineConfig
-from shared.memory.idle_trim import TrimPolicy
-from shared.engine.client import EngineDeadError
 from shared.engine.core_process.messages import (PROTOCOL_VERSION, CoreFailed, CoreStartup, ProtocolError, Ready,
                                                  check_version, decode_core_message, encode)
+from shared.engine_api.client import EngineDeadError
 from shared.executor.python_child import child_environment, module_command
+from shared.memory.idle_trim import TrimPolicy
 
 CORE_MODULE = "shared.engine.core_process.main"
 

@@ -22,21 +22,23 @@ Roles of a disaggregated pair, through the KV connector (shared.kv_transfer):
   (`release_kv(keep_arrived=True)`) before its prompt runs.
 - decode (consumer): `reserve_kv` allocates blocks for a prompt whose KV arrives from
   elsewhere (reusing the decode side's own prefix-cache hits, which need not be sent) and arms
-  the connector to accept exactly those blocks with the reservation's token; `wait_kv`
-  completes when they arrived (raises KVTransferFailedError after a failed transfer, after
-  which the connector is armed again for a retry); `generate_reserved` starts decoding from
-  the prefill's first token; `prefill_reserved` computes the prompt here after all (a
-  prompt short enough not to be worth a prefill hop); `release_kv` frees a reservation that
-  will not be decoded.
+  the connector to accept exactly those blocks with the reservation's token, until its lease
+  runs out (`renew_kv` extends it); `wait_kv` completes when they arrived (raises
+  KVTransferFailedError after a failed transfer, after which the connector still accepts a
+  retry); `generate_reserved` starts decoding from the prefill's first token;
+  `prefill_reserved` computes the prompt here after all (a prompt short enough not to be
+  worth a prefill hop); `release_kv` frees a reservation that will not be decoded. The
+  engine's scheduler owns the reservation (shared.core.remote_kv draws its life); what
+  happens to it reaches the service as `ReservationEvent`s (`on_reservation_event`).
 """
 
+import enum
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared.engine.errors import CapacityError, EngineDeadError, KVTransferFailedError, RequestFailedError
-from shared.engine.outputs import RequestOutput
-from shared.executor.base import SampledLogprobs
+from shared.engine_api.errors import CapacityError, EngineDeadError, KVTransferFailedError, RequestFailedError
+from shared.engine_api.outputs import RequestOutput, SampledLogprobs
 from shared.kv_tier.stats import KVTierStats
 from shared.kv_transfer.types import KVConnectorStats, KVSendParams, KVTransferResult
 from shared.lora.request import LoRARequest
@@ -47,7 +49,7 @@ __all__ = [
     "CachedSend", "CacheSettings", "CapacityError",
     "EngineClient", "EngineDeadError", "EngineInfo", "EngineLoad", "EngineMemory",
     "EngineStatus", "GenerateRequest", "KVCacheEvents", "KVReservation", "KVSendParams", "KVTransferFailedError",
-    "OutputObserver", "KVTierStats",
+    "NOT_HELD_FIELD", "OutputObserver", "KVTierStats", "ReservationEvent", "ReservationEventKind",
     "KVTransferResult", "RequestFailedError", "SpecDecodeCounts",
 ]
 
@@ -76,6 +78,21 @@ class KVReservation:
     transfer_token: bytes
 
 
+class ReservationEventKind(str, enum.Enum):
+    ARRIVED = "arrived"                  # a transfer into the reservation completed
+    TRANSFER_FAILED = "transfer_failed"  # one failed; an earlier arrival is undone, a retry accepted
+    EXPIRED = "expired"                  # its lease ran out: the engine freed its blocks
+
+
+@dataclass(frozen=True)
+class ReservationEvent:
+    """What happened to a reservation, as the engine's scheduler saw it (in order per engine)."""
+    request_id: str
+    kind: ReservationEventKind
+    error: str | None = None             # the failed transfer's
+    num_failed_transfers: int = 0        # into this reservation so far
+
+
 @dataclass(frozen=True)
 class CachedSend:
     """Holder side of a peer pull: send blocks of a prefix this engine holds (its pool or its
@@ -87,6 +104,11 @@ class CachedSend:
     remote_address: str                 # the puller's KV receiver
     remote_block_ids: tuple[int, ...]   # the reservation's block table, one per prefix block
     transfer_token: bytes
+
+
+# The field of the InvalidRequestError `send_cached` raises when the engine no longer holds every
+# block asked for (the puller computes the prefix itself instead).
+NOT_HELD_FIELD = "held_blocks"
 
 
 @dataclass(frozen=True)
@@ -196,6 +218,9 @@ class EngineClient(Protocol):
     # (OutputObserver, above); and is told once if the engine fails.
     observer: OutputObserver | None
     on_failure: Callable[[BaseException], None] | None
+    # Set by a decode service: told, on its event loop, what happens to each reservation (the
+    # scheduler owns the state; a lease that ran out there arrives as EXPIRED).
+    on_reservation_event: Callable[[ReservationEvent], None] | None
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -209,12 +234,17 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
-    async def reserve_kv(self, request: GenerateRequest) -> KVReservation:
-        """CapacityError when there is no room (the caller tries another instance)."""
+    async def reserve_kv(self, request: GenerateRequest, lease_s: float | None = None) -> KVReservation:
+        """Reserve blocks until `lease_s` from now (None: until released); CapacityError when
+        there is no room (the caller tries another instance)."""
+
+    async def renew_kv(self, request_id: str, lease_s: float) -> bool:
+        """Move a reservation's lease to end `lease_s` from now; False if it has ended."""
 
     async def wait_kv(self, request_id: str) -> None:
         """Returns once the reservation's KV arrived (at once if it already has);
-        KVTransferFailedError when a transfer failed (the connector waits for a retry)."""
+        KVTransferFailedError when a transfer failed (the connector waits for a retry) or the
+        lease ran out; InvalidRequestError when there is no such reservation."""
 
     def generate_reserved(self, request_id: str, first_token_id: int,
                           first_logprobs: SampledLogprobs | None) -> AsyncIterator[RequestOutput]:

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 
 import httpx2
 
-from benchmarks.harness.clients.base import ClientOptions
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.records import RequestRecord
+from services.bench.clients.base import ClientOptions
+from services.bench.datasets import BenchPrompt
+from services.bench.records import RequestRecord
 
 SSE_DATA_PREFIX = "data:"
 SSE_DONE = "[DONE]"

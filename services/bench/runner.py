@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from tqdm.asyncio import tqdm
 
-from benchmarks.harness.arrivals import arrival_offsets
-from benchmarks.harness.clients import BenchClient
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.metrics import DEFAULT_PERCENTILES, BenchSummary, summarize
-from benchmarks.harness.records import RequestRecord
+from services.bench.arrivals import arrival_offsets
+from services.bench.clients import BenchClient
+from services.bench.datasets import BenchPrompt
+from services.bench.metrics import DEFAULT_PERCENTILES, BenchSummary, summarize
+from services.bench.records import RequestRecord
 
 
 @dataclass(frozen=True)

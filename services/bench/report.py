@@ -10,8 +10,8 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks.harness.metrics import BenchSummary, LatencyStats
-from benchmarks.harness.runner import RunResult
+from services.bench.metrics import BenchSummary, LatencyStats
+from services.bench.runner import RunResult
 
 LATENCY_NAMES = (("ttft", "Time to first token"), ("tpot", "Time per output token (excl. 1st)"),
                  ("itl", "Inter-token latency"), ("e2el", "End-to-end latency"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchmarks.harness.records import RequestRecord
+from services.bench.records import RequestRecord
 from shared.errors import ConfigurationError
 
 SLO_METRICS = ("ttft", "tpot", "e2el")

@@ -9,10 +9,10 @@ precede the first run; runs go in the order given, each on its own prompt set
 import logging
 from collections.abc import Callable
 
-from benchmarks.harness.clients import ClientOptions, make_client
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.metrics import DEFAULT_PERCENTILES
-from benchmarks.harness.runner import LoadShape, RunResult, run_benchmark, warm_up
+from services.bench.clients import ClientOptions, make_client
+from services.bench.datasets import BenchPrompt
+from services.bench.metrics import DEFAULT_PERCENTILES
+from services.bench.runner import LoadShape, RunResult, run_benchmark, warm_up
 
 logger = logging.getLogger(__name__)
 

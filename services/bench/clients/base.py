@@ -8,8 +8,8 @@ raises for a failed request: the error goes into the record.
 from dataclasses import dataclass
 from typing import Protocol
 
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.records import RequestRecord
+from services.bench.datasets import BenchPrompt
+from services.bench.records import RequestRecord
 
 BACKENDS = ("pdserve-grpc", "openai", "openai-chat")
 
@@ -38,11 +38,11 @@ class BenchClient(Protocol):
 def make_client(options: ClientOptions) -> BenchClient:
     """The client for `options.backend`; called once per benchmark run."""
     if options.backend == "pdserve-grpc":
-        from benchmarks.harness.clients.grpc_client import GrpcGatewayClient
+        from services.bench.clients.grpc_client import GrpcGatewayClient
 
         return GrpcGatewayClient(options)
     if options.backend in ("openai", "openai-chat"):
-        from benchmarks.harness.clients.openai_client import OpenAIStreamClient
+        from services.bench.clients.openai_client import OpenAIStreamClient
 
         return OpenAIStreamClient(options, is_chat=options.backend == "openai-chat")
     raise ValueError(f"unknown backend {options.backend!r} (use one of {', '.join(BACKENDS)})")

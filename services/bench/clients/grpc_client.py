@@ -5,9 +5,9 @@ import uuid
 
 import grpc
 
-from benchmarks.harness.clients.base import ClientOptions
-from benchmarks.harness.datasets import BenchPrompt
-from benchmarks.harness.records import RequestRecord
+from services.bench.clients.base import ClientOptions
+from services.bench.datasets import BenchPrompt
+from services.bench.records import RequestRecord
 from shared.pb.pdserve.v1 import gateway_pb2, gateway_pb2_grpc, generation_pb2
 
 

@@ -2,8 +2,16 @@
 
 from dataclasses import dataclass, field
 
-from shared.executor.base import SampledLogprobs
 from shared.kv_transfer.types import KVTransferResult
+
+TopLogprobs = list[tuple[int, float]]
+
+
+@dataclass
+class SampledLogprobs:
+    """A sampled (or scored) token's logprob and the top alternatives, (token id, logprob)."""
+    logprob: float
+    top: TopLogprobs
 
 
 @dataclass

@@ -5,7 +5,7 @@ Called by the bench command and the compare driver once, before building a datas
 
 from pathlib import Path
 
-from benchmarks.harness.datasets import BenchPrompt
+from services.bench.datasets import BenchPrompt
 
 
 def load_bench_tokenizer(model: str | None):

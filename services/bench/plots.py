@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from benchmarks.harness.metrics import e2e_s, itls_s, ttft_s  # noqa: E402
-from benchmarks.harness.runner import RunResult  # noqa: E402
+from services.bench.metrics import e2e_s, itls_s, ttft_s  # noqa: E402
+from services.bench.runner import RunResult  # noqa: E402
 
 CDF_METRICS = (("TTFT", lambda r: [ttft_s(r)]), ("ITL", itls_s), ("E2E latency", lambda r: [e2e_s(r)]))
 

@@ -6,9 +6,9 @@ Called by the bench command and benchmarks/serve_compare.py, once before the run
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from benchmarks.harness.datasets import (BenchPrompt, LengthRange, file_dataset, random_dataset,
+from services.bench.datasets import (BenchPrompt, LengthRange, file_dataset, random_dataset,
                                    shared_prefix_dataset)
-from benchmarks.harness.vocabulary import usable_token_ids, with_prompt_text
+from services.bench.vocabulary import usable_token_ids, with_prompt_text
 from shared.errors import ConfigurationError
 
 DATASETS = ("random", "shared-prefix", "file")
