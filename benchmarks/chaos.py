@@ -36,6 +36,7 @@ from benchmarks import chaos_faults, chaos_report  # noqa: E402
 from benchmarks.chaos_load import PoissonLoad  # noqa: E402
 from benchmarks.chaos_stack import ChaosStack, chaos_config, supervise_in_background, wait_healthy, wait_leftovers  # noqa: E402,E501
 from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.chaos")
 BURST_KIND = ("overload burst", "gateway")
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kinds", default="", help="comma-separated substrings: only fault kinds containing one")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="each request's client deadline")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16")
+    add_engine_arguments(parser, "dtype")
     parser.add_argument("--gateway-args", default="", help="extra flags for both gateways")
     parser.add_argument("--window-s", type=float, default=30.0, help="latency percentile window")
     parser.add_argument("--out-dir", type=Path, default=None)

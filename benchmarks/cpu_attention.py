@@ -33,6 +33,7 @@ from benchmarks.roofline import best_seconds, stream_gbps
 from shared.attention.native_decode import NativePagedDecode, load_native_decode
 from shared.kv_cache.blocks import blocks_for_tokens
 from shared.native.build import shared_library
+from benchmarks.engine_flags import add_engine_arguments
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
@@ -42,8 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="decoding sequences")
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="tokens of context per sequence")
     parser.add_argument("--prompt-len", type=int, default=256, help="prompt rows (0: skip)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--threads", type=int, default=2)
+    add_engine_arguments(parser, "dtype", "num_threads", num_threads=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rotate-mib", type=int, default=1024, help="layer caches each decode timing cycles through")
     parser.add_argument("--baseline-source", type=Path, help="another kernel source to time alongside")
@@ -167,15 +167,15 @@ def prompt_rows_ms(kernels: dict, prompt_len: int, dtype: torch.dtype, repeats: 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.num_threads)
     dtype = getattr(torch, args.dtype)
     kernels = load_kernels(args.baseline_source, dtype)
-    result = {"threads": args.threads, "dtype": args.dtype, "batch": args.batch,
+    result = {"threads": args.num_threads, "dtype": args.dtype, "batch": args.batch,
               "default_path": load_native_decode().path(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype),
               "stream_gbps": stream_gbps(), "decode": {}}
     result["machine"] = print_machine(probe_onednn=False)
     print(f"streaming bandwidth {result['stream_gbps']:.1f} GB/s (read + written); the engine's path here: "
-          f"{result['default_path']}; {args.threads} threads, {args.dtype}")
+          f"{result['default_path']}; {args.num_threads} threads, {args.dtype}")
     print("\n| decode, batch %d | context | GB/s of K/V | share of streaming |\n| --- | --- | --- | --- |" % args.batch)
     for context in args.contexts:
         figures = decode_gbps(kernels, args.batch, context, dtype, args)

@@ -48,6 +48,7 @@ from shared.cluster.instances import InstanceRegistry  # noqa: E402
 from shared.cluster.keys import ClusterNamespace  # noqa: E402
 from shared.model.default_model import resolve_model  # noqa: E402
 from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.faults")
 
@@ -89,7 +90,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-requests", type=int, default=24, help="requests per scenario")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16")
+    add_engine_arguments(parser, "dtype")
     parser.add_argument("--scenario", action="append", help="run only scenarios containing this text")
     return parser.parse_args()
 

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from benchmarks.engine_flags import add_engine_arguments
 
 KERNEL_TESTS = ["tests/unit/test_triton_attention.py", "tests/unit/test_triton_layer_kernels.py"]
 PAIR_TEST = "tests/e2e/test_disaggregated_generation.py"
@@ -146,7 +147,7 @@ def write_report(out: Path, machine: str, results: list[StepResult]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("gpu_check_out"), help="where the reports go")
-    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
+    add_engine_arguments(parser, "model")
     parser.add_argument("--only", action="append", default=[], help="run only these steps (repeatable)")
     parser.add_argument("--budget-s", type=float, default=570, help="seconds for all steps together")
     parser.add_argument("--dry-run", action="store_true", help="list the steps and write a report without running")

@@ -16,6 +16,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 PROMPTS = [
     "The sky is blue because",
@@ -27,8 +28,7 @@ PROMPTS = [
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    add_engine_arguments(parser, "model", "dtype")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)

@@ -25,6 +25,7 @@ import xgrammar as xgr  # noqa: E402
 from shared.guided import GuidedDecodingParams  # noqa: E402
 from shared.guided.bitmask import apply_token_bitmasks, fill_bitmask  # noqa: E402
 from shared.guided.compiler import GrammarCache, tokenizer_info  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments, engine_args_from  # noqa: E402
 
 PERSON_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"},
@@ -219,9 +220,7 @@ def run_throughput_benchmark(llm, batch_size: int, max_tokens: int) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model folder or .gguf (default: packaged SmolLM2)")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_engine_arguments(parser, "model", "dtype", "num_threads")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--mask-only", action="store_true", help="skip the model throughput part")
@@ -233,7 +232,7 @@ def main() -> None:
     from shared.engine import LLM
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    llm = LLM(model=args.model, dtype=args.dtype, num_threads=args.num_threads)
+    llm = LLM.from_engine_args(engine_args_from(args))
     engine = llm.engine
     from benchmarks.machine import print_machine
 

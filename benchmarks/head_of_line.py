@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from shared.engine import LLM, SamplingParams  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments, engine_args_from  # noqa: E402
 
 LONG_TOKEN_ID = 1000
 SHORT_PROMPT = [2000, 2001, 2002]
@@ -31,8 +32,8 @@ class Measurement:
 
 
 def measure(args: argparse.Namespace, fair_prefill: bool) -> Measurement:
-    llm = LLM(model=args.model, dtype=args.dtype, max_num_batched_tokens=args.max_num_batched_tokens,
-              fair_prefill=fair_prefill, enable_prefix_caching=False, num_threads=args.num_threads or None)
+    llm = LLM.from_engine_args(engine_args_from(args, max_num_batched_tokens=args.max_num_batched_tokens,
+                                                fair_prefill=fair_prefill, enable_prefix_caching=False))
     engine = llm.engine
     long_prompt = [LONG_TOKEN_ID + i % 500 for i in range(min(args.prompt_tokens, engine.core.max_model_len - 1))]
     started = time.perf_counter()
@@ -53,11 +54,9 @@ def measure(args: argparse.Namespace, fair_prefill: bool) -> Measurement:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="HF Llama folder (default: the packaged model)")
-    parser.add_argument("--dtype", default="bfloat16")
+    add_engine_arguments(parser, "model", "dtype", "num_threads")
     parser.add_argument("--prompt-tokens", type=int, default=8191, help="length of the long prompt")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--num-threads", type=int, default=0)
     args = parser.parse_args()
     from benchmarks.machine import default_model_paths, print_machine
 

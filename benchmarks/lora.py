@@ -36,6 +36,7 @@ from shared.model.cpu_budget import default_num_threads  # noqa: E402
 from shared.model.default_model import resolve_model  # noqa: E402
 from shared.tokenization.chat import apply_chat_template  # noqa: E402
 from shared.tokenization.tokenizer import load_tokenizer  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 KV_CACHE_GB = 0.25  # per pdserve instance
 VLLM_MEMORY_UTILIZATION = 0.1  # vLLM's share of RAM (weights and KV) per server on its CPU backend
@@ -46,14 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=None,
                         help="what to run (default: offline and served, plus vLLM's with --vllm-python)")
-    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: the bundled SmolLM2)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_engine_arguments(parser, "model", "dtype", "num_threads")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--adapters", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (every row once each)")
     parser.add_argument("--batch-size", type=int, default=32, help="offline: prompts in one generate")
     parser.add_argument("--max-tokens", type=int, default=64, help="offline: output tokens each")
-    parser.add_argument("--num-threads", type=int, default=None, help="offline: pdserve's torch threads")
     parser.add_argument("--num-requests", type=int, default=32, help="served: requests per row and round")
     parser.add_argument("--concurrency", type=int, default=16, help="served: requests in flight at most")
     parser.add_argument("--prompt-len", type=int, default=64, help="served: prompt tokens each")

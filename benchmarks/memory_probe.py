@@ -18,7 +18,6 @@ import tracemalloc
 
 import numpy as np
 
-from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.llm_engine import LLMEngine
 from shared.engine_api.client import GenerateRequest, KVSendParams
@@ -35,6 +34,7 @@ from shared.sampling.params import SamplingParams
 from shared.transfer.chunks import (DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view,
                                     plan_chunks, staging_bytes)
 from shared.transfer.staging import StagingPool
+from benchmarks.engine_flags import add_engine_arguments, engine_args_from
 
 MIB = 1 << 20
 KIND_PROMPT_LENGTHS = {"plain": (50, 400), "long": (1000, 1500), "logprobs": (50, 400),
@@ -109,7 +109,7 @@ async def main(args: argparse.Namespace) -> None:
     pool_class = importlib.import_module(args.staging_module).StagingPool
     StagingConnector.staging = None if args.no_staging else pool_class()
     kv_transfer = KVTransferConfig(f"{StagingConnector.__module__}:StagingConnector", KVConnectorRole.PRODUCER)
-    engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads, kv_transfer=kv_transfer))
+    engine = LLMEngine.from_config(engine_args_from(args, kv_transfer=kv_transfer).create_engine_config())
     trimmer = None
     if args.busy_trim_mb or args.idle_trim_s:
         policy = TrimPolicy(idle_interval_s=args.idle_trim_s, busy_growth_bytes=int(args.busy_trim_mb * MIB))
@@ -146,7 +146,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kinds", nargs="+", default=list(KIND_PROMPT_LENGTHS), choices=list(KIND_PROMPT_LENGTHS))
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--per-batch", type=int, default=8, help="concurrent requests of each kind per batch")
-    parser.add_argument("--threads", type=int, default=2)
+    add_engine_arguments(parser, "num_threads", num_threads=2)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every batch")
     parser.add_argument("--busy-trim-mb", type=float, default=0.0,
                         help="engine-loop trimmer: trim while busy once RSS grew this many MiB (0: off)")

@@ -30,6 +30,7 @@ from shared.model.cpu_runtime import configure_cpu_runtime
 from shared.model.describe_paths import describe_model
 from shared.model.llama import LlamaForCausalLM
 from shared.model.packed_linear import PackedGatedMLP, PackedLinear, pack_for_cpu
+from benchmarks.engine_flags import add_engine_arguments
 
 SMOLLM2_135M = ModelConfig(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -194,8 +195,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--threads", type=int, default=2)
+    add_engine_arguments(parser, "dtype", "num_threads", num_threads=2)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc thresholds alone")
     parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top operators")
@@ -204,7 +204,7 @@ def main() -> None:
                         help="also measure the machine's matmul peak and streaming bandwidth and print each "
                              "part against them (benchmarks/roofline.py)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.num_threads)
     if not args.no_malloc_tuning:
         configure_cpu_runtime()
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ from benchmarks.multiturn_servers import (SERVERS, MultiturnServerOptions, Runni
                                           open_server)
 from benchmarks.multiturn_workload import ChatTexts, ChatWorkload, build_texts, history_tokens, round_robin  # noqa: E402
 from benchmarks.serve_servers import ServerOptions, ServerStartError  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.multiturn")
 
@@ -52,8 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool-gb", type=float, default=1.0, help="KV pool per pdserve instance and vLLM's KV space")
     parser.add_argument("--host-tier-gb", type=float, default=-1.0, help="pdserve-tiers' host tier (-1: machine-sized)")
     parser.add_argument("--file-tier-gb", type=float, default=0.0, help="pdserve-tiers' file tier (0: off)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--model", default=None)
+    add_engine_arguments(parser, "dtype", "model")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--out-dir", type=Path, default=None)
     return parser

@@ -29,6 +29,7 @@ prefer_bounded_spinning()  # before torch loads the OpenMP runtime
 import torch  # noqa: E402
 
 from benchmarks.machine import print_machine  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments, engine_args_from  # noqa: E402
 
 COMMON_WORDS = (
     "the people time year way day man thing woman life child world school state family student "
@@ -75,13 +76,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128, help="new tokens per prompt")
     parser.add_argument("--skip-baseline", action="store_true", help="do not run transformers")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    add_engine_arguments(parser, "dtype", "device", "model", "num_threads", device="cpu")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words")
-    parser.add_argument("--device", default="cpu", help="both engines' device: cpu, cuda or auto (default cpu)")
-    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--num-threads", type=int, default=0,
-                        help="torch threads (default 0: the CPUs this process may use)")
     parser.add_argument("--deterministic", action="store_true", help="pdserve in deterministic mode")
     parser.add_argument("--vllm-python", type=Path, default=os.environ.get("PDSERVE_VLLM_PYTHON") or None,
                         help="also run vLLM's offline engine with this interpreter (its own virtualenv; "
@@ -125,8 +122,8 @@ def run_pdserve(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Nam
     from shared.engine import LLM, SamplingParams
 
     deterministic = args.deterministic if deterministic is None else deterministic
-    llm = LLM(model=str(model_dir), dtype=args.dtype, device=args.device, num_threads=torch.get_num_threads(),
-              deterministic=deterministic)
+    llm = LLM.from_engine_args(engine_args_from(args, model=str(model_dir), num_threads=torch.get_num_threads(),
+                                                deterministic=deterministic))
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     warmup_params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], warmup_params)

@@ -43,6 +43,7 @@ from services.bench.runner import LoadShape, RunResult  # noqa: E402
 from services.bench.sweep import run_sweep  # noqa: E402
 from services.bench.vocabulary import load_bench_tokenizer  # noqa: E402
 from services.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.serve_compare")
 MODES = ("colocated", "disaggregated")
@@ -61,8 +62,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--goodput", nargs="+", default=["ttft:1000", "tpot:100"], metavar="METRIC:MS")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: bundled SmolLM2)")
+    add_engine_arguments(parser, "dtype", "model")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="results.json and PNGs go here (default: a new /tmp/pdserve-bench-* folder)")
     parser.add_argument("--disable-tqdm", action="store_true")

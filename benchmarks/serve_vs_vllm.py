@@ -39,6 +39,7 @@ from benchmarks.serve_goodput import GoodputSLO  # noqa: E402
 from benchmarks.serve_servers import SERVERS, ServerOptions, ServerStartError, open_server  # noqa: E402
 from benchmarks.serve_vs_vllm_table import format_table  # noqa: E402
 from shared.errors import ConfigurationError  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.serve_vs_vllm")
 NUM_WARMUPS = 2
@@ -66,8 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-len", type=int, nargs=2, default=[128, 256], metavar=("LOW", "HIGH"))
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompts and the arrivals")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: bundled SmolLM2)")
+    add_engine_arguments(parser, "dtype", "model")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds for a server to start")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="results go here (default: a new /tmp/pdserve-vs-vllm-* folder)")

@@ -28,6 +28,7 @@ from benchmarks.harness.soak_plots import plot_latency, plot_rss  # noqa: E402
 from benchmarks.harness.soak_report import growth_table, interval_latencies, latency_table, rss_growth  # noqa: E402
 from benchmarks.harness.soak_samples import MemorySampler  # noqa: E402
 from services.bench.vocabulary import load_bench_tokenizer, usable_token_ids  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("soak")
 TARGET_MIB_PER_MINUTE = 5.0
@@ -91,7 +92,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=0.74, help="requests per second (Poisson)")
     parser.add_argument("--interval-s", type=float, default=60.0, help="latency table interval")
     parser.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling period")
-    parser.add_argument("--model", default=None)
+    add_engine_arguments(parser, "model")
     parser.add_argument("--instance-args", default="", help="extra flags for both instances")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench-results/soak"))

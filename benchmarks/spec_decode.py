@@ -24,6 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from shared.engine import LLM, SamplingParams  # noqa: E402
 from shared.model.default_model import resolve_model  # noqa: E402
 from shared.spec_decode.stats import SpecDecodeStats  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments, engine_args_from  # noqa: E402
 
 PARAGRAPHS = [
     "The library opens at nine in the morning and closes at six in the evening. Visitors must "
@@ -149,9 +150,7 @@ def print_row(measurement: Measurement, baseline: Measurement) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--num-threads", type=int, default=2)
+    add_engine_arguments(parser, "model", "dtype", "num_threads", num_threads=2)
     parser.add_argument("--batch-sizes", default="1,4,16,64")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
@@ -163,7 +162,7 @@ def main() -> None:
     parser.add_argument("--draft-num-layers", type=int, default=8)
     args = parser.parse_args()
     folder = str(resolve_model(args.model))
-    llms = {label: LLM(model=folder, dtype=args.dtype, num_threads=args.num_threads, **config)
+    llms = {label: LLM.from_engine_args(engine_args_from(args, model=folder, **config))
             for label, config in engines(args).items()}
     from benchmarks.machine import print_machine
 

@@ -35,6 +35,7 @@ from shared.model.cpu_budget import prefer_bounded_spinning  # noqa: E402
 prefer_bounded_spinning()  # before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments, engine_args_from  # noqa: E402
 
 PARTS = ("schedule", "inputs", "forward", "sampling", "update", "detokenize")
 
@@ -150,10 +151,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64, help="new tokens per prompt")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the bundled SmolLM2)")
-    parser.add_argument("--num-threads", type=int, default=None,
-                        help="default: the CPUs this process may use (affinity mask, cgroup quota)")
+    add_engine_arguments(parser, "dtype", "model", "num_threads")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words")
     return parser.parse_args()
 
@@ -165,7 +163,7 @@ def main() -> None:
     from shared.engine import LLM, SamplingParams
 
     model_dir, prompt_ids = load_workload(args)
-    llm = LLM(model=str(model_dir), dtype=args.dtype, num_threads=torch.get_num_threads())
+    llm = LLM.from_engine_args(engine_args_from(args, model=str(model_dir), num_threads=torch.get_num_threads()))
     print_machine(llm.engine.core.executor.compute_paths)
     llm.generate([ids[:16] for ids in prompt_ids[:2]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     timer = StepTimer()

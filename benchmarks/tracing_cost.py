@@ -49,6 +49,7 @@ from services.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
 from benchmarks.machine import default_model_paths, print_machine  # noqa: E402
 from benchmarks.serve_compare import PREFILL_CPUS, client_cpus  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402
+from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.tracing_cost")
 NUM_WARMUPS = 2
@@ -82,8 +83,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, nargs=2, default=[128, 256], metavar=("LOW", "HIGH"))
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: bundled SmolLM2)")
+    add_engine_arguments(parser, "dtype", "model")
     parser.add_argument("--all-stacks-up", action="store_true",
                         help="start every configuration's stack once and keep them all up")
     parser.add_argument("--out-dir", type=Path, default=None,

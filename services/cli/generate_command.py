@@ -83,8 +83,8 @@ class _Summary:
             self.cached_prompt_tokens = message.usage.cached_prompt_tokens
 
     def line(self) -> str:
-        from shared.pb.pdserve.v1 import generation_pb2
+        from shared.wire.outputs import finish_reason_from_proto
 
-        name = generation_pb2.FinishReason.Name(self.finish_reason).removeprefix("FINISH_REASON_").lower()
+        name = finish_reason_from_proto(self.finish_reason) or "none"
         return (f"[{self.num_tokens} tokens, finish: {name}, "
                 f"cached prompt tokens: {self.cached_prompt_tokens}]")

@@ -6,7 +6,11 @@ import argparse
 import logging
 from pathlib import Path
 
+from services.common.engine_flags import add_engine_flags, engine_args_from
+
 DEFAULT_OUTPUT = Path("pdserve-profile.json")
+# The engine settings of the profiled instance (EngineArgs fields, named as an instance's flags).
+PROFILED_ENGINE_FLAGS = ("model", "dtype", "num_threads", "kv_cache_memory_gb")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,11 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "default run takes 2-3 minutes on a quiet 2-core machine.")
     parser.add_argument("--output", "-o", type=Path, default=DEFAULT_OUTPUT,
                         help=f"where to write the JSON (default {DEFAULT_OUTPUT})")
-    parser.add_argument("--model", default=None, help="HF folder or GGUF file (default: bundled SmolLM2)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: the CPUs this process may use)")
-    parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0,
-                        help="KV pool size, as a serving instance's --kv-cache-memory-gb (default 1.0)")
+    add_engine_flags(parser, PROFILED_ENGINE_FLAGS)
     parser.add_argument("--quick", action="store_true",
                         help="a few tiny points (for tests with a small model), seconds instead of minutes")
     parser.set_defaults(run=run)
@@ -34,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger("services.planner").setLevel(logging.INFO)
     plan = QUICK_PLAN if args.quick else ProfilePlan()
-    profile = profile_instance(args.model, args.dtype, args.num_threads, plan,
-                               kv_cache_memory_bytes=int(args.kv_cache_memory_gb * (1 << 30)))
+    profile = profile_instance(engine_args_from(args), plan)
     profile.save(args.output)
     print(f"wrote {args.output}: KV capacity {profile.kv_capacity_tokens} tokens, "
           f"prefill 512 tokens {profile.prefill_s(512) * 1e3:.0f} ms, "

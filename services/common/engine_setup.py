@@ -9,15 +9,14 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from shared.config import CacheConfig, EngineConfig
-from shared.core.scheduler_config import SchedulerConfig
+from shared.config import EngineConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.loading import load_tokenizer_if_present
 from shared.engine_api.client import EngineClient
 from shared.engine_api.probe import EngineProbe
-from shared.guided.limits import GuidedLimits
+from shared.engine_args import EngineArgs
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_tier.cost_seeds import CostSeeds, load_cost_seeds
 from shared.kv_tier.sizing import default_host_tier_bytes
@@ -26,7 +25,7 @@ from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from shared.model.default_model import resolve_model
-from services.common.settings import InstanceSettings, lora_config, parallel_config, speculative_config
+from services.common.settings import InstanceSettings
 
 if TYPE_CHECKING:
     from shared.engine.llm import LLM
@@ -56,24 +55,10 @@ def kv_transfer_config(settings: InstanceSettings) -> KVTransferConfig | None:
 
 
 def engine_config(settings: InstanceSettings) -> EngineConfig:
-    cache = CacheConfig(block_size=settings.block_size, prefix_hash_algo=settings.prefix_hash_algo,
-                        kv_cache_memory_bytes=int(settings.kv_cache_memory_gb * GIB),
-                        gpu_memory_utilization=settings.gpu_memory_utilization,
-                        num_blocks=settings.num_blocks or None)
-    scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
-                                max_num_batched_tokens=settings.max_num_batched_tokens,
-                                long_prefill_token_threshold=settings.prefill_chunk_tokens)
-    guided = GuidedLimits(max_bytes=settings.max_grammar_bytes, max_nesting_depth=settings.max_grammar_nesting_depth,
-                          compile_timeout_s=settings.grammar_compile_timeout_s,
-                          max_cached_grammars=settings.grammar_cache_size)
-    return EngineConfig(model=settings.model or None, dtype=settings.dtype, device=settings.device,
-                        attention_backend=settings.attention_backend,
-                        max_model_len=settings.max_model_len or None,
-                        num_threads=settings.num_threads or None, seed=settings.seed,
-                        deterministic=settings.deterministic,
-                        cache=cache, scheduler=scheduler, speculative=speculative_config(settings), guided=guided,
-                        parallel=parallel_config(settings), kv_transfer=kv_transfer_config(settings),
-                        kv_tier=kv_tier_config(settings), lora=lora_config(settings))
+    """The instance's EngineArgs (its role's choices resolved) with its KV connector and tiers."""
+    args = dataclasses.replace(settings.role_engine_args(), kv_transfer=kv_transfer_config(settings),
+                               kv_tier=kv_tier_config(settings))
+    return args.create_engine_config()
 
 
 def kv_tier_config(settings: InstanceSettings) -> KVTierConfig | None:
@@ -113,7 +98,7 @@ async def start_engine_thread(settings: InstanceSettings, config: EngineConfig) 
     on_loop = HeapTrimmer(trim_policy(settings)).on_loop
     # OpenMP thread counts are per calling thread: the engine thread sets it (the default: the
     # CPUs this process may use, affinity mask and cgroup quota).
-    client = AsyncEngine(engine, on_loop=on_loop, num_threads=settings.num_threads or default_num_threads())
+    client = AsyncEngine(engine, on_loop=on_loop, num_threads=settings.engine.num_threads or default_num_threads())
     await client.start()
     return client
 
@@ -136,21 +121,19 @@ def trim_policy(settings: InstanceSettings) -> TrimPolicy:
                       busy_growth_bytes=int(settings.busy_trim_growth_mb * (1 << 20)))
 
 
-def build_engine_probe(model: str | None, dtype: str, num_threads: int | None, with_kv_transport: bool = True,
-                       **engine_kwargs) -> EngineProbe:
-    """An engine built like a serving instance's (`engine_kwargs` as `LLM(...)` takes them),
-    behind the probe `pdserve profile` times it through; its KV sends over UCX on loopback
-    unless `with_kv_transport` is False (a busy neighbour sends nothing)."""
-    from shared.engine.llm import engine_config_from_kwargs
+def build_engine_probe(args: EngineArgs, with_kv_transport: bool = True) -> EngineProbe:
+    """An engine built like a serving instance's (from the same EngineArgs), behind the probe
+    `pdserve profile` times it through; its KV sends over UCX on loopback unless
+    `with_kv_transport` is False (a busy neighbour sends nothing)."""
     from shared.engine.probe import StepProbe
     from shared.transfer.loopback_timing import time_loopback_sends
 
-    config = engine_config_from_kwargs(model, dtype, num_threads=num_threads, **engine_kwargs)
-    return StepProbe(LLMEngine.from_config(config), time_loopback_sends if with_kv_transport else None)
+    engine = LLMEngine.from_config(args.create_engine_config())
+    return StepProbe(engine, time_loopback_sends if with_kv_transport else None)
 
 
-def build_offline_llm(model: str | None, dtype: str, **engine_kwargs) -> "LLM":
-    """The offline engine `pdserve offline` generates with (`engine_kwargs` as `LLM(...)` takes them)."""
+def build_offline_llm(args: EngineArgs) -> "LLM":
+    """The offline engine `pdserve offline` generates with."""
     from shared.engine.llm import LLM
 
-    return LLM(model=model, dtype=dtype, **engine_kwargs)
+    return LLM.from_engine_args(args)

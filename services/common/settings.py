@@ -2,7 +2,9 @@
 and a key of the optional TOML settings file (services.common.settings_base).
 
 Flag `--kv-cache-memory-gb` is variable `PDSERVE_KV_CACHE_MEMORY_GB` and file key
-`kv_cache_memory_gb`, and so on for every field below. Precedence: flag, then environment
+`kv_cache_memory_gb`, and so on for every field below and every field of the engine's
+settings, `engine` (shared.engine_args.EngineArgs, the same model `LLM(...)` takes), which
+stay flat on the command line, in the environment and in the file. Precedence: flag, then environment
 variable, then settings file (`--config FILE`), then the documented default.
 
 Default gRPC ports (used by `make run`; tests pass 0 for an ephemeral port and read the
@@ -12,35 +14,30 @@ receiver port defaults to 0 (ephemeral); its address is registered in Redis. The
 log and the ready file).
 """
 
+import dataclasses
 from typing import Annotated, Literal
+
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from shared.cluster.instance_records import ROLES
 from shared.cluster.keys import validate_name
-from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
+from shared.engine_args import DECODE_PREFILL_CHUNK_TOKENS, ROLE_DEFAULT_CHUNK, EngineArgs
 from shared.kv_transfer.types import DEFAULT_TRANSFER_TIMEOUT_S
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 from shared.lora.config import LoRAConfig
 from shared.lora.request import validate_adapter_name
-from shared.model.dtypes import DTYPES
-from shared.parallel.config import ParallelConfig
-from shared.spec_decode.config import SpeculativeConfig
 
 from services.common.redis_client import RedisClientSettings
-from services.common.settings_base import ServiceSettings
+from services.common.settings_base import SETTINGS_GROUP, ServiceSettings
 from services.common.settings_flags import MANY_VALUES
 from services.common.tracing_setup import TracingSettings
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ENGINE_CORE_PLACES = ("process", "thread")
 ROLE_DEFAULT_PORT = -1  # grpc_port sentinel: the role's documented default
-ROLE_DEFAULT_CHUNK = -1  # max_prefill_chunk_tokens sentinel: the role's documented default
-# A decode instance's prompt chunk per step: small, so that its running decodes' steps grow by
-# little while it prefills a prompt locally (about 0.1 s per step at 1.5 ms a token, fp32 CPU).
-DECODE_PREFILL_CHUNK_TOKENS = 64
 MAX_PORT = 65535
 
 
@@ -50,15 +47,10 @@ def _setting(default, help_text: str, **constraints):
 
 class InstanceSettings(TracingSettings, RedisClientSettings):
     role: Literal[ROLES] = _setting("decode", "instance role: prefill, decode or colocated")
-    model: str = _setting("", "HF folder or .gguf file ('' = the packaged SmolLM2 model)")
+    engine: EngineArgs = Field(default_factory=EngineArgs, json_schema_extra=SETTINGS_GROUP,
+                               description="the engine's settings, each a flag of its own (shared.engine_args)")
     served_model_name: str = _setting("", "model name in the Redis keys ('' = the model folder's name; "
                                           "must match the gateway's)")
-    dtype: Literal[tuple(DTYPES)] = _setting("bfloat16", "weights and KV cache dtype: bfloat16 or float32")
-    device: str = _setting("auto", "where the engine runs: auto (CUDA when available), cpu, cuda or cuda:N")
-    gpu_memory_utilization: float = _setting(0.9, "on a GPU: share of its memory this instance may use "
-                                                  "(weights + KV pool; replaces --kv-cache-memory-gb)", gt=0, le=1)
-    attention_backend: str = _setting("auto", "paged attention: auto (triton on CUDA, torch on CPU), "
-                                              "torch or triton")
     host: str = _setting("127.0.0.1", "address the gRPC server binds")
     advertise_host: str = _setting("", "host put in the registered gRPC address ('' = --host, "
                                        "or this machine's hostname when --host is a wildcard)")
@@ -70,53 +62,15 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis holding the cluster state")
     deployment: str = _setting("default", "deployment name; namespaces the Redis keys")
     instance_id: str = _setting("", "instance id in Redis ('' = generated from role and a random suffix)")
-    num_threads: int = _setting(0, "torch intra-op threads (0 = the CPUs this process may use: affinity mask, "
-                                   "cgroup quota)", ge=0)
-    kv_cache_memory_gb: float = _setting(1.0, "memory for the KV block pool, GiB", gt=0)
-    num_blocks: int = _setting(0, "KV blocks; overrides --kv-cache-memory-gb when > 0", ge=0)
-    block_size: int = _setting(16, "tokens per KV block (registered in Redis: gateways pair only instances "
-                                   "that agree)", gt=0)
-    prefix_hash_algo: Literal[SUPPORTED_HASH_ALGOS] = _setting(
-        "sha256", "prefix-cache block hash: sha256 or blake2b (registered in Redis: gateways hash prompts the "
-                  "same way)")
-    max_model_len: int = _setting(0, "longest sequence (0 = the model's limit)", ge=0)
-    max_num_seqs: int = _setting(128, "most sequences running (or reserved) at once", gt=0)
-    max_num_batched_tokens: int = _setting(2048, "most tokens computed by one engine step", gt=0)
-    max_prefill_chunk_tokens: int = _setting(
-        ROLE_DEFAULT_CHUNK, "most prompt tokens of one request computed per engine step (chunked prefill); -1 = the "
-                            f"role's default: {DECODE_PREFILL_CHUNK_TOKENS} on decode instances (local prefills share "
-                            "steps with the running decodes), 0 (the step's budget) on the others", ge=-1)
     max_local_prefill_tokens: int = _setting(
         256, "decode role: most uncached prompt tokens of local prefills (conditional disaggregation) being "
              "computed at once; a local prefill beyond it is refused and goes to the prefill pool (0 = refuse all)",
         ge=0)
-    seed: int = _setting(0, "global sampling seed for unseeded requests")
-    deterministic: bool = _setting(False, "batch-invariant computation (CPU): greedy output identical alone or "
-                                          "in any batch, with prefix hits or chunking, and to the offline engine")
-    max_grammar_bytes: int = _setting(64 * 1024, "longest guided schema, regex or grammar (bytes)")
-    max_grammar_nesting_depth: int = _setting(64, "deepest bracket nesting of a guided constraint")
-    grammar_compile_timeout_s: float = _setting(10.0, "longest a guided constraint may take to compile")
-    grammar_cache_size: int = _setting(256, "compiled guided constraints kept (least recently used dropped)")
-    enable_lora: bool = _setting(False, "serve LoRA adapters (implied by --lora-modules; adapters can then be "
-                                        "loaded at run time)")
     lora_modules: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), json_schema_extra=MANY_VALUES,
         description="LoRA adapters served as models, each name=path of a peft folder (adapter_config.json + "
                     "adapter_model.safetensors); several after one flag or the flag repeated; the variable and "
                     "the settings file list them comma separated")
-    max_loras: int = _setting(4, "most distinct LoRA adapters in one engine step", gt=0)
-    max_lora_rank: int = _setting(16, "highest LoRA adapter rank accepted", gt=0)
-    max_cpu_loras: int = _setting(0, "LoRA adapters kept loaded in memory, least recently used dropped "
-                                     "(0 = twice --max-loras)", ge=0)
-    speculative_method: str = _setting("none", "speculative decoding: none, ngram (prompt lookup) or draft "
-                                               "(a draft model); decode and colocated roles only")
-    num_speculative_tokens: int = _setting(3, "tokens proposed per request and step (k)")
-    draft_model: str = _setting("", "draft model HF folder sharing the tokenizer ('' = the target "
-                                    "truncated to --draft-num-layers)")
-    draft_num_layers: int = _setting(0, "keep the draft's first N layers (0 = all of --draft-model)", ge=0)
-    tensor_parallel_size: int = _setting(1, "ranks sharing each layer (worker processes; must divide the "
-                                             "attention and KV heads)")
-    pipeline_parallel_size: int = _setting(1, "pipeline stages (worker processes)")
     heartbeat_interval_s: float = _setting(1.0, "seconds between registry heartbeats", gt=0)
     heartbeat_ttl_s: float = _setting(5.0, "registry entry TTL; a silent instance drops out after it", gt=0)
     lease_ms: int = _setting(10_000, "default reservation lease when Reserve asks for 0", gt=0)
@@ -194,9 +148,6 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
                     validate_name(name, getattr(self, name))
         except InvalidRequestError as error:
             raise ConfigurationError(error.field, error.message) from None
-        speculative_config(self)
-        parallel_config(self)
-        lora_config(self).validate()
         parse_lora_modules(self.lora_modules)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigurationError("tls_cert_file", "tls_cert_file and tls_key_file go together")
@@ -210,9 +161,19 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
     @property
     def prefill_chunk_tokens(self) -> int:
         """The per-request prompt chunk per step (0: the step's budget), the role's default resolved."""
-        if self.max_prefill_chunk_tokens != ROLE_DEFAULT_CHUNK:
-            return self.max_prefill_chunk_tokens
+        if self.engine.max_prefill_chunk_tokens != ROLE_DEFAULT_CHUNK:
+            return self.engine.max_prefill_chunk_tokens
         return DECODE_PREFILL_CHUNK_TOKENS if self.role == "decode" else 0
+
+    def role_engine_args(self) -> EngineArgs:
+        """`engine` with what the role and the other settings decide: the prompt chunk's role
+        default, no speculation on a prefill instance (it only computes the prompt and samples the
+        first token), LoRA on when --lora-modules names adapters."""
+        engine = self.engine
+        return dataclasses.replace(
+            engine, max_prefill_chunk_tokens=self.prefill_chunk_tokens,
+            speculative_method="none" if self.role == "prefill" else engine.speculative_method,
+            enable_lora=engine.enable_lora or bool(self.lora_modules))
 
     @property
     def bound_grpc_port(self) -> int:
@@ -221,8 +182,7 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
 
 
 def lora_config(settings: InstanceSettings) -> LoRAConfig:
-    return LoRAConfig(enable_lora=settings.enable_lora or bool(settings.lora_modules), max_loras=settings.max_loras,
-                      max_lora_rank=settings.max_lora_rank, max_cpu_loras=settings.max_cpu_loras or None)
+    return settings.role_engine_args().create_engine_config().lora
 
 
 def parse_lora_modules(modules: tuple[str, ...]) -> dict[str, str]:
@@ -240,18 +200,3 @@ def parse_lora_modules(modules: tuple[str, ...]) -> dict[str, str]:
             raise ConfigurationError("lora_modules", error.message) from None
         parsed[name] = path
     return parsed
-
-
-def parallel_config(settings: InstanceSettings) -> ParallelConfig:
-    return ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size,
-                          pipeline_parallel_size=settings.pipeline_parallel_size)
-
-
-def speculative_config(settings: InstanceSettings) -> SpeculativeConfig:
-    """The engine's speculative decoding settings (prefill instances never speculate: they
-    only compute the prompt and sample the first token). Raises ConfigurationError."""
-    method = "none" if settings.role == "prefill" else settings.speculative_method
-    return SpeculativeConfig(speculative_method=method,
-                             num_speculative_tokens=settings.num_speculative_tokens,
-                             draft_model=settings.draft_model or None,
-                             draft_num_layers=settings.draft_num_layers or None)

@@ -8,26 +8,39 @@ A settings class (a ServiceSettings) declares each setting as a field with a des
     3. a TOML settings file   --config FILE  holding  kv_cache_memory_gb = 2
     4. the documented default
 
+A field marked SETTINGS_GROUP holds a group of settings (a pydantic dataclass such as
+shared.engine_args.EngineArgs, nested in InstanceSettings as `engine`): each setting of the
+group is still a flag, a variable and a file key of its own, flat (`--block-size`,
+PDSERVE_BLOCK_SIZE, `block_size = 16`), and so is a keyword of the constructor
+(`InstanceSettings(block_size=8)` fills `settings.engine.block_size`).
+
 Constructing a settings class directly (`InstanceSettings(role="prefill")`, as tests and
 benchmarks do) reads neither the environment nor a file: only its arguments and the defaults.
 Either way an invalid value raises ConfigurationError naming the setting.
 """
 
 import contextvars
+import dataclasses
+import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic import ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
+                               TomlConfigSettingsSource)
 
 from shared.errors import ConfigurationError, InvalidRequestError
 
 from services.common.bounded_text import bounded
 
 ENV_PREFIX = "PDSERVE_"
+# json_schema_extra of a field holding a group of settings, each a setting of its own (above); the
+# group's class lists them in `setting_names()` and describes them in its own fields.
+SETTINGS_GROUP = {"settings": "group"}
 
 
 @dataclass(frozen=True)
@@ -59,15 +72,52 @@ class ServiceSettings(BaseSettings):
         load = _LOADING.get()
         if load is None:
             return (init_settings,)
+        environment = (env_settings, _GroupEnvironment(settings_cls))
         if load.config_file is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, _SettingsFile(settings_cls, load.config_file, load.other_keys)
+            return init_settings, *environment
+        return init_settings, *environment, _SettingsFile(settings_cls, load.config_file, load.other_keys)
 
     @classmethod
     def env_name(cls, name: str) -> str:
         """The environment variable of setting `name`."""
-        alias = cls.model_fields[name].validation_alias
+        alias = cls.setting_fields()[name].validation_alias
         return alias if isinstance(alias, str) else cls.model_config["env_prefix"] + name.upper()
+
+    @classmethod
+    def setting_fields(cls) -> dict[str, FieldInfo]:
+        """Every setting, in order: the class's own fields, each group's settings in its place."""
+        settings = {}
+        for name, info in cls.model_fields.items():
+            if info.json_schema_extra != SETTINGS_GROUP:
+                settings[name] = info
+                continue
+            group_fields = info.annotation.__pydantic_fields__
+            settings.update((setting, group_fields[setting]) for setting in info.annotation.setting_names())
+        return settings
+
+    @classmethod
+    def settings_groups(cls) -> dict[str, tuple[str, ...]]:
+        """Each group field's name -> the names of its settings."""
+        return {name: info.annotation.setting_names() for name, info in cls.model_fields.items()
+                if info.json_schema_extra == SETTINGS_GROUP}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_groups(cls, values: Any) -> Any:
+        """Flat settings of a group (from the constructor, flags, variables or the file) go into
+        the group's field, over what that field was given."""
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        for group, names in cls.settings_groups().items():
+            given = {name: values.pop(name) for name in names if name in values}
+            if not given:
+                continue
+            base = values.get(group)
+            if dataclasses.is_dataclass(base):
+                base = {field.name: getattr(base, field.name) for field in dataclasses.fields(base)}
+            values[group] = {**(base or {}), **given}
+        return values
 
 
 def load_settings(settings_cls: type[ServiceSettings], flags: Mapping[str, Any],
@@ -87,6 +137,20 @@ def load_settings(settings_cls: type[ServiceSettings], flags: Mapping[str, Any],
         _LOADING.reset(token)
 
 
+class _GroupEnvironment(PydanticBaseSettingsSource):
+    """The PDSERVE_* variables of the groups' settings (pydantic-settings reads those of the
+    class's own fields); values stay strings for the group's validation, empty ones unset."""
+
+    def __call__(self) -> dict[str, Any]:
+        environ = {name.upper(): value for name, value in os.environ.items()}
+        names = (name for group in self.settings_cls.settings_groups().values() for name in group)
+        values = {name: environ.get(self.settings_cls.env_name(name).upper()) for name in names}
+        return {name: value for name, value in values.items() if value}
+
+    def get_field_value(self, field, field_name):  # __call__ reads every variable at once
+        return None, field_name, False
+
+
 class _SettingsFile(TomlConfigSettingsSource):
     """A TOML file of `name = value` lines; a name no class on the command line knows is refused."""
 
@@ -95,7 +159,7 @@ class _SettingsFile(TomlConfigSettingsSource):
             super().__init__(settings_cls, toml_file=path)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             raise ConfigurationError("config", f"{path} is not valid TOML: {error}") from None
-        unknown = sorted(set(self.toml_data) - set(settings_cls.model_fields) - other_keys)
+        unknown = sorted(set(self.toml_data) - set(settings_cls.setting_fields()) - other_keys)
         if unknown:
             raise ConfigurationError(unknown[0], f"is not a setting (in {path})")
         self.init_kwargs = {key: value for key, value in self.init_kwargs.items() if key not in other_keys}
@@ -112,7 +176,7 @@ def configuration_error(error: ValidationError, settings_cls: type[ServiceSettin
     if first["type"] == "extra_forbidden":
         return ConfigurationError(field, "is not a setting")
     message = first["msg"].removeprefix("Value error, ")
-    info = settings_cls.model_fields.get(field)
+    info = settings_cls.setting_fields().get(field)
     if info is not None and not info.repr:
         return ConfigurationError(field, message)
     return ConfigurationError(field, f"{message}, got {bounded(repr(first['input']), 200)}")
@@ -122,6 +186,8 @@ def _field_name(settings_cls: type[ServiceSettings], loc: tuple) -> str:
     """The setting's name for an error location, which may be the setting's alias."""
     if not loc:
         return ""
+    if loc[0] in settings_cls.settings_groups() and len(loc) > 1:
+        return str(loc[1])
     for name, info in settings_cls.model_fields.items():
         if info.validation_alias == loc[0]:
             return name

@@ -40,12 +40,13 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[Servi
     known = parser.get_default(CLASSES_DEST) or ()
     if settings_cls not in known:  # so that a settings file may hold all their keys
         parser.set_defaults(**{CLASSES_DEST: (*known, settings_cls)})
-    names = settings_cls.model_fields if only is None else list(only)
+    fields = settings_cls.setting_fields()
+    names = fields if only is None else list(only)
     for name in names:
         if name in skip:
             continue
-        info = settings_cls.model_fields[name]
-        kind = _argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE, name.startswith("no_"))
+        info = fields[name]
+        kind = argument_kind(info.annotation, info.json_schema_extra == ONE_VALUE, name.startswith("no_"))
         if info.json_schema_extra == MANY_VALUES:
             kind = {"action": "extend", "nargs": "+", "metavar": "VALUE"}
         if name in choices:
@@ -62,18 +63,18 @@ def add_config_flag(parser: argparse.ArgumentParser) -> None:
 
 def flag_values(args: argparse.Namespace, settings_cls: type[ServiceSettings]) -> dict[str, Any]:
     """The settings of `settings_cls` given on the command line."""
-    return {name: getattr(args, name) for name in settings_cls.model_fields if hasattr(args, name)}
+    return {name: getattr(args, name) for name in settings_cls.setting_fields() if hasattr(args, name)}
 
 
 def settings_from_args(args: argparse.Namespace, settings_cls: type[ServiceSettings]) -> ServiceSettings:
     """Flags > PDSERVE_* variables > args.config > defaults. The settings file may hold the
     settings of every class whose flags this command line has."""
     classes = getattr(args, CLASSES_DEST, ())
-    other_keys = {name for other in classes if other is not settings_cls for name in other.model_fields}
+    other_keys = {name for other in classes if other is not settings_cls for name in other.setting_fields()}
     return load_settings(settings_cls, flag_values(args, settings_cls), getattr(args, "config", None), other_keys)
 
 
-def _argument_kind(annotation: Any, takes_one_value: bool, is_negative: bool) -> dict[str, Any]:
+def argument_kind(annotation: Any, takes_one_value: bool, is_negative: bool) -> dict[str, Any]:
     """argparse keywords for a field's type: a switch (`--x` / `--no-x`, or just `--no-x` for a
     setting named no_x), a repeatable flag or one value."""
     annotation = _without_none(annotation)

@@ -21,6 +21,7 @@ import grpc
 
 from shared.cluster.leases import LeaseTable
 from shared.engine_api.client import GenerateRequest
+from shared.engine_api.outputs import FinishReason
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.tracing import span
@@ -137,7 +138,7 @@ class DecodeHandler(RoleHandler):
             await self.engine.abort(request_id)
 
     def _raise_if_handed_back(self, request_id: str, output) -> None:
-        if self._is_handing_back and output.finished and output.outputs[0].finish_reason == "abort":
+        if self._is_handing_back and output.finished and output.outputs[0].finish_reason == FinishReason.ABORT:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, handed_back_message(request_id),
                                handed_back_trailer(request_id))
 

@@ -10,6 +10,7 @@ import logging
 import time
 
 from shared.pb.pdserve.v1 import generation_pb2
+from shared.wire.outputs import finish_reason_from_proto
 
 from services.gateway.metrics import GatewayMetrics
 
@@ -18,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 def finish_reason_name(reason: int) -> str:
     """FINISH_REASON_STOP -> "stop"."""
-    return generation_pb2.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()
+    return finish_reason_from_proto(reason).value
 
 
 class RequestTimer:

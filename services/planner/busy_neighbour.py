@@ -13,12 +13,12 @@ import random
 import sys
 import threading
 
+from services.common.engine_flags import add_engine_flags, engine_args_from
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 28)
+    add_engine_flags(parser, ("model", "dtype", "num_threads", "kv_cache_memory_gb"), kv_cache_memory_gb=0.25)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--work", choices=("prefill", "decode"), default="prefill")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences decoding at once (--work decode)")
@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.common.engine_setup import build_engine_probe
 
     args = parse_args(argv)
-    probe = build_engine_probe(args.model, args.dtype, args.num_threads, with_kv_transport=False,
-                               kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+    probe = build_engine_probe(engine_args_from(args), with_kv_transport=False)
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     rng, vocab = random.Random(1), probe.info.vocab_size

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 
 from shared.engine_api.probe import EngineProbe
+from shared.engine_args import EngineArgs
 
 from services.common.engine_setup import build_engine_probe
 from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint
@@ -193,12 +194,12 @@ def neighbour_command_for(model: str | None, dtype: str, num_threads: int | None
     return command
 
 
-def profile_instance(model: str | None, dtype: str, num_threads: int | None, plan: ProfilePlan,
-                     **engine_kwargs) -> PerfProfile:
-    """Build an engine like a serving instance's and measure it."""
-    probe = build_engine_probe(model, dtype, num_threads, **engine_kwargs)
+def profile_instance(args: EngineArgs, plan: ProfilePlan) -> PerfProfile:
+    """Build an engine like a serving instance's (from the same EngineArgs) and measure it."""
+    probe = build_engine_probe(args)
+    model, num_threads = args.model or None, args.num_threads or None
     try:
-        return Profiler(probe, plan).run(model or "default", dtype, num_threads,
-                                         neighbour_command_for(model, dtype, num_threads))
+        return Profiler(probe, plan).run(model or "default", args.dtype, num_threads,
+                                         neighbour_command_for(model, args.dtype, num_threads))
     finally:
         probe.shutdown()

@@ -17,7 +17,7 @@ output processor does: an engine finish keeps the engine's reason).
 
 from dataclasses import dataclass
 
-from shared.engine_api.outputs import RequestOutput
+from shared.engine_api.outputs import FinishReason, RequestOutput
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.sampling.params import SamplingParams
 from shared.tokenization.stop_strings import StopStringMatcher
@@ -68,7 +68,7 @@ def ending(final: RequestOutput, params: SamplingParams, num_resumed: int, max_m
     the model's length says so, the prefill request itself stops after one token)."""
     completion = final.outputs[0]
     num_tokens = len(final.prompt_token_ids) + num_resumed + 1
-    if completion.finish_reason == "stop":
+    if completion.finish_reason == FinishReason.STOP:
         return Ending(generation_pb2.FINISH_REASON_STOP, completion.stop_reason, text.rest(completion.delta_text))
     if (params.max_tokens is not None and params.max_tokens <= num_resumed + 1) or num_tokens >= max_model_len:
         return Ending(generation_pb2.FINISH_REASON_LENGTH, None, text.rest(completion.delta_text))

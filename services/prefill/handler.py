@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from shared.engine_api.client import GenerateRequest, KVSendParams, KVTransferFailedError, KVTransferResult
-from shared.engine_api.outputs import RequestOutput
+from shared.engine_api.outputs import FinishReason, RequestOutput
 from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
 from shared.kv_cache.blocks import blocks_for_tokens
@@ -194,5 +194,5 @@ def _send_attributes(request: pb.PrefillRequest, output: RequestOutput) -> dict[
 
 
 def check_not_aborted(request: pb.PrefillRequest, output: RequestOutput | None) -> None:
-    if output is None or output.outputs[0].finish_reason == "abort" or not output.outputs[0].token_ids:
+    if output is None or output.outputs[0].finish_reason == FinishReason.ABORT or not output.outputs[0].token_ids:
         raise ServiceError(grpc.StatusCode.ABORTED, f"prefill of {request.request_id!r} was aborted")

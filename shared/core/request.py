@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from shared.kv_cache.block_hash import BlockHash
 from shared.kv_transfer.types import KVSendParams
 from shared.lora.request import LoRARequest
+from shared.sampling.finish_reason import FinishReason
 from shared.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -34,8 +35,8 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ERROR)
 
     @property
-    def finish_reason(self) -> str | None:
-        return self.value if self.is_finished else None
+    def finish_reason(self) -> FinishReason | None:
+        return FinishReason(self.value) if self.is_finished else None
 
 
 @dataclass(eq=False)

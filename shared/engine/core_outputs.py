@@ -8,7 +8,7 @@ plain msgspec structs.
 
 import msgspec
 
-from shared.engine_api.outputs import SampledLogprobs
+from shared.engine_api.outputs import FinishReason, SampledLogprobs
 from shared.kv_transfer.types import KVTransferResult
 
 
@@ -20,7 +20,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: list[SampledLogprobs] | None = None
     # Prompt positions scored this step (first completion only).
     new_prompt_logprobs: list[SampledLogprobs] = []
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the stop token id that ended it
     num_cached_tokens: int = 0
     # With finish_reason "error": what went wrong computing this request.

@@ -1,44 +1,28 @@
 """The offline Python API: `LLM().generate(prompts, SamplingParams(...))`."""
 
 from collections.abc import Sequence
-from dataclasses import fields
 
-from shared.config import CacheConfig, EngineConfig
-from shared.core.scheduler_config import SchedulerConfig
 from shared.engine.llm_engine import LLMEngine
 from shared.engine.stats import KVUsage
 from shared.engine_api.outputs import RequestOutput
-from shared.errors import ConfigurationError, InvalidRequestError
-from shared.guided.limits import GuidedLimits
-from shared.lora.config import LoRAConfig
+from shared.engine_args import EngineArgs
+from shared.errors import InvalidRequestError
 from shared.lora.request import LoRARequest
-from shared.parallel.config import ParallelConfig
 from shared.sampling.params import SamplingParams
-from shared.spec_decode.config import SpeculativeConfig
 
 Prompt = str | list[int]
 
 
-def engine_config_from_kwargs(model: str | None, dtype: str, **kwargs) -> EngineConfig:
-    """Route flat keyword arguments (vLLM style) to the config section that owns them."""
-    sections = {"cache": CacheConfig(), "scheduler": SchedulerConfig(), "speculative": SpeculativeConfig(),
-                "guided": GuidedLimits(), "parallel": ParallelConfig(), "lora": LoRAConfig()}
-    config = EngineConfig(model=model, dtype=dtype, **sections)
-    for name, value in kwargs.items():
-        owner = next((section for section in (config, *sections.values())
-                      if name in {f.name for f in fields(section)}), None)
-        if owner is None or name in sections:
-            raise ConfigurationError(name, "is not an engine setting")
-        setattr(owner, name, value)
-    config.speculative.validate()
-    config.lora.validate()
-    config.parallel.__post_init__()
-    return config
-
-
 class LLM:
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", **engine_kwargs):
-        self.engine = LLMEngine.from_config(engine_config_from_kwargs(model, dtype, **engine_kwargs))
+        """`engine_kwargs`: fields of shared.engine_args.EngineArgs (the instance flags' names, with
+        _ for -); ConfigurationError naming an unknown or bad one."""
+        args = EngineArgs.from_kwargs(model=model, dtype=dtype, **engine_kwargs)
+        self.engine = LLMEngine.from_config(args.create_engine_config())
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLM":
+        return cls(**{name: getattr(args, name) for name in EngineArgs.field_names()})
 
     @property
     def tokenizer(self):

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from shared.engine.core_outputs import EngineCoreOutput, child_request_id
-from shared.engine_api.outputs import CompletionOutput, RequestOutput, SampledLogprobs
+from shared.engine_api.outputs import CompletionOutput, FinishReason, RequestOutput, SampledLogprobs
 from shared.isolation import describe_error
 from shared.kv_transfer.types import KVTransferResult
 from shared.sampling.params import SamplingParams
@@ -48,7 +48,7 @@ class CompletionState:
     def finished(self) -> bool:
         return self.output.finish_reason is not None
 
-    def finish(self, reason: str, stop_reason: int | str | None) -> None:
+    def finish(self, reason: FinishReason, stop_reason: int | str | None) -> None:
         if self.detokenizer is not None and not self.matcher.is_stopped:
             self._emit(self.matcher.push(self.detokenizer.flush())[0] + self.matcher.flush())
         self.output.finish_reason = reason
@@ -56,7 +56,7 @@ class CompletionState:
 
     def fail(self, error: str) -> None:
         """End with finish reason "error" (no flush: the text pipeline may be what failed)."""
-        self.output.finish_reason = "error"
+        self.output.finish_reason = FinishReason.ERROR
         self.output.error = error
 
     def _emit(self, text: str) -> None:
@@ -162,12 +162,12 @@ class OutputProcessor:
                            result: ProcessedOutputs) -> None:
         try:
             is_stopped_early = self._add_new_tokens(state, core_output)
-            if core_output.finish_reason == "error":
+            if core_output.finish_reason == FinishReason.ERROR:
                 state.fail(core_output.error or "the request failed")
             elif core_output.finished and not is_stopped_early:
                 state.finish(core_output.finish_reason, core_output.stop_reason)
             elif state.stop_string is not None:
-                state.finish("stop", state.stop_string)
+                state.finish(FinishReason.STOP, state.stop_string)
                 if not core_output.finished:
                     result.stopped_ids.append(core_output.request_id)
         except Exception as error:  # noqa: BLE001 - this completion alone fails
@@ -193,7 +193,7 @@ class OutputProcessor:
             return None
         for state in group.completions:
             if not state.finished:
-                state.finish("abort", None)
+                state.finish(FinishReason.ABORT, None)
         return self._emit(group)
 
     def fail_all(self, error: str) -> list[RequestOutput]:

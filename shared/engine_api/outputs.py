@@ -3,6 +3,9 @@
 from dataclasses import dataclass, field
 
 from shared.kv_transfer.types import KVTransferResult
+from shared.sampling.finish_reason import FinishReason
+
+__all__ = ["CompletionOutput", "FinishReason", "RequestOutput", "SampledLogprobs", "TopLogprobs"]
 
 TopLogprobs = list[tuple[int, float]]
 
@@ -21,7 +24,7 @@ class CompletionOutput:
     text: str = ""
     # One entry per generated token when logprobs were asked for.
     logprobs: list[SampledLogprobs] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     # The stop string or stop token id that ended generation, if any.
     stop_reason: int | str | None = None
     # What is new since this request's previous output (for streaming).

@@ -1,14 +1,20 @@
 """Engine outputs -> GenerateResponse messages, and logprobs both ways."""
 
-from shared.engine_api.outputs import CompletionOutput, RequestOutput, SampledLogprobs
+from shared.engine_api.outputs import CompletionOutput, FinishReason, RequestOutput, SampledLogprobs
 from shared.pb.pdserve.v1 import generation_pb2 as pb
 
 FINISH_REASONS = {
     None: pb.FINISH_REASON_UNSPECIFIED,
-    "stop": pb.FINISH_REASON_STOP,
-    "length": pb.FINISH_REASON_LENGTH,
-    "abort": pb.FINISH_REASON_ABORT,
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
 }
+FINISH_REASONS_FROM_PROTO = {value: key for key, value in FINISH_REASONS.items()}
+
+
+def finish_reason_from_proto(reason: int) -> FinishReason | None:
+    """The wire's enum back to the engine's (None: not finished); an unknown value is STOP."""
+    return FINISH_REASONS_FROM_PROTO.get(reason, FinishReason.STOP)
 
 
 def logprobs_to_proto(token_id: int, entry: SampledLogprobs) -> pb.PositionLogprobs:

@@ -14,7 +14,7 @@ KERNEL_SOURCE = Path(cpu_attention.__file__).parents[1] / "shared" / "attention"
 def test_the_attention_benchmark_prints_decode_and_prompt_figures(tmp_path, capsys):
     out = tmp_path / "figures.json"
     assert cpu_attention.main(["--batch", "2", "--contexts", "40", "--prompt-len", "20", "--repeats", "1",
-                               "--rotate-mib", "1", "--threads", "1", "--baseline-source", str(KERNEL_SOURCE),
+                               "--rotate-mib", "1", "--num-threads", "1", "--baseline-source", str(KERNEL_SOURCE),
                                "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     figures = json.loads(out.read_text())

@@ -11,7 +11,7 @@ import pytest
 
 from shared.engine_api.client import EngineDeadError, GenerateRequest
 from shared.engine.core_process.client import CoreProcessClient
-from shared.engine.llm import engine_config_from_kwargs
+from shared.engine_args import EngineArgs
 from shared.sampling.params import SamplingParams
 from tests.unit.test_engine import PROMPTS
 
@@ -21,7 +21,7 @@ SETTINGS = dict(dtype="float32", block_size=4, num_blocks=64)
 
 
 def core_client(folder) -> CoreProcessClient:
-    return CoreProcessClient(engine_config_from_kwargs(str(folder), **SETTINGS))
+    return CoreProcessClient(EngineArgs.from_kwargs(model=str(folder), **SETTINGS).create_engine_config())
 
 
 async def collect(client, request_id, prompt, params):
@@ -75,7 +75,7 @@ def test_a_killed_core_fails_every_stream_and_restarts(tiny_llama_folder, signum
 
 def test_a_core_that_fails_while_loading_says_why(tmp_path):
     async def main():
-        client = CoreProcessClient(engine_config_from_kwargs(str(tmp_path / "missing"), **SETTINGS))
+        client = CoreProcessClient(EngineArgs.from_kwargs(model=str(tmp_path / "missing"), **SETTINGS).create_engine_config())
         with pytest.raises(EngineDeadError, match="failed while starting: .*missing"):
             await client.start()
         assert not client.is_alive

@@ -29,7 +29,7 @@ from shared.engine_api.client import (CapacityError, EngineDeadError, GenerateRe
                                       KVTransferFailedError, ReservationEvent, ReservationEventKind)
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine.frontend import EngineFrontend
-from shared.engine.llm import engine_config_from_kwargs
+from shared.engine_args import EngineArgs
 from shared.errors import InvalidRequestError
 from shared.guided.params import GuidedDecodingParams
 from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
@@ -54,7 +54,8 @@ def make_client(transport: str, folder, tokenizer) -> EngineFrontend:
         engine = LLM(model=str(folder), **SETTINGS).engine
         engine.tokenizer = tokenizer
         return AsyncEngine(engine)
-    return CoreProcessClient(engine_config_from_kwargs(str(folder), **SETTINGS), tokenizer=tokenizer)
+    return CoreProcessClient(EngineArgs.from_kwargs(model=str(folder), **SETTINGS).create_engine_config(),
+                             tokenizer=tokenizer)
 
 
 class LoopThread:

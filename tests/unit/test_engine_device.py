@@ -52,7 +52,7 @@ def test_auto_backend_on_the_cpu_is_torch_and_bad_names_are_refused():
 
 
 def test_instance_settings_check_gpu_memory_utilization():
-    assert InstanceSettings(device="cuda", gpu_memory_utilization=0.4).device == "cuda"
+    assert InstanceSettings(device="cuda", gpu_memory_utilization=0.4).engine.device == "cuda"
     with pytest.raises(ConfigurationError, match="gpu_memory_utilization"):
         InstanceSettings(gpu_memory_utilization=1.5)
 
@@ -81,9 +81,10 @@ def test_gpu_budget_is_this_engines_share_less_its_weights_and_never_more_than_f
 
 def test_offline_command_has_the_device_flags():
     from services.cli.main import build_parser
-    from services.cli.offline_command import device_kwargs
+    from services.common.engine_flags import engine_args_from
     args = build_parser().parse_args(["offline", "hi", "--device", "cpu", "--attention-backend", "torch"])
-    assert device_kwargs(args) == {"device": "cpu", "gpu_memory_utilization": 0.9, "attention_backend": "torch"}
+    engine_args = engine_args_from(args)
+    assert (engine_args.device, engine_args.gpu_memory_utilization, engine_args.attention_backend) == ("cpu", 0.9, "torch")
 
 
 def test_the_triton_backend_on_the_cpu_needs_the_interpreter(monkeypatch):

@@ -28,7 +28,7 @@ def no_pdserve_variables(monkeypatch):
 
 def test_every_setting_is_a_flag_and_an_environment_variable():
     help_text = build_parser("x", DECODE_ROLES).format_help()
-    for name in InstanceSettings.model_fields:
+    for name in InstanceSettings.setting_fields():
         assert flag_name(name) in help_text
         assert env_name(name) in help_text
     assert env_name("kv_cache_memory_gb") == "PDSERVE_KV_CACHE_MEMORY_GB"
@@ -41,19 +41,19 @@ def test_environment_gives_defaults_and_flags_override_them(monkeypatch):
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     settings = parse_settings("x", DECODE_ROLES, [])
-    assert (settings.num_blocks, settings.role, settings.dtype, settings.heartbeat_ttl_s) == (12, "colocated", "float32", 3.5)
+    assert (settings.engine.num_blocks, settings.role, settings.engine.dtype, settings.heartbeat_ttl_s) == (12, "colocated", "float32", 3.5)
     settings = parse_settings("x", DECODE_ROLES, ["--num-blocks", "7", "--role", "decode", "--deployment", "green"])
-    assert (settings.num_blocks, settings.role, settings.deployment) == (7, "decode", "green")
+    assert (settings.engine.num_blocks, settings.role, settings.deployment) == (7, "decode", "green")
 
 
 def test_switches_take_a_flag_its_negation_or_a_yes_no_variable(monkeypatch):
-    assert not parse_settings("x", DECODE_ROLES, []).deterministic
-    assert parse_settings("x", DECODE_ROLES, ["--deterministic"]).deterministic
+    assert not parse_settings("x", DECODE_ROLES, []).engine.deterministic
+    assert parse_settings("x", DECODE_ROLES, ["--deterministic"]).engine.deterministic
     assert engine_config(parse_settings("x", DECODE_ROLES, ["--deterministic"])).deterministic
     monkeypatch.setenv("PDSERVE_DETERMINISTIC", "true")
-    assert parse_settings("x", DECODE_ROLES, []).deterministic
+    assert parse_settings("x", DECODE_ROLES, []).engine.deterministic
     monkeypatch.setenv("PDSERVE_DETERMINISTIC", "1")
-    assert not parse_settings("x", DECODE_ROLES, ["--no-deterministic"]).deterministic
+    assert not parse_settings("x", DECODE_ROLES, ["--no-deterministic"]).engine.deterministic
 
 
 @pytest.mark.parametrize("argv, environ, message", [

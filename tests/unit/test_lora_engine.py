@@ -18,8 +18,8 @@ from shared.core.scheduler import Scheduler
 from shared.core.scheduler_config import SchedulerConfig
 from shared.engine import LLM, LoRARequest, SamplingParams
 from shared.engine.core_process.client import CoreProcessClient
-from shared.engine.llm import engine_config_from_kwargs
 from shared.engine_api.client import GenerateRequest
+from shared.engine_args import EngineArgs
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.guided import GuidedDecodingParams as Guided
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
@@ -224,8 +224,8 @@ def test_bf16_packed_model_applies_adapters(tiny_llama_folder, adapters, referen
 
 def test_the_engine_core_process_serves_adapters_beside_the_base(tiny_llama_folder, adapters, references):
     """Through the typed engine API that services use (the core in a child process)."""
-    config = engine_config_from_kwargs(str(tiny_llama_folder), dtype="float32", block_size=4, num_blocks=64,
-                                       enable_lora=True, max_lora_rank=16)
+    config = EngineArgs.from_kwargs(model=str(tiny_llama_folder), dtype="float32", block_size=4, num_blocks=64,
+                                    enable_lora=True, max_lora_rank=16).create_engine_config()
     cases = [(None, 0), ("attn-r4", 0), ("all-r8-rslora", 1), ("attn-r4", 2)]
 
     async def generate(client, index, name, prompt_index):

@@ -7,7 +7,7 @@ from services.common.engine_setup import engine_config
 from services.common.flags import parse_settings
 from services.cli.main import build_parser
 from services.cli.up_command import config_from_args
-from shared.engine.llm import engine_config_from_kwargs
+from shared.engine_args import EngineArgs
 from shared.errors import ConfigurationError
 
 
@@ -35,7 +35,8 @@ def test_up_passes_the_sizes_to_every_instance():
 def test_offline_and_llm_keywords():
     args = build_parser().parse_args(["offline", "hi", "--tensor-parallel-size", "3"])
     assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (3, 1)
-    config = engine_config_from_kwargs(None, "float32", tensor_parallel_size=3, pipeline_parallel_size=2)
+    config = EngineArgs.from_kwargs(model=None, dtype="float32", tensor_parallel_size=3,
+                                    pipeline_parallel_size=2).create_engine_config()
     assert (config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size) == (3, 2)
     with pytest.raises(ConfigurationError, match="pipeline_parallel_size"):
-        engine_config_from_kwargs(None, "float32", pipeline_parallel_size=-1)
+        EngineArgs.from_kwargs(model=None, dtype="float32", pipeline_parallel_size=-1)

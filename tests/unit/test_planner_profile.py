@@ -2,6 +2,7 @@
 
 import pytest
 
+from shared.engine_args import EngineArgs
 from shared.kv_tier.cost_seeds import load_cost_seeds
 
 from services.common.engine_setup import build_engine_probe
@@ -61,6 +62,10 @@ def test_prefill_is_fitted_on_relative_error():
         assert profile.prefill_s(n) == pytest.approx(measured, rel=0.1)
 
 
+def tiny_engine_args(folder) -> EngineArgs:
+    return EngineArgs(model=str(folder), dtype="float32", num_blocks=64)
+
+
 def assert_every_block_free(probe) -> None:
     load = probe.load()
     assert load.num_free_blocks == load.num_total_blocks
@@ -94,7 +99,7 @@ def test_colocated_slowdown_beside_a_real_busy_neighbour(tiny_llama_folder):
     from services.planner.profiler import QUICK_PLAN, Profiler, neighbour_command_for
 
     plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32, 64), colocated_decode=((4, 16),))
-    probe = build_engine_probe(str(tiny_llama_folder), "float32", None, num_blocks=64)
+    probe = build_engine_probe(tiny_engine_args(tiny_llama_folder))
     profile = Profiler(probe, plan).run("tiny", "float32", 1, neighbour_command_for(str(tiny_llama_folder),
                                                                                    "float32", 1, 64))
     assert profile.colocated_slowdown >= 1.0 and profile.host_cores >= 1 and profile.transfer == []
@@ -108,7 +113,7 @@ def test_a_neighbour_that_dies_is_reported(tiny_llama_folder):
     from services.planner.profiler import QUICK_PLAN, Profiler
 
     plan = replace(QUICK_PLAN, transfer=None, colocated_prompts=(32,))
-    probe = build_engine_probe(str(tiny_llama_folder), "float32", None, num_blocks=64)
+    probe = build_engine_probe(tiny_engine_args(tiny_llama_folder))
     with pytest.raises(RuntimeError, match="exited before it was ready"):
         Profiler(probe, plan).run("tiny", "float32", 1, [sys.executable, "-c", "pass"])
 
@@ -116,6 +121,6 @@ def test_a_neighbour_that_dies_is_reported(tiny_llama_folder):
 def test_profiling_returns_every_kv_block(tiny_llama_folder):
     from services.planner.profiler import QUICK_PLAN, Profiler
 
-    probe = build_engine_probe(str(tiny_llama_folder), "float32", None, num_blocks=64)
+    probe = build_engine_probe(tiny_engine_args(tiny_llama_folder))
     Profiler(probe, QUICK_PLAN).run("tiny", "float32", None)
     assert_every_block_free(probe)

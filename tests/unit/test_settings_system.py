@@ -38,8 +38,8 @@ def test_instance_flag_over_env_over_file_over_default(tmp_path, monkeypatch):
     monkeypatch.setenv("PDSERVE_NUM_BLOCKS", "22")
     monkeypatch.setenv("PDSERVE_LEASE_MS", "600")
     settings = instance_settings("x", ROLES, ["--config", config, "--num-blocks", "33"])
-    assert (settings.num_blocks, settings.lease_ms, settings.max_num_seqs) == (33, 600, 9)
-    assert settings.block_size == InstanceSettings().block_size == 16
+    assert (settings.engine.num_blocks, settings.lease_ms, settings.engine.max_num_seqs) == (33, 600, 9)
+    assert settings.engine.block_size == InstanceSettings().engine.block_size == 16
 
 
 def test_gateway_flag_over_env_over_file_over_default(tmp_path, monkeypatch):
@@ -122,7 +122,7 @@ def test_secrets_are_never_echoed(monkeypatch):
 def test_direct_construction_reads_no_environment(monkeypatch):
     monkeypatch.setenv("PDSERVE_NUM_BLOCKS", "5")
     monkeypatch.setenv("PDSERVE_PORT", "7")
-    assert InstanceSettings().num_blocks == 0
+    assert InstanceSettings().engine.num_blocks == 0
     assert GatewaySettings().port == 50051
     with pytest.raises(ConfigurationError, match="^num_blocks: Input should be greater than or equal to 0"):
         InstanceSettings(num_blocks=-1)

@@ -5,7 +5,7 @@ import pytest
 from services.common.engine_setup import engine_config
 from services.common.flags import parse_settings
 from services.common.settings import InstanceSettings
-from shared.engine.llm import engine_config_from_kwargs
+from shared.engine_args import EngineArgs
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.sampling.params import SamplingParams
 from shared.spec_decode.config import SpeculativeConfig
@@ -27,11 +27,11 @@ def test_bad_settings_name_the_field(kwargs, field):
 
 
 def test_offline_keyword_arguments_reach_the_speculative_section():
-    config = engine_config_from_kwargs(None, "float32", speculative_method="draft", draft_num_layers=4,
-                                       num_speculative_tokens=5)
+    config = EngineArgs.from_kwargs(model=None, dtype="float32", speculative_method="draft", draft_num_layers=4,
+                                    num_speculative_tokens=5).create_engine_config()
     assert config.speculative == SpeculativeConfig("draft", 5, None, 4)
     with pytest.raises(ConfigurationError, match="^num_speculative_tokens"):
-        engine_config_from_kwargs(None, "float32", speculative_method="ngram", num_speculative_tokens=99)
+        EngineArgs.from_kwargs(model=None, dtype="float32", speculative_method="ngram", num_speculative_tokens=99)
 
 
 def test_decode_flags_and_environment_configure_speculation(monkeypatch):

@@ -12,14 +12,10 @@ running totals, which end equal to the final usage).
 from dataclasses import dataclass, field
 
 from shared.pb.pdserve.v1 import generation_pb2
+from shared.wire.outputs import finish_reason_from_proto
 
 from services.gateway.http.logprobs import TokenTexts
 
-FINISH_REASONS = {
-    generation_pb2.FINISH_REASON_STOP: "stop",
-    generation_pb2.FINISH_REASON_LENGTH: "length",
-    generation_pb2.FINISH_REASON_ABORT: "abort",
-}
 
 
 @dataclass
@@ -36,7 +32,7 @@ class ChoiceState:
         self.text += message.text
         self.logprobs.extend(message.logprobs)
         if message.finish_reason != generation_pb2.FINISH_REASON_UNSPECIFIED:
-            self.finish_reason = FINISH_REASONS.get(message.finish_reason, "stop")
+            self.finish_reason = finish_reason_from_proto(message.finish_reason).value
             kind = message.WhichOneof("stop_reason")
             self.stop_reason = getattr(message, kind) if kind else None
         return offset

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from shared.core.scheduler_output import SchedulerOutput
 from shared.engine_api.client import ReservationEventKind
 from shared.engine.core_outputs import EngineCoreOutput
+from shared.engine_api.outputs import FinishReason
 from shared.executor.base import ModelRunnerOutput
 from shared.kv_transfer.types import KVSendParams
 from shared.logging_setup import remember_trace_id
@@ -157,7 +158,7 @@ class RequestSpans:
                                "pdserve.spec.num_accepted_tokens": tracked.num_accepted_tokens,
                                "pdserve.spec.acceptance_rate": tracked.num_accepted_tokens / tracked.num_draft_tokens})
         tracked.span.set_attributes(attributes)
-        if output.finish_reason == "error":
+        if output.finish_reason == FinishReason.ERROR:
             record_failure(tracked.span, "INTERNAL", output.error or "the request failed in the engine")
         tracked.span.end(end_time=now)
 
