@@ -58,8 +58,8 @@ def new_parent() -> tuple[str, str]:
 def traced_generate(stack, request, traceparent: str, on_token=None):
     """Stream one request under `traceparent`: (tokens, wall-clock ns sent, ns of the first
     token, the x-trace-id trailer)."""
+    sent_ns, first_ns, tokens = time.time_ns(), None, []  # before the call: it starts the RPC at once
     call = stack.gateway.Generate(request, timeout=180, metadata=(("traceparent", traceparent),))
-    sent_ns, first_ns, tokens = time.time_ns(), None, []
     for message in call:
         if message.token_ids and first_ns is None:
             first_ns = time.time_ns()
