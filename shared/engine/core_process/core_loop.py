@@ -150,8 +150,9 @@ class CoreLoop:
         if outputs or events or changed or is_stepping:
             self._send(self._step_outputs(outputs, events))
         sent = self.core.finish_step_sends()  # after the first tokens above went out
-        if sent:
-            self._send(self._step_outputs(sent))
+        events = self.core.drain_reservation_events()  # a send that ended may have delivered KV here
+        if sent or events:
+            self._send(self._step_outputs(sent, events))
 
     def _send_transfers_ended(self) -> None:
         """KV that arrived or was sent while the last step ran, reported before the next step
