@@ -120,6 +120,10 @@ class EngineLoad:
     # Names of the LoRA adapters the model runner holds in memory (a request for one of them
     # skips reading it from disk), sorted.
     resident_lora_adapters: tuple[str, ...] = ()
+    # Running requests still without a first token (their prompt is being computed): with
+    # num_waiting, the prompts a gateway's admission limit counts. A colocated instance's other
+    # running requests are decoding and do not count.
+    num_prefilling: int = 0
 
 
 @dataclass(frozen=True)
