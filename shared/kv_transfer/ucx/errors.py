@@ -1,8 +1,8 @@
 """The error a KV transfer raises when the peer, the wire or the clock is at fault.
 
-Raised by shared.transfer.wire (header checks), the receiver (rejections, timeouts) and the
-sender (the receiver's rejection, re-raised on the sending side). Bad arguments from our own
-caller (wrong block ids, wrong tensor) are `shared.errors.InvalidRequestError` instead.
+Raised by shared.kv_transfer.ucx.header (header checks), the receiver (rejections, timeouts)
+and the sender (the receiver's rejection, re-raised on the sending side). Bad arguments from
+our own caller (wrong block ids, wrong tensor) are `shared.errors.InvalidRequestError` instead.
 """
 
 
