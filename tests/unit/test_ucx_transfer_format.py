@@ -17,8 +17,7 @@ from shared.kv_transfer.ucx.chunks import (
 from shared.kv_transfer.ucx.env import ucxx
 from shared.kv_transfer.ucx.framing import recv_message, send_message
 from shared.kv_transfer.ucx.header import build_header, check_kv_cache, dtype_to_wire, validate_header
-from shared.kv_transfer.ucx.errors import KVTransferError
-from shared.kv_transfer.ucx.protocol import FORMAT_VERSION
+from shared.kv_transfer.ucx.protocol import FORMAT_VERSION, KVTransferError
 from shared.kv_transfer.ucx.staging import MIN_CLASS_BYTES, StagingPool, size_class
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 

@@ -5,7 +5,7 @@ of its parent package, which loads it by module path only (shared.kv_transfer.fa
 connector.py: UCXConnector, the KVConnector. transport.py: KVSender / KVReceiver
 (sender.py, receiver.py), the protocol at a glance. header.py: the transfer's header, built and
 checked; chunks.py: the payload's chunks; framing.py: one protobuf message per ucxx message;
-protocol.py: the format's version (no imports); errors.py: the transfer errors. env.py and
-lifecycle.py: the process-wide ucxx import and teardown. Import modules explicitly: this
-package imports nothing, so reading the version does not load ucxx.
+protocol.py: the format's version and the transfer errors (no imports). env.py and lifecycle.py:
+the process-wide ucxx import and teardown. Import modules explicitly: this package imports
+nothing, so reading the version does not load ucxx.
 """

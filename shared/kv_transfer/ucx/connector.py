@@ -30,7 +30,7 @@ from shared.kv_transfer.types import (
 )
 from shared.kv_transfer.ucx import loop_thread
 from shared.kv_transfer.ucx.inflight import num_lingering
-from shared.kv_transfer.ucx.errors import KVTransferError
+from shared.kv_transfer.ucx.protocol import KVTransferError
 from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
 from shared.kv_transfer.ucx.transport import KVReceiver, KVSender
 

@@ -12,7 +12,7 @@ import struct
 from google.protobuf.message import DecodeError, Message
 
 from shared.kv_transfer.ucx.env import ucxx
-from shared.kv_transfer.ucx.errors import KVTransferError
+from shared.kv_transfer.ucx.protocol import KVTransferError
 
 PAYLOAD_TAG = 1  # ucxx hashes it with the connection's own tag: payloads never match a frame receive
 MAX_HEADER_BYTES = 1 << 20  # ~200k destination block ids

@@ -17,8 +17,7 @@ import torch
 from shared.errors import ConfigurationError, InternalError
 from shared.kv_cache.layout import KVCacheLayout
 from shared.kv_transfer.ucx.chunks import num_rows
-from shared.kv_transfer.ucx.errors import KVTransferError
-from shared.kv_transfer.ucx.protocol import FORMAT_VERSION
+from shared.kv_transfer.ucx.protocol import FORMAT_VERSION, KVTransferError
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 _WIRE_DTYPES = {

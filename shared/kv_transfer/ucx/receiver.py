@@ -53,7 +53,7 @@ from shared.kv_transfer.ucx.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_m
 from shared.kv_transfer.ucx.header import (adapter_mismatch, as_numpy_bytes, check_kv_cache, find_block_id_problem,
                                            validate_header)
 from shared.kv_transfer.ucx.inflight import keep_until_done
-from shared.kv_transfer.ucx.errors import KVTransferError
+from shared.kv_transfer.ucx.protocol import KVTransferError
 from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb

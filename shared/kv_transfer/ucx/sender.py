@@ -34,7 +34,7 @@ from shared.kv_transfer.ucx.env import ucxx
 from shared.kv_transfer.ucx.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
 from shared.kv_transfer.ucx.header import build_header, check_kv_cache, find_block_id_problem
 from shared.kv_transfer.ucx.inflight import keep_until_done
-from shared.kv_transfer.ucx.errors import KVTransferError, KVTransferRejected
+from shared.kv_transfer.ucx.protocol import KVTransferError, KVTransferRejected
 from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
 from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb

@@ -20,7 +20,7 @@ destination once idle), so concurrent transfers to one receiver never share a co
 UCX environment defaults (UCX_TLS=tcp,self) are applied by shared.kv_transfer.ucx.env.
 """
 
-from shared.kv_transfer.ucx.errors import KVTransferError, KVTransferRejected
+from shared.kv_transfer.ucx.protocol import KVTransferError, KVTransferRejected
 from shared.kv_transfer.ucx.receiver import KVReceiver
 from shared.kv_transfer.ucx.sender import KVSender, parse_address
 from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
