@@ -3,7 +3,9 @@
 engine core <- disaggregation <- services <- bench load generator <- CLI, benchmarks on top;
 the engine imports no transport; no cycles between the packages of shared/ or of services/;
 services reach an engine only through its API (shared.engine_api), which imports none of the
-implementation, the composition root that builds engines excepted. The contracts are run by
+implementation, the composition root that builds engines excepted; the KV connector's API
+(shared.kv_transfer) sits in the engine tier and its UCX implementation (shared.kv_transfer.ucx)
+in disaggregation, named by the engine only as a module path. The contracts are run by
 import-linter's own `lint-imports` (no cache, about a second). The planted-violation
 tests copy the source tree, add one bad import and check that the right contract breaks, so
 a contract that stopped checking anything would fail here too.
