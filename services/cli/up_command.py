@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from services.common.settings_base import ServiceSettings
-from services.common.settings_flags import (MANY_VALUES, ONE_VALUE, add_config_flag, add_settings_flags,
+from services.settings.service_settings import ServiceSettings
+from services.settings.flags import (MANY_VALUES, ONE_VALUE, add_config_flag, add_settings_flags,
                                            settings_from_args)
 
 DTYPE_CHOICES = ("bfloat16", "float32")

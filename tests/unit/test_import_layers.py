@@ -50,7 +50,7 @@ def test_contracts_are_kept():
     ("shared/kv_cache/block_pool.py", "import shared.transfer.stats", "never back"),
     ("shared/guided/bitmask.py", "import shared.core.request", "no import cycles"),
     ("services/gateway/server.py", "import services.cli.main", "never back"),
-    ("services/common/metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
+    ("services/observability/instance_metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
     ("services/cli/bench_run.py", "import benchmarks.harness.netfault", "benchmarks sit on top"),
     ("services/gateway/router.py", "import shared.core.scheduler", "only through its API"),
     # Indirectly: the offline LLM imports the step-driven LLMEngine.

@@ -3,8 +3,8 @@ variables, `pdserve up` (passed on to every instance), `pdserve offline`, and `L
 
 import pytest
 
-from services.common.engine_setup import engine_config
-from services.common.flags import parse_settings
+from services.instance.engine_setup import engine_config
+from services.instance.flags import parse_settings
 from services.cli.main import build_parser
 from services.cli.up_command import config_from_args
 from shared.engine_args import EngineArgs

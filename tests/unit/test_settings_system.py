@@ -1,4 +1,4 @@
-"""The one settings system (services.common.settings_base): for every service, a flag wins over
+"""The one settings system (services.settings.service_settings): for every service, a flag wins over
 its PDSERVE_* variable, which wins over the --config TOML file, which wins over the default;
 a bad value from any of them is refused naming the setting."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from services.cli.main import build_parser as cli_parser
 from services.cli.up_command import config_from_args as stack_config
-from services.common.flags import parse_settings as instance_settings
-from services.common.settings import InstanceSettings
+from services.instance.flags import parse_settings as instance_settings
+from services.instance.settings import InstanceSettings
 from services.gateway.settings import GatewaySettings, parse_settings as gateway_settings
 from services.planner.flags import config_from_args as planner_config
 from services.planner.main import build_parser as planner_parser
@@ -66,7 +66,7 @@ def test_planner_service_reads_shared_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("PDSERVE_REDIS_URL", "redis://shared:1/0")
     monkeypatch.setenv("PDSERVE_PLANNER_GATEWAY_METRICS_URLS", "http://a/metrics http://b/metrics")
     from services.planner.main import PlannerServiceSettings
-    from services.common.settings_flags import settings_from_args
+    from services.settings.flags import settings_from_args
 
     args = planner_parser().parse_args(["--profile", "p.json"])
     settings = settings_from_args(args, PlannerServiceSettings)

@@ -3,7 +3,7 @@
 A settings class (a ServiceSettings) declares each setting as a field with a description.
 `load_settings` fills it from, highest precedence first:
 
-    1. command-line flags     --kv-cache-memory-gb 2           (services.common.settings_flags)
+    1. command-line flags     --kv-cache-memory-gb 2           (services.settings.flags)
     2. environment variables  PDSERVE_KV_CACHE_MEMORY_GB=2     (the class's prefix + the name)
     3. a TOML settings file   --config FILE  holding  kv_cache_memory_gb = 2
     4. the documented default
@@ -35,7 +35,7 @@ from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, Setting
 
 from shared.errors import ConfigurationError, InvalidRequestError
 
-from services.common.bounded_text import bounded
+from services.rpc.bounded_text import bounded
 
 ENV_PREFIX = "PDSERVE_"
 # json_schema_extra of a field holding a group of settings, each a setting of its own (above); the
