@@ -49,6 +49,9 @@ def test_contracts_are_kept():
     ("shared/sampling/sampler.py", "import redis", "the engine core imports no transport"),
     ("shared/kv_cache/block_pool.py", "import shared.transfer.stats", "never back"),
     ("shared/guided/bitmask.py", "import shared.core.request", "no import cycles"),
+    # The packages every service shares (rpc, settings, ...) never import one that uses them.
+    ("services/rpc/errors.py", "import services.instance.runtime", "no import cycles"),
+    ("services/settings/flags.py", "import services.instance.settings", "no import cycles"),
     ("services/gateway/server.py", "import services.cli.main", "never back"),
     ("services/observability/instance_metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
     ("services/cli/bench_run.py", "import benchmarks.harness.netfault", "benchmarks sit on top"),
