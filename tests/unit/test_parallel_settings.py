@@ -27,8 +27,8 @@ def test_a_bad_parallel_size_exits_2_naming_the_setting(capsys):
 
 def test_up_passes_the_sizes_to_every_instance():
     args = build_parser().parse_args(["up", "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"])
-    assert config_from_args(args).extra_args["instance"][:4] == [
-        "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"]
+    assert config_from_args(args).extra_args["instance"][:2] == [
+        "--tensor-parallel-size=3", "--pipeline-parallel-size=2"]
     assert config_from_args(build_parser().parse_args(["up"])).extra_args["instance"] == []
 
 

@@ -62,6 +62,23 @@ def test_planner_and_up_share_one_file(tmp_path, monkeypatch):
     assert (policy.decode.max_replicas, policy.ttft_slo_s, policy.itl_slo_s) == (7, 1.0, 0.05)
 
 
+def test_up_takes_the_engines_settings_under_the_instances_variables(tmp_path, monkeypatch):
+    """`pdserve up`'s engine settings are EngineArgs fields (the engine's own checks), read from the
+    variables the instances read too (and PDSERVE_UP_GPU_MEMORY_UTILIZATION), passed on to every instance."""
+    monkeypatch.setenv("PDSERVE_MODEL", "/models/x")
+    monkeypatch.setenv("PDSERVE_UP_GPU_MEMORY_UTILIZATION", "0.5")
+    config = write_config(tmp_path, 'dtype = "float32"\ntensor_parallel_size = 2\n')
+    stack = stack_config(cli_parser().parse_args(["up", "--config", config, "--device", "cpu", "--num-threads", "3"]))
+    assert (stack.model, stack.dtype, stack.num_threads, stack.deterministic) == ("/models/x", "float32", 3, False)
+    assert stack.extra_args["instance"] == ["--tensor-parallel-size=2", "--device=cpu", "--gpu-memory-utilization=0.5"]
+    monkeypatch.delenv("PDSERVE_MODEL")
+    monkeypatch.delenv("PDSERVE_UP_GPU_MEMORY_UTILIZATION")
+    stack = stack_config(cli_parser().parse_args(["up"]))
+    assert (stack.model, stack.dtype, stack.num_threads, stack.extra_args["instance"]) == (None, "bfloat16", None, [])
+    with pytest.raises(ConfigurationError, match="^gpu_memory_utilization: Input should be less than or equal to 1"):
+        stack_config(cli_parser().parse_args(["up", "--gpu-memory-utilization", "1.5"]))
+
+
 def test_planner_service_reads_shared_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("PDSERVE_REDIS_URL", "redis://shared:1/0")
     monkeypatch.setenv("PDSERVE_PLANNER_GATEWAY_METRICS_URLS", "http://a/metrics http://b/metrics")
