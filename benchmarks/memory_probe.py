@@ -26,14 +26,14 @@ from shared.kv_transfer.base import KVConnector
 from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorRole, KVTransferConfig, KVTransferOutcome, KVTransferResult,
 )
+from shared.kv_transfer.ucx.chunks import (DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view,
+                                           plan_chunks, staging_bytes)
+from shared.kv_transfer.ucx.staging import StagingPool
 from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.memory.malloc_stats import malloc_stats, release_free_memory
 from shared.memory.process import resident_bytes
 from shared.model import row_buckets
 from shared.sampling.params import SamplingParams
-from shared.transfer.chunks import (DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, gather_chunk, message_view,
-                                    plan_chunks, staging_bytes)
-from shared.transfer.staging import StagingPool
 from benchmarks.engine_flags import add_engine_arguments, engine_args_from
 
 MIB = 1 << 20
@@ -153,7 +153,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--idle-trim-s", type=float, default=0.0,
                         help="engine-loop trimmer: idle trims at most this often (0: off)")
     parser.add_argument("--tracemalloc", action="store_true")
-    parser.add_argument("--staging-module", default="shared.transfer.staging", help="where StagingPool comes from")
+    parser.add_argument("--staging-module", default="shared.kv_transfer.ucx.staging",
+                        help="where StagingPool comes from")
     parser.add_argument("--no-staging", action="store_true", help="skip gathering the KV into staging")
     parser.add_argument("--no-buckets", action="store_true", help="do not pad matmul rows to buckets")
     return parser.parse_args()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from shared.kv_cache.layout import KVCacheLayout  # noqa: E402
-from shared.transfer.chunks import DEFAULT_CHUNK_BYTES  # noqa: E402
+from shared.kv_transfer.ucx.chunks import DEFAULT_CHUNK_BYTES  # noqa: E402
 
 TLS_CHOICES = ("tcp,self", "sm,self,tcp")
 DEFAULT_TOKENS = (128, 512, 1024, 2048, 4096)
@@ -66,7 +66,7 @@ class RawReceiver:
         self.num_bytes = 0
 
     async def serve(self, endpoint) -> None:
-        from shared.transfer.ucx_env import ucxx
+        from shared.kv_transfer.ucx.env import ucxx
         num_bytes = self.num_bytes
         try:
             while True:
@@ -78,8 +78,8 @@ class RawReceiver:
 
 async def run_receiver_service() -> None:
     """Receiver side: JSON commands on stdin ("expect" or "raw"), one JSON answer line each."""
-    from shared.transfer.ucx_env import ucxx
-    from shared.transfer.ucx_receiver import KVReceiver
+    from shared.kv_transfer.ucx.env import ucxx
+    from shared.kv_transfer.ucx.receiver import KVReceiver
     receiver = KVReceiver(LAYOUT.allocate(), LAYOUT)
     raw = RawReceiver()
     raw_listener = ucxx.create_listener(raw.serve, port=0)
@@ -147,8 +147,8 @@ async def time_ours(
 
 async def connect_raw(receiver: ReceiverProcess, num_bytes: int):
     """A raw ucxx connection whose receiving side takes `num_bytes`-byte messages."""
-    from shared.transfer.ucx_env import ucxx
-    from shared.transfer.ucx_sender import parse_address
+    from shared.kv_transfer.ucx.env import ucxx
+    from shared.kv_transfer.ucx.sender import parse_address
     await receiver.ask({"op": "raw", "num_bytes": num_bytes})
     return await ucxx.create_endpoint(*parse_address(receiver.addresses["raw_address"]))
 
@@ -193,7 +193,7 @@ def gbps(num_bytes: int, seconds: list[float], statistic: str) -> float:
 async def benchmark_one_tls(tokens: list[int], iterations: int, statistic: str, chunk_bytes: int) -> list[dict]:
     """All measurements for the UCX_TLS already in this process's environment."""
     import numpy as np
-    from shared.transfer.ucx_sender import KVSender
+    from shared.kv_transfer.ucx.sender import KVSender
     receiver = ReceiverProcess()
     senders = {"ours crc": KVSender(use_checksum=True, timeout_s=WAIT_TIMEOUT_S, chunk_bytes=chunk_bytes),
                "ours": KVSender(use_checksum=False, timeout_s=WAIT_TIMEOUT_S, chunk_bytes=chunk_bytes)}

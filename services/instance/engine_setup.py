@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 MIB = 1 << 20
-UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
+UCX_CONNECTOR = "shared.kv_transfer.ucx.connector:UCXConnector"
 CONNECTOR_ROLES = {"prefill": KVConnectorRole.PRODUCER, "decode": KVConnectorRole.CONSUMER,
                    "colocated": KVConnectorRole.BOTH}
 
@@ -126,7 +126,7 @@ def build_engine_probe(args: EngineArgs, with_kv_transport: bool = True) -> Engi
     `pdserve profile` times it through; its KV sends over UCX on loopback unless
     `with_kv_transport` is False (a busy neighbour sends nothing)."""
     from shared.engine.probe import StepProbe
-    from shared.transfer.loopback_timing import time_loopback_sends
+    from shared.kv_transfer.ucx.loopback_timing import time_loopback_sends
 
     engine = LLMEngine.from_config(args.create_engine_config())
     return StepProbe(engine, time_loopback_sends if with_kv_transport else None)

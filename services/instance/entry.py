@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from shared.logging_setup import configure_logging as configure_log_output
 from shared.errors import ConfigurationError
 from shared.tracing import shutdown_tracing
-from shared.transfer.ucx_lifecycle import reset_ucx
+from shared.kv_transfer.ucx.lifecycle import reset_ucx
 from services.instance.flags import flag_name, parse_settings
 from services.instance.role import RoleHandlers
 from services.instance.runtime import InstanceRuntime, new_instance_id

@@ -8,8 +8,8 @@ import logging
 import grpc
 
 from shared.engine_api.client import NOT_HELD_FIELD, CachedSend
-from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
+from shared.kv_transfer.address import parse_address
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from services.instance.role import RoleHandler
 from services.rpc.errors import ServiceError

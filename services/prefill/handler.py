@@ -26,9 +26,9 @@ import grpc
 
 from shared.engine_api.client import GenerateRequest, KVSendParams, KVTransferFailedError, KVTransferResult
 from shared.engine_api.outputs import FinishReason, RequestOutput
-from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
 from shared.kv_cache.blocks import blocks_for_tokens
+from shared.kv_transfer.address import parse_address
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.sampling.params import SamplingParams
 from shared.tracing import record_failure, span

@@ -43,7 +43,7 @@ the lease that the gateway renews (and its mirror in Redis).
 
 The connector stays armed in ARRIVED: a prefill that died after its transfer but before
 answering the gateway is retried elsewhere, and that copy must be accepted too; a transfer
-superseded by a newer one for the same reservation writes no more (shared.transfer.ucx_receiver).
+superseded by a newer one for the same reservation writes no more (shared.kv_transfer.ucx.receiver).
 Any other (state, event) pair is refused (`InvalidTransition`); an outcome reported for a
 reservation that already ended is ignored by the scheduler (the connector was disarmed).
 """

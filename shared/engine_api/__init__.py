@@ -6,7 +6,8 @@
 `errors.py` what a client raises besides InvalidRequestError (shared.errors).
 
 The package sits below the engine implementation (shared.engine, shared.core, shared.executor,
-shared.kv_cache's pool, shared.transfer): the implementation imports it, it imports none of them
-(import-linter contract "engine-api-below-implementation"), and services reach an engine only
-through it ("services-use-the-engine-api"), the composition root that builds engines excepted.
+shared.kv_cache's pool, shared.kv_transfer.ucx): the implementation imports it, it imports none
+of them (import-linter contract "engine-api-below-implementation"), and services reach an engine
+only through it ("services-use-the-engine-api"), the composition root that builds engines
+excepted.
 """

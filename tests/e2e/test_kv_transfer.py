@@ -1,7 +1,7 @@
 """KV block transfer between two processes over real UCX (TCP loopback).
 
 The pytest process runs a KVReceiver on one module-wide event loop (ucxx serves a single
-loop per process, see shared/transfer/ucx_env.py); a child process (this file run with --sender-service)
+loop per process, see shared/kv_transfer/ucx/env.py); a child process (this file run with --sender-service)
 runs a KVSender and executes the transfers each test asks for over stdin/stdout JSON lines.
 Both sides build their caches with `patterned_cache`, so the test knows every byte the
 sender holds and can check the receiver's cache bit for bit.
@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from shared.errors import InvalidRequestError  # noqa: E402
 from shared.kv_cache.layout import KVCacheLayout  # noqa: E402
-from shared.transfer.ucx_env import stop_ucx  # noqa: E402
-from shared.transfer.ucx_transport import KVReceiver, KVSender, KVTransferError  # noqa: E402
+from shared.kv_transfer.ucx.env import stop_ucx  # noqa: E402
+from shared.kv_transfer.ucx.transport import KVReceiver, KVSender, KVTransferError  # noqa: E402
 
 SENDER_LAYOUT = KVCacheLayout(
     num_layers=2, num_blocks=10, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16
@@ -76,7 +76,7 @@ async def run_sender_service() -> None:
 
     chunk_bytes=1 makes every row (one K or V of one layer) a chunk of its own: 4 chunks per transfer.
     """
-    import shared.transfer.ucx_sender as ucx_sender
+    import shared.kv_transfer.ucx.sender as ucx_sender
     real_gather = ucx_sender.gather_chunk
     sender = KVSender(chunk_bytes=1)
     kv_caches = {}

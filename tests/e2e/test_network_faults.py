@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from benchmarks.harness import netfault
-from shared.engine_api.kv_address import parse_address
+from shared.kv_transfer.address import parse_address
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
 from tests.helpers.stack import StackHarness, make_stack_config, running_supervised_stack

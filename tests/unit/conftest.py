@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.transfer.ucx_lifecycle import reset_ucx
+from shared.kv_transfer.ucx.lifecycle import reset_ucx
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlamaForCausalLM
 

@@ -89,7 +89,7 @@ def test_startup_round_trips_the_engine_config():
     config = EngineConfig(model="/models/tiny", dtype="float32", num_threads=2,
                           cache=CacheConfig(block_size=4, num_blocks=64),
                           lora=LoRAConfig(enable_lora=True, max_loras=2, max_lora_rank=8),
-                          kv_transfer=KVTransferConfig("shared.transfer.ucx_connector:UCXConnector",
+                          kv_transfer=KVTransferConfig("shared.kv_transfer.ucx.connector:UCXConnector",
                                                        KVConnectorRole.CONSUMER, port=0))
     startup = CoreStartup(PROTOCOL_VERSION, config, "ipc:///tmp/x/requests", "ipc:///tmp/x/outputs",
                           TrimPolicy(idle_interval_s=10.0, busy_growth_bytes=0))

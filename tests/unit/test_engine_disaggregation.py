@@ -14,7 +14,7 @@ from shared.errors import InvalidRequestError
 from shared.kv_transfer.types import FinishedTransfers, KVConnectorRole, KVTransferConfig
 from tests.unit.kv_split import connected_llm, first_token_params, kv_arrivals, run_prefill, run_split, send_params
 
-UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
+UCX_CONNECTOR = "shared.kv_transfer.ucx.connector:UCXConnector"
 PROMPT = list(range(30, 67))  # 37 tokens: 2 full blocks of 16 and a partial one
 
 

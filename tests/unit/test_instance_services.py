@@ -26,9 +26,9 @@ from shared.engine import LLM, SamplingParams
 from shared.engine_api.client import CacheSettings
 from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
 from shared.kv_cache.blocks import blocks_for_tokens
+from shared.kv_transfer.ucx.lifecycle import reset_ucx
 from shared.pb.pdserve.v1 import generation_pb2 as gen_pb, instance_pb2 as pb
 from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
-from shared.transfer.ucx_lifecycle import reset_ucx
 from tests.helpers.redis_server import connect_async
 
 BLOCK_SIZE = 16

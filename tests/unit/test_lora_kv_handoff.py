@@ -16,7 +16,7 @@ from shared.kv_transfer.types import KVConnectorRole, KVTransferConfig
 from tests.helpers.lora_adapters import AdapterSpec, save_peft_adapter
 from tests.unit.kv_split import connected_llm, decode_after, first_token_params, kv_arrivals, send_params
 
-UCX_CONNECTOR = "shared.transfer.ucx_connector:UCXConnector"
+UCX_CONNECTOR = "shared.kv_transfer.ucx.connector:UCXConnector"
 PROMPT = [5, 17, 92, 3, 44, 101, 7, 8, 9, 200, 31]
 PARAMS = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 
@@ -74,8 +74,8 @@ def test_kv_of_another_adapter_is_refused_and_matching_kv_decodes(tiny_llama_fol
 
 def test_the_kv_header_carries_the_adapter_key():
     from shared.kv_cache.layout import KVCacheLayout
+    from shared.kv_transfer.ucx.header import adapter_mismatch, build_header
     from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
-    from shared.transfer.wire import adapter_mismatch, build_header
     layout = KVCacheLayout(2, 8, 4, 2, 8, torch.float32)
     header = build_header("r", layout, [1], 4, True, b"t" * 16, "lora:sql:0123456789abcdef")
     assert pb.KVTransferHeader.FromString(header.SerializeToString()).adapter_key == "lora:sql:0123456789abcdef"

@@ -14,8 +14,8 @@ import services.decode
 from services.instance.runtime import InstanceRuntime
 from services.instance.settings import InstanceSettings
 from shared.errors import ConfigurationError
+from shared.kv_transfer.ucx.lifecycle import reset_ucx
 from shared.pb.pdserve.v1 import instance_pb2 as pb
-from shared.transfer.ucx_lifecycle import reset_ucx
 from tests.unit.metrics_scrape import labels_of, scrape, value
 from tests.unit.test_instance_services import greedy, make_settings, prompt_ids, running
 

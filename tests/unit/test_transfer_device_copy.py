@@ -1,4 +1,4 @@
-"""The GPU staging path of the KV transfer (shared/transfer/device_copy.py), run on CPU tensors:
+"""The GPU staging path of the KV transfer (shared/kv_transfer/ucx/device_copy.py), run on CPU tensors:
 a payload gathered and scattered through it is bit-identical to the numpy path CPU caches take,
 chunk by chunk, checksums included."""
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from shared.kv_cache.layout import KVCacheLayout
-from shared.transfer import chunks
-from shared.transfer.chunks import gather_chunk, plan_chunks, scatter_chunk, staging_bytes
-from shared.transfer.device_copy import cache_rows
+from shared.kv_transfer.ucx import chunks
+from shared.kv_transfer.ucx.chunks import gather_chunk, plan_chunks, scatter_chunk, staging_bytes
+from shared.kv_transfer.ucx.device_copy import cache_rows
 
 SRC_BLOCKS = np.array([7, 2, 5], dtype=np.int64)
 DST_BLOCKS = np.array([0, 9, 3], dtype=np.int64)

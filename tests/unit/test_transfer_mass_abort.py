@@ -3,7 +3,7 @@ segfault in Py_DECREF while 2,048 completions were aborted at once).
 
 The cause: abandoning a transfer cancelled the tasks awaiting its UCX receives and sends,
 which dropped their buffers while UCX could still write into them. Now such tasks are never
-cancelled (shared.transfer.inflight). The stress runs in a child process, so a crash fails the
+cancelled (shared.kv_transfer.ucx.inflight). The stress runs in a child process, so a crash fails the
 test instead of killing pytest; it also checks that every abandoned operation drains.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.transfer import inflight
+from shared.kv_transfer.ucx import inflight
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from shared.kv_cache.layout import KVCacheLayout
-from shared.transfer import inflight
-from shared.transfer.chunks import DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, plan_chunks
-from shared.transfer.errors import KVTransferError
-from shared.transfer.ucx_sender import KVSender
+from shared.kv_transfer.ucx import inflight
+from shared.kv_transfer.ucx.chunks import DEFAULT_CHUNK_BYTES, choose_rows_per_chunk, plan_chunks
+from shared.kv_transfer.ucx.protocol import KVTransferError
+from shared.kv_transfer.ucx.sender import KVSender
 
 LAYOUT = KVCacheLayout(num_layers=2, num_blocks=4, block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float32)
 ADDRESS = "127.0.0.1:1"

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from shared.kv_cache.layout import KVCacheLayout
-from shared.transfer.inflight import num_lingering
-from shared.transfer.ucx_transport import KVReceiver, KVSender
+from shared.kv_transfer.ucx.inflight import num_lingering
+from shared.kv_transfer.ucx.transport import KVReceiver, KVSender
 
 LAYOUT = KVCacheLayout(num_layers=2, num_blocks=128, block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
 DRAIN_POLLS = 400

@@ -12,7 +12,7 @@ import torch
 
 from shared.kv_cache.blocks import blocks_for_tokens
 from shared.kv_cache.layout import KVCacheLayout
-from shared.transfer.ucx_lifecycle import reset_ucx
+from shared.kv_transfer.ucx.lifecycle import reset_ucx
 
 ACK_TIMEOUT_S = 30.0
 
@@ -29,7 +29,7 @@ def time_loopback_sends(kv_cache: torch.Tensor, layout: KVCacheLayout, prompt_le
 
 async def _time_sends(kv_cache: torch.Tensor, layout: KVCacheLayout, prompt_lengths: Sequence[int],
                       repeats: int) -> list[list[float]]:
-    from shared.transfer.ucx_transport import KVReceiver, KVSender
+    from shared.kv_transfer.ucx.transport import KVReceiver, KVSender
 
     most_blocks = blocks_for_tokens(max(prompt_lengths), layout.block_size)
     if most_blocks > layout.num_blocks:

@@ -1,8 +1,8 @@
 """The KV transfer header: building it, checking it against the receiver's cache.
 
-The sender (shared.transfer.ucx_sender) calls `check_kv_cache` and `build_header`; the
-receiver (shared.transfer.ucx_receiver) calls `validate_header` on every header it gets.
-The payload's layout and its chunks are in shared.transfer.chunks.
+The sender (shared.kv_transfer.ucx.sender) calls `check_kv_cache` and `build_header`; the
+receiver (shared.kv_transfer.ucx.receiver) calls `validate_header` on every header it gets.
+The payload's layout and its chunks are in shared.kv_transfer.ucx.chunks.
 
 Payload = the source blocks gathered as one C-contiguous tensor of shape
 (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim) in the cache's own dtype,
@@ -16,10 +16,9 @@ import torch
 
 from shared.errors import ConfigurationError, InternalError
 from shared.kv_cache.layout import KVCacheLayout
+from shared.kv_transfer.ucx.chunks import num_rows
+from shared.kv_transfer.ucx.protocol import FORMAT_VERSION, KVTransferError
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
-from shared.transfer.chunks import num_rows
-from shared.transfer.errors import KVTransferError
-from shared.transfer.protocol import FORMAT_VERSION
 
 _WIRE_DTYPES = {
     torch.float32: pb.KV_DTYPE_FLOAT32,

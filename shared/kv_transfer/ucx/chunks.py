@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from shared.kv_cache.layout import KVCacheLayout
-from shared.transfer.device_copy import gather_rows_to_host, is_device_cache, scatter_rows_from_host
+from shared.kv_transfer.ucx.device_copy import gather_rows_to_host, is_device_cache, scatter_rows_from_host
 
 try:
     from isal.isal_zlib import crc32 as _crc32

@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import torch
 
-from shared.transfer.device_copy import new_staging_buffer
+from shared.kv_transfer.ucx.device_copy import new_staging_buffer
 
 MIN_CLASS_BYTES = 64 << 10
 DEFAULT_MAX_FREE_BYTES = 256 << 20

@@ -21,7 +21,7 @@ import os
 import threading
 import weakref
 
-from shared.transfer.ucx_lifecycle import ucx_context
+from shared.kv_transfer.ucx.lifecycle import ucx_context
 
 DEFAULT_UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
 

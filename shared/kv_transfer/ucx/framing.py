@@ -11,8 +11,8 @@ import struct
 
 from google.protobuf.message import DecodeError, Message
 
-from shared.transfer.errors import KVTransferError
-from shared.transfer.ucx_env import ucxx
+from shared.kv_transfer.ucx.env import ucxx
+from shared.kv_transfer.ucx.protocol import KVTransferError
 
 PAYLOAD_TAG = 1  # ucxx hashes it with the connection's own tag: payloads never match a frame receive
 MAX_HEADER_BYTES = 1 << 20  # ~200k destination block ids

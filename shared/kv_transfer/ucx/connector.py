@@ -1,7 +1,7 @@
 """UCXConnector: the KV connector over UCX (KVSender / KVReceiver), for disaggregated serving.
 
-Named in the engine config as "shared.transfer.ucx_connector:UCXConnector". It runs on the
-process's transfer loop thread (shared.transfer.loop_thread), never on the engine's thread
+Named in the engine config as "shared.kv_transfer.ucx.connector:UCXConnector". It runs on the
+process's transfer loop thread (shared.kv_transfer.ucx.loop_thread), never on the engine's thread
 nor a service's loop: the engine calls its hooks from its step thread (or an engine-core
 process), and the connector wakes the engine when a transfer ends.
 
@@ -28,11 +28,11 @@ from shared.kv_transfer.types import (
     FinishedTransfers, KVConnectorStats, KVSendParams, KVStagingUsage, KVTransferConfig, KVTransferCounts,
     KVTransferOutcome, KVTransferResult,
 )
-from shared.transfer import loop_thread
-from shared.transfer.errors import KVTransferError
-from shared.transfer.inflight import num_lingering
-from shared.transfer.stats import TransferCounters, TransferResult
-from shared.transfer.ucx_transport import KVReceiver, KVSender
+from shared.kv_transfer.ucx import loop_thread
+from shared.kv_transfer.ucx.inflight import num_lingering
+from shared.kv_transfer.ucx.protocol import KVTransferError
+from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
+from shared.kv_transfer.ucx.transport import KVReceiver, KVSender
 
 logger = logging.getLogger(__name__)
 

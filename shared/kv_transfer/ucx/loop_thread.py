@@ -1,6 +1,6 @@
 """The event loop that every UCX transfer of this process runs on, in a thread of its own.
 
-ucxx serves one event loop per process (shared.transfer.ucx_env), and the engine that owns a
+ucxx serves one event loop per process (shared.kv_transfer.ucx.env), and the engine that owns a
 KV connector may have no event loop at all (an engine-core process). So connectors share one
 loop thread: the first `acquire` starts it, the last `release` stops it and tears ucxx down,
 so a later user (a test's next instance) starts afresh.
@@ -42,7 +42,7 @@ def release() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=CALL_TIMEOUT_S)
         loop.close()
-        from shared.transfer.ucx_env import stop_ucx
+        from shared.kv_transfer.ucx.env import stop_ucx
         stop_ucx()
 
 

@@ -1,4 +1,5 @@
-"""The KV transfer wire format: header checks, payload chunks (gather, checksum, scatter), framing."""
+"""The UCX KV transfer's format (shared/kv_transfer/ucx): header checks, payload chunks
+(gather, checksum, scatter), framing."""
 
 import asyncio
 import zlib
@@ -9,16 +10,16 @@ import torch
 
 from shared.errors import ConfigurationError, InternalError
 from shared.kv_cache.layout import KVCacheLayout
-from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
-from shared.transfer.errors import KVTransferError
-from shared.transfer.chunks import (
+from shared.kv_transfer.ucx.chunks import (
     PayloadChunk, choose_rows_per_chunk, chunk_crc32_problem, gather_chunk, message_view, plan_chunks, scatter_chunk,
     staging_bytes,
 )
-from shared.transfer.framing import recv_message, send_message
-from shared.transfer.staging import MIN_CLASS_BYTES, StagingPool, size_class
-from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import FORMAT_VERSION, build_header, check_kv_cache, dtype_to_wire, validate_header
+from shared.kv_transfer.ucx.env import ucxx
+from shared.kv_transfer.ucx.framing import recv_message, send_message
+from shared.kv_transfer.ucx.header import build_header, check_kv_cache, dtype_to_wire, validate_header
+from shared.kv_transfer.ucx.protocol import FORMAT_VERSION, KVTransferError
+from shared.kv_transfer.ucx.staging import MIN_CLASS_BYTES, StagingPool, size_class
+from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 # 2 K/V * 2 layers = 4 rows; a block's slab in one row: 4 tokens * 2 heads * 8 dims * 2 bytes = 128 bytes
 LAYOUT = KVCacheLayout(num_layers=2, num_blocks=6, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)

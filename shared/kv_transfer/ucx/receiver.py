@@ -16,7 +16,7 @@ end of every transfer into it (a retry after a failure, or a second copy after a
 Each connection (ucxx endpoint) serves one transfer at a time, following the message order in
 proto/pdserve/v1/kv_transfer.proto; concurrent transfers arrive on separate endpoints (the
 sender opens one per transfer in flight), so their bytes can never mix. The payload arrives
-in chunks (shared.transfer.chunks): all their receives are posted at once, into one staging
+in chunks (shared.kv_transfer.ucx.chunks): all their receives are posted at once, into one staging
 buffer, and each chunk is verified and written into the cache as soon as it is in, while the
 next ones arrive. A header rejected up front is answered at once, its payload received into
 scratch memory and dropped, and its connection ends. The cache is written only by
@@ -45,18 +45,18 @@ import torch
 
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
-from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
-from shared.transfer.chunks import (
+from shared.kv_transfer.ucx.chunks import (
     CRC32_TRAILER_BYTES, PayloadChunk, chunk_crc32_problem, message_view, plan_chunks, scatter_chunk, staging_bytes,
 )
-from shared.transfer.errors import KVTransferError
-from shared.transfer.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
-from shared.transfer.inflight import keep_until_done
-from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
-from shared.transfer.stats import TransferCounters, TransferResult
-from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import (adapter_mismatch, as_numpy_bytes, check_kv_cache, find_block_id_problem,
-                                  validate_header)
+from shared.kv_transfer.ucx.env import ucxx
+from shared.kv_transfer.ucx.framing import MAX_HEADER_BYTES, PAYLOAD_TAG, recv_message, send_message
+from shared.kv_transfer.ucx.header import (adapter_mismatch, as_numpy_bytes, check_kv_cache, find_block_id_problem,
+                                           validate_header)
+from shared.kv_transfer.ucx.inflight import keep_until_done
+from shared.kv_transfer.ucx.protocol import KVTransferError
+from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
+from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
+from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 logger = logging.getLogger(__name__)
 TOKEN_FIELD = "transfer_token"
@@ -286,7 +286,7 @@ class KVReceiver:
     def _settle_staging(self, staging: torch.Tensor, receives: list[asyncio.Future]) -> None:
         """Reuse the staging buffer only if UCX is done with it. Receives still pending are never
         cancelled (that would free the memory UCX writes into): they are kept, with the staging
-        memory their views hold, until the endpoint's abort ends them (shared.transfer.inflight)."""
+        memory their views hold, until the endpoint's abort ends them (shared.kv_transfer.ucx.inflight)."""
         if all(receive.done() for receive in receives):
             self.staging.release(staging)
             return

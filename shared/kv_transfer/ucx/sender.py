@@ -8,7 +8,7 @@ Used by the prefill service, from its asyncio event loop:
 Each transfer runs the exchange in proto/pdserve/v1/kv_transfer.proto on a connection of its
 own: connections are reused per destination address, but never shared by two transfers in
 flight, so concurrent transfers cannot mix bytes. The payload is pipelined: the header goes
-out first, then each chunk (shared.transfer.chunks, ~`chunk_bytes` each) is gathered into a
+out first, then each chunk (shared.kv_transfer.ucx.chunks, ~`chunk_bytes` each) is gathered into a
 staging buffer and posted while the chunks before it are still on the wire. A connection is
 kept only after a COMPLETED transfer; one that
 saw a rejection, an error or a timeout is aborted (the next transfer connects anew).
@@ -24,20 +24,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shared.engine_api.kv_address import parse_address
 from shared.errors import InvalidRequestError
 from shared.kv_cache.layout import KVCacheLayout
-from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
-from shared.transfer.chunks import (
+from shared.kv_transfer.address import parse_address
+from shared.kv_transfer.ucx.chunks import (
     DEFAULT_CHUNK_BYTES, PayloadChunk, choose_rows_per_chunk, gather_chunk, message_view, plan_chunks, staging_bytes,
 )
-from shared.transfer.errors import KVTransferError, KVTransferRejected
-from shared.transfer.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
-from shared.transfer.inflight import keep_until_done
-from shared.transfer.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
-from shared.transfer.stats import TransferCounters, TransferResult
-from shared.transfer.ucx_env import ucxx
-from shared.transfer.wire import build_header, check_kv_cache, find_block_id_problem
+from shared.kv_transfer.ucx.env import ucxx
+from shared.kv_transfer.ucx.framing import MAX_ACK_BYTES, PAYLOAD_TAG, recv_message, send_message
+from shared.kv_transfer.ucx.header import build_header, check_kv_cache, find_block_id_problem
+from shared.kv_transfer.ucx.inflight import keep_until_done
+from shared.kv_transfer.ucx.protocol import KVTransferError, KVTransferRejected
+from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
+from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
+from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 logger = logging.getLogger(__name__)
 _MAX_WIRE_BLOCK_ID = 2**32  # dst_block_ids are uint32 on the wire

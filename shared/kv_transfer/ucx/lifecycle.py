@@ -23,5 +23,5 @@ def reset_ucx() -> None:
     """Tear down ucxx's process-wide context (its notifier thread serves the event loop that
     created it) so the next user, on any loop, starts a fresh one. No-op when none exists."""
     if ucx_is_started():
-        from shared.transfer.ucx_env import stop_ucx
+        from shared.kv_transfer.ucx.env import stop_ucx
         stop_ucx()
