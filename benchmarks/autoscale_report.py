@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.simulator.cluster import SimConfig
 from services.simulator.search import simulate_fixed, simulate_planner
 from services.simulator.workload import SimRequest

@@ -14,8 +14,8 @@ from typing import Any
 
 from shared.engine_args import EngineArgs
 
-from services.common.engine_flags import add_engine_flags
-from services.common.engine_flags import engine_args_from as _engine_args_from
+from services.settings.engine_flags import add_engine_flags
+from services.settings.engine_flags import engine_args_from as _engine_args_from
 
 BENCH_ENGINE_FLAGS = ("model", "dtype", "device", "tensor_parallel_size", "pipeline_parallel_size", "num_threads")
 # --model left out is None (the packaged model) for the benchmarks' helpers that take a model path.

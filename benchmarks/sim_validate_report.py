@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.simulator.cluster import ClusterSim, SimConfig
 from services.simulator.recorder import weighted_quantiles
 from services.simulator.scalers import FixedScaler

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from services.planner.config import PlannerConfig, PoolBounds
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.simulator.cluster import SimConfig
 from services.simulator.search import least_cost_ratio, simulate_fixed, simulate_planner
 from services.simulator.workload import LengthModel, make_trace

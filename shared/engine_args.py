@@ -4,7 +4,8 @@ engine's configuration:
 
     LLM(model=..., dtype=..., **kwargs)    -> EngineArgs.from_kwargs(...)     (shared.engine.llm)
     an instance's flags, PDSERVE_* variables and settings file
-                                           -> InstanceSettings.engine         (services.common.settings)
+                                           -> InstanceSettings.engine         (services.instance.settings)
+    `pdserve up`'s flags, variables and file -> UpSettings.engine (some fields, passed on to its instances)
     `pdserve offline`, `pdserve profile`, the benchmarks -> their flags are these fields' flags
 
 Each field is documented once, in its description: the instance's `--help` shows it. A field

@@ -6,7 +6,7 @@
                            setting; met while serving, it is the server's fault (INTERNAL, 500).
     InternalError       -> a bug: an invariant of the code itself broke (INTERNAL, 500).
 
-services/common/errors.py maps them to gRPC status codes; the gateway's HTTP API maps those
+services/rpc/errors.py maps them to gRPC status codes; the gateway's HTTP API maps those
 codes to HTTP statuses (services/gateway/http/errors.py).
 """
 

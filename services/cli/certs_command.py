@@ -1,5 +1,5 @@
 """`pdserve certs --out DIR [--host NAME ...]`: a development CA plus gateway and instance
-certificates for TLS and mutual TLS (services.common.dev_certs)."""
+certificates for TLS and mutual TLS (services.tls.dev_certs)."""
 
 import argparse
 from pathlib import Path
@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.common.dev_certs import write_dev_certs
+    from services.tls.dev_certs import write_dev_certs
 
     for path in write_dev_certs(Path(args.out), args.host, args.days):
         print(path)

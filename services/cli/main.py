@@ -25,7 +25,7 @@ from services.cli import (
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS, configure_logging
 
-from services.common.settings_flags import flag_name
+from services.settings.flags import flag_name
 
 SUBCOMMAND_MODULES = (convert_command, offline_command, serve_command, up_command, generate_command,
                       status_command, bench_command, certs_command, profile_command,

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from services.common.engine_flags import add_engine_flags, engine_args_from
+from services.settings.engine_flags import add_engine_flags, engine_args_from
 
 # The engine's settings this command takes (EngineArgs fields, named as an instance's flags).
 OFFLINE_ENGINE_FLAGS = ("model", "dtype", "device", "gpu_memory_utilization", "attention_backend",
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from shared.model.default_model import resolve_model
     from shared.sampling.params import SamplingParams
 
-    from services.common.engine_setup import build_offline_llm
+    from services.instance.engine_setup import build_offline_llm
 
     params = SamplingParams(**sampling_kwargs(args))
     llm = build_offline_llm(engine_args_from(args, model=str(resolve_model(args.model or None))))

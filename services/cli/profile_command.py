@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from services.common.engine_flags import add_engine_flags, engine_args_from
+from services.settings.engine_flags import add_engine_flags, engine_args_from
 
 DEFAULT_OUTPUT = Path("pdserve-profile.json")
 # The engine settings of the profiled instance (EngineArgs fields, named as an instance's flags).

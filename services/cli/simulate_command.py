@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    from services.common.profile_data import PerfProfile
+    from services.cost_model.perf_profile import PerfProfile
     from services.simulator.cluster import SimConfig
     from services.simulator.workload import LengthModel, make_trace
 

@@ -12,18 +12,28 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from services.common.settings_base import ServiceSettings
-from services.common.settings_flags import (MANY_VALUES, ONE_VALUE, add_config_flag, add_settings_flags,
-                                           settings_from_args)
+from shared.engine_args import EngineArgs
 
-DTYPE_CHOICES = ("bfloat16", "float32")
+from services.settings.flags import (MANY_VALUES, ONE_VALUE, add_config_flag, add_settings_flags, flag_name,
+                                    settings_from_args)
+from services.settings.service_settings import ServiceSettings, settings_group
+
 CPU_LAYOUTS = ("auto", "disjoint", "shared")  # as services.launcher.config (a test holds them equal)
 CpuList = Annotated[tuple[int, ...] | None, NoDecode]
+# The engine's settings `pdserve up` takes and passes on to every instance: fields of EngineArgs
+# (their types, checks and descriptions), read from the instances' own variables (PDSERVE_MODEL, ...;
+# PDSERVE_UP_GPU_MEMORY_UTILIZATION, as before); passed on when they differ from the engine's default.
+ENGINE_SETTINGS = ("model", "dtype", "device", "gpu_memory_utilization", "num_threads", "deterministic",
+                   "tensor_parallel_size", "pipeline_parallel_size")
+# model, dtype, num_threads and deterministic go through StackConfig (the launcher passes them on);
+# these two groups as instance flags, before and after the --instance-arg ones.
+PARALLEL_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size")
+DEVICE_SETTINGS = ("device", "gpu_memory_utilization")
 
 
 class UpSettings(ServiceSettings):
     """`pdserve up`'s settings: PDSERVE_UP_* variables, except those an instance reads too
-    (PDSERVE_MODEL, PDSERVE_DTYPE, ...), which the stack and its instances share."""
+    (PDSERVE_MODEL, PDSERVE_DTYPE, ...: `engine`'s), which the stack and its instances share."""
 
     model_config = SettingsConfigDict(env_prefix="PDSERVE_UP_")
 
@@ -32,20 +42,10 @@ class UpSettings(ServiceSettings):
     colocated: bool = Field(False, description="run --num-decode colocated instances and no prefill ones")
     host: str = Field("127.0.0.1", description="address every service binds")
     gateway_port: int = Field(50051, description="gateway gRPC port, 0 = any free one")
-    model: str | None = Field(None, validation_alias="PDSERVE_MODEL",
-                              description="HF folder or GGUF file (none: the bundled SmolLM2)")
-    dtype: Literal[DTYPE_CHOICES] = Field("bfloat16", validation_alias="PDSERVE_DTYPE", description="engine dtype")
-    device: str | None = Field(None, validation_alias="PDSERVE_DEVICE",
-                               description="every instance's device: auto, cpu, cuda or cuda:N (none: auto)")
-    gpu_memory_utilization: float | None = Field(
-        None, description="on a GPU: each instance's share of its memory (none: 0.9; instances sharing "
-                          "one GPU must together stay below 1)")
-    num_threads: int | None = Field(None, validation_alias="PDSERVE_NUM_THREADS",
-                                    description="torch threads per instance (none: one per CPU the instance is "
-                                                "given, see docs/performance.md)")
-    deterministic: bool = Field(False, validation_alias="PDSERVE_DETERMINISTIC",
-                                description="batch-invariant instances: greedy output identical to the offline "
-                                            "engine's with deterministic=True (docs/deterministic.md)")
+    engine: EngineArgs = Field(
+        default_factory=EngineArgs, description="every instance's engine settings (shared.engine_args)",
+        json_schema_extra=settings_group(ENGINE_SETTINGS,
+                                         env_names={"gpu_memory_utilization": "PDSERVE_UP_GPU_MEMORY_UTILIZATION"}))
     redis_url: str | None = Field(None, description="use this Redis instead of starting redis-server")
     run_dir: Path | None = Field(None, description="folder for logs and ready files (none: a new temp folder)")
     ready_timeout: float = Field(600.0, description="seconds to wait for every service to be SERVING")
@@ -63,10 +63,6 @@ class UpSettings(ServiceSettings):
         description="instances without CPU lists: disjoint (each its own CPUs), shared (all over every CPU, "
                     "threads adapting to load) or auto (shared where bf16 matmuls run in hardware, "
                     "disjoint elsewhere; docs/performance.md)")
-    tensor_parallel_size: int = Field(1, validation_alias="PDSERVE_TENSOR_PARALLEL_SIZE",
-                                      description="ranks sharing each layer, per instance")
-    pipeline_parallel_size: int = Field(1, validation_alias="PDSERVE_PIPELINE_PARALLEL_SIZE",
-                                        description="pipeline stages per instance")
     lora_modules: Annotated[tuple[str, ...], NoDecode] = Field(
         (), validation_alias="PDSERVE_LORA_MODULES", json_schema_extra=MANY_VALUES,
         description="LoRA adapters every instance serves and the gateway accepts as `model`, each name=path of a "
@@ -156,28 +152,22 @@ def _autoscaler(args: argparse.Namespace, settings: UpSettings):
     return start
 
 
-def _device_args(settings: UpSettings) -> list[str]:
-    """The instance flags of --device and --gpu-memory-utilization, when given."""
-    device_args = [f"--device={settings.device}"] if settings.device else []
-    if settings.gpu_memory_utilization is not None:
-        device_args.append(f"--gpu-memory-utilization={settings.gpu_memory_utilization}")
-    return device_args
-
-
 def config_from_args(args: argparse.Namespace):
     """The StackConfig the parsed flags (and variables, and --config file) describe."""
     from services.launcher.config import StackConfig
 
     settings = up_settings(args)
+    engine = settings.engine
     lora_args = ["--lora-modules", *settings.lora_modules] if settings.lora_modules else []
     extra_args = {"gateway": lora_args + args.gateway_args,
-                  "instance": _parallel_args(settings) + lora_args + args.instance_args + _device_args(settings),
+                  "instance": (passed_on_flags(engine, PARALLEL_SETTINGS) + lora_args + args.instance_args
+                               + passed_on_flags(engine, DEVICE_SETTINGS)),
                   "prefill": args.prefill_args, "decode": args.decode_args,
                   "colocated": args.decode_args}
     return StackConfig(
         num_prefill=settings.num_prefill, num_decode=settings.num_decode, colocated=settings.colocated,
-        model=settings.model, dtype=settings.dtype, num_threads=settings.num_threads,
-        deterministic=settings.deterministic, host=settings.host,
+        model=engine.model or None, dtype=engine.dtype, num_threads=engine.num_threads or None,
+        deterministic=engine.deterministic, host=settings.host,
         gateway_port=settings.gateway_port, redis_url=settings.redis_url, run_dir=settings.run_dir,
         ready_timeout_s=settings.ready_timeout, stop_grace_s=settings.stop_grace, extra_args=extra_args,
         prefill_cpus=settings.prefill_cpus, decode_cpus=settings.decode_cpus, gateway_cpus=settings.gateway_cpus,
@@ -187,14 +177,11 @@ def config_from_args(args: argparse.Namespace):
     )
 
 
-def _parallel_args(settings: UpSettings) -> list[str]:
-    """Instance flags for tensor/pipeline parallelism (none at the default of 1)."""
-    flags = []
-    if settings.tensor_parallel_size != 1:
-        flags += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
-    if settings.pipeline_parallel_size != 1:
-        flags += ["--pipeline-parallel-size", str(settings.pipeline_parallel_size)]
-    return flags
+def passed_on_flags(engine: EngineArgs, names: tuple[str, ...]) -> list[str]:
+    """The instance flags of the engine settings `names` that differ from the engine's default."""
+    default = EngineArgs()
+    return [f"{flag_name(name)}={getattr(engine, name)}" for name in names
+            if getattr(engine, name) != getattr(default, name)]
 
 
 def run(args: argparse.Namespace) -> int:

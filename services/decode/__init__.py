@@ -13,7 +13,7 @@ ROLES = ("decode", "colocated")
 
 
 def build_handlers(runtime):
-    from services.common.role import RoleHandlers
+    from services.instance.role import RoleHandlers
     from services.decode.generate_handler import GenerateHandler
     from services.decode.handler import DecodeHandler
     if runtime.role == "decode":
@@ -24,5 +24,5 @@ def build_handlers(runtime):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.common.entry import run_instance
+    from services.instance.entry import run_instance
     return run_instance(PROG, ROLES, build_handlers, argv)

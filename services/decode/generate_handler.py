@@ -8,7 +8,7 @@ from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb
 from shared.wire.outputs import request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
-from services.common.role import RoleHandler
+from services.instance.role import RoleHandler
 
 
 class GenerateHandler(RoleHandler):

@@ -28,8 +28,8 @@ from shared.tracing import span
 from shared.wire.handback import handed_back_message, handed_back_trailer
 from shared.wire.outputs import logprobs_from_proto, request_output_to_protos
 from shared.wire.sampling import sampling_from_proto
-from services.common.errors import ServiceError
-from services.common.role import RoleHandler
+from services.rpc.errors import ServiceError
+from services.instance.role import RoleHandler
 from services.decode.local_prefill import LocalPrefillBudget
 from services.decode.leases import ReservationLeases
 

@@ -22,7 +22,7 @@ from shared.engine_api.client import (EngineClient, EngineDeadError, GenerateReq
                                   ReservationEvent, ReservationEventKind)
 from shared.errors import InvalidRequestError
 from shared.tracing import NULL_SPAN, record_failure, start_span
-from services.common.errors import ServiceError
+from services.rpc.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

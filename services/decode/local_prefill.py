@@ -12,7 +12,7 @@ same reservation. A local prefill holds its share of the budget until its first 
 
 import grpc
 
-from services.common.errors import ServiceError
+from services.rpc.errors import ServiceError
 
 
 class LocalPrefillBudget:

@@ -10,8 +10,8 @@ from shared.errors import ConfigurationError
 from shared.logging_setup import configure_logging
 from shared.tracing import shutdown_tracing
 
-from services.common.settings_flags import flag_name
-from services.common.tracing_setup import start_tracing
+from services.settings.flags import flag_name
+from services.observability.tracing_setup import start_tracing
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings, parse_settings
 

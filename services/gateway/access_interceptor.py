@@ -8,7 +8,7 @@ Refusals: UNAUTHENTICATED, or RESOURCE_EXHAUSTED with trailing metadata `retry-a
 
 import grpc
 
-from services.common.grpc_wrapping import wrap_handler
+from services.rpc.handler_wrapping import wrap_handler
 from services.gateway.access import AccessControl, AccessDenied
 from services.gateway.rate_limits import retry_after_header
 

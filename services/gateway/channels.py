@@ -5,8 +5,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.pb.pdserve.v1 import instance_pb2_grpc
 
-from services.common.grpc_limits import message_size_options
-from services.common.tracing_interceptors import client_interceptors
+from services.rpc.message_limits import message_size_options
+from services.rpc.tracing_interceptors import client_interceptors
 
 CHANNEL_OPTIONS = (
     *message_size_options(),  # the instances' servers use the same limits
@@ -18,7 +18,7 @@ CHANNEL_OPTIONS = (
 
 class InstanceChannels:
     def __init__(self, credentials: grpc.ChannelCredentials | None = None):
-        """`credentials`: mutual TLS to the instances (services.common.tls); None: plain TCP."""
+        """`credentials`: mutual TLS to the instances (services.tls.credentials); None: plain TCP."""
         self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, instance_pb2_grpc.InstanceStub] = {}

@@ -6,7 +6,7 @@ import grpc
 
 from shared.errors import ConfigurationError, InvalidRequestError
 
-from services.common.bounded_text import bounded
+from services.rpc.bounded_text import bounded
 
 
 class GatewayError(Exception):

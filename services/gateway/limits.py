@@ -14,8 +14,8 @@ from pydantic import Field
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2
 
-from services.common.grpc_limits import MAX_INTERNAL_MESSAGE_BYTES
-from services.common.settings_base import ServiceSettings
+from services.rpc.message_limits import MAX_INTERNAL_MESSAGE_BYTES
+from services.settings.service_settings import ServiceSettings
 
 MIB = 1024 * 1024
 # Room for everything in an internal message besides the limited fields (ids, scalars, framing).

@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from shared.metrics.buckets import ITL_BUCKETS_S, REQUEST_BUCKETS_S, TTFT_BUCKETS_S
 from shared.metrics.families import FamilyMaker
 from shared.metrics.registry import new_registry
-from services.common.metrics_server import MetricsServer
+from services.observability.metrics_server import MetricsServer
 
 if TYPE_CHECKING:
     from services.gateway.access import AccessControl

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from shared.errors import ConfigurationError
 
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.gateway.placement import PlacementPolicy
 
 # Without a profile: the thresholds derived from docs/autoscaling/profile-smollm2-cpu-fp32.json

@@ -3,7 +3,7 @@ per-key limits) and TLS credentials (public ports; mutual TLS towards the instan
 
 import grpc
 
-from services.common.tls import channel_credentials, server_credentials
+from services.tls.credentials import channel_credentials, server_credentials
 from services.gateway.access import AccessControl
 from services.gateway.api_keys import load_api_keys
 from services.gateway.rate_limits import KeyRateLimiter

@@ -25,11 +25,11 @@ from shared.errors import ConfigurationError
 from shared.hosts import host_port, local_host
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 
-from services.common.grpc_limits import message_size_options
-from services.common.grpc_server import GrpcServer
-from services.common.malformed_requests import MalformedRequestInterceptor
-from services.common.redis_client import redis_client
-from services.common.tracing_interceptors import server_interceptors
+from services.rpc.message_limits import message_size_options
+from services.rpc.server import GrpcServer
+from services.rpc.malformed_requests import MalformedRequestInterceptor
+from services.settings.redis_client import redis_client
+from services.rpc.tracing_interceptors import server_interceptors
 from services.gateway.access_interceptor import AccessInterceptor
 from services.gateway.admission import Admission
 from services.gateway.channels import InstanceChannels

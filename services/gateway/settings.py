@@ -1,5 +1,5 @@
 """Gateway settings: every one a command-line flag, a `PDSERVE_*` environment variable and a
-key of the optional `--config` TOML file (services.common.settings_base).
+key of the optional `--config` TOML file (services.settings.service_settings).
 
 A flag given on the command line wins over its environment variable, which wins over the
 settings file, which wins over the documented default. `parse_settings(argv)` returns a
@@ -18,10 +18,10 @@ from shared.lora.request import validate_adapter_name
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
-from services.common.redis_client import RedisClientSettings
-from services.common.settings_flags import MANY_VALUES, add_config_flag, add_settings_flags
-from services.common.settings_flags import settings_from_args as load_from_args
-from services.common.tracing_setup import TracingSettings
+from services.settings.redis_client import RedisClientSettings
+from services.settings.flags import MANY_VALUES, add_config_flag, add_settings_flags
+from services.settings.flags import settings_from_args as load_from_args
+from services.observability.tracing_setup import TracingSettings
 from services.gateway.limits import RequestLimits
 from services.gateway.placement import PlacementPolicy
 from services.gateway.placement_profile import load_profile, placement_policy
@@ -109,7 +109,7 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
                                             "while new ones are refused", ge=0)
     log_level: str = _setting("INFO", "Python logging level")
     log_format: Literal[LOG_FORMATS] = _setting("text", "log lines as text or one JSON object each")
-    # services.common.malformed_requests
+    # services.rpc.malformed_requests
     request_read_timeout_s: float = _setting(10.0, "a gRPC request message must arrive whole within this, "
                                                    "seconds", gt=0)
     # Access (services.gateway.access): API keys and per-key limits (0: off).
@@ -121,7 +121,7 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
     rate_limit_rps: float = _setting(0.0, "requests per second per API key (0: unlimited)", ge=0)
     rate_limit_burst: int = _setting(0, "token-bucket burst per API key (0: the rate, at least 1)", ge=0)
     max_concurrent_per_key: int = _setting(0, "requests in flight per API key (0: unlimited)", ge=0)
-    # TLS on the public gRPC and HTTP ports; mutual TLS towards the instances (services.common.tls).
+    # TLS on the public gRPC and HTTP ports; mutual TLS towards the instances (services.tls.credentials).
     tls_cert_file: str | None = _setting(None, "serve gRPC and HTTP over TLS with this PEM certificate (chain)")
     tls_key_file: str | None = _setting(None, "the PEM private key of --tls-cert-file")
     instance_tls_ca_file: str | None = _setting(None, "CA that signed the instances' certificates: gRPC to "

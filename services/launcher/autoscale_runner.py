@@ -16,7 +16,7 @@ from services.launcher.stack import LocalStack
 from services.planner.config import PlannerConfig
 from services.planner.observer import Observer
 from services.planner.planner import Planner
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.planner.service import PlannerService
 
 logger = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ then polls grpc.health.v1.Health/Check until the service reports SERVING.
 import time
 from collections.abc import Callable
 
-from services.common.health_probe import is_serving
-from services.common.ready_file import grpc_address_in, read_ready_file
+from services.rpc.health_probe import is_serving
+from services.rpc.ready_file import grpc_address_in, read_ready_file
 from services.launcher.child import ChildProcess
 from services.launcher.errors import StackAborted, StackError
 

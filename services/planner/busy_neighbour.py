@@ -13,7 +13,7 @@ import random
 import sys
 import threading
 
-from services.common.engine_flags import add_engine_flags, engine_args_from
+from services.settings.engine_flags import add_engine_flags, engine_args_from
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services.common.engine_setup import build_engine_probe
+    from services.instance.engine_setup import build_engine_probe
 
     args = parse_args(argv)
     probe = build_engine_probe(engine_args_from(args), with_kv_transport=False)

@@ -1,14 +1,14 @@
 """The planner's policy settings (SLOs, pool bounds, timing), shared by `pdserve serve planner`
 and `pdserve up --autoscale`: each a flag, a PDSERVE_PLANNER_* variable and a key of the
-`--config` TOML file (services.common.settings_base)."""
+`--config` TOML file (services.settings.service_settings)."""
 
 import argparse
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings_base import ServiceSettings
-from services.common.settings_flags import add_settings_flags, settings_from_args
+from services.settings.service_settings import ServiceSettings
+from services.settings.flags import add_settings_flags, settings_from_args
 from services.planner.config import PlannerConfig, PoolBounds
 
 PLANNER_ENV_PREFIX = "PDSERVE_PLANNER_"

@@ -20,15 +20,15 @@ from shared.cluster.keys import ClusterNamespace
 from shared.errors import ConfigurationError
 from shared.logging_setup import LOG_FORMATS, configure_logging
 
-from services.common.redis_client import RedisClientSettings, redis_client
-from services.common.settings_flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
+from services.settings.redis_client import RedisClientSettings, redis_client
+from services.settings.flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
 from services.planner.actuator import Actuator, LogActuator
 from services.planner.flags import PLANNER_ENV_PREFIX, add_policy_arguments, config_from_args
 from services.planner.config import PlannerConfig
 from services.planner.metrics import PlannerMetrics
 from services.planner.observer import Observer
 from services.planner.planner import Planner
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.planner.service import PlannerService
 
 logger = logging.getLogger("services.planner")

@@ -9,7 +9,7 @@ from prometheus_client.registry import Collector
 
 from shared.metrics.registry import new_registry
 
-from services.common.metrics_server import MetricsServer
+from services.observability.metrics_server import MetricsServer
 from services.planner.planner import PlanDecision
 
 OBSERVED = {

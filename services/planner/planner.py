@@ -11,7 +11,7 @@ from services.planner.config import PlannerConfig
 from services.planner.forecast import LoadForecast, LoadForecaster
 from services.planner.observation import Observation
 from services.planner.policy import PoolDecision, PoolPolicy
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from shared.engine_api.probe import EngineProbe
 from shared.engine_args import EngineArgs
 
-from services.common.engine_setup import build_engine_probe
-from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint
+from services.instance.engine_setup import build_engine_probe
+from services.cost_model.perf_profile import DecodePoint, PerfProfile, PrefillPoint
 from services.planner.tier_profile import QUICK_TIER_PLAN, TierPlan, measure_tier_loads, peer_points
 from services.planner.transfer_profile import QUICK_TRANSFER_PLAN, TransferPlan, measure_transfer
 

@@ -16,7 +16,7 @@ rate * output_tokens * step_s(B*), or the observed number when larger.
 import math
 from dataclasses import dataclass
 
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 
 EPSILON = 1e-9
 

@@ -18,7 +18,7 @@ from shared.cache_dir import pdserve_cache_dir
 from shared.engine_api.probe import EngineProbe
 from shared.kv_cache.blocks import blocks_for_tokens
 
-from services.common.profile_data import TierLoadPoint, TransferPoint
+from services.cost_model.perf_profile import TierLoadPoint, TransferPoint
 
 logger = logging.getLogger(__name__)
 

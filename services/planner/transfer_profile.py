@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from shared.engine_api.probe import EngineProbe
 
-from services.common.profile_data import TransferPoint
+from services.cost_model.perf_profile import TransferPoint
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The prefill role: `python -m services.prefill [flags]` (see services.common.settings).
+"""The prefill role: `python -m services.prefill [flags]` (see services.instance.settings).
 
 Serves Prefill and StreamPrefill (compute the prompt's KV, sample the first token, push the
 KV blocks to the decode instance over UCX; the stream sends the first token before the KV has
@@ -11,11 +11,11 @@ PROG = "python -m services.prefill"
 
 
 def build_handlers(runtime):
-    from services.common.role import RoleHandlers
+    from services.instance.role import RoleHandlers
     from services.prefill.handler import PrefillHandler
     return RoleHandlers(prefill=PrefillHandler(runtime))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.common.entry import run_instance
+    from services.instance.entry import run_instance
     return run_instance(PROG, ("prefill",), build_handlers, argv)

@@ -34,8 +34,8 @@ from shared.sampling.params import SamplingParams
 from shared.tracing import record_failure, span
 from shared.wire.outputs import logprobs_to_proto
 from shared.wire.sampling import sampling_from_proto
-from services.common.errors import ServiceError
-from services.common.role import RoleHandler
+from services.rpc.errors import ServiceError
+from services.instance.role import RoleHandler
 from services.prefill.first_token import FirstTokenText, add_ending, ending, first_token_message
 from services.prefill.peer_pull import PeerPuller
 

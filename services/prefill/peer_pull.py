@@ -28,9 +28,9 @@ from shared.kv_tier.cost_seeds import load_cost_seeds
 from shared.kv_tier.stats import TierCounters
 from shared.pb.pdserve.v1 import instance_pb2 as pb, instance_pb2_grpc
 from shared.sampling.params import SamplingParams
-from services.common.grpc_limits import message_size_options
-from services.common.tracing_interceptors import client_interceptors
-from services.common.tls import channel_credentials
+from services.rpc.message_limits import message_size_options
+from services.rpc.tracing_interceptors import client_interceptors
+from services.tls.credentials import channel_credentials
 
 logger = logging.getLogger(__name__)
 

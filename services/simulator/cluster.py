@@ -18,7 +18,7 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.simulator.host import SharedHost
 from services.simulator.instances import DecodeSim, Lifetime, PrefillSim
 from services.simulator.prefill_router import PrefillRouter

@@ -17,7 +17,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.simulator.workload import SimRequest
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from services.planner.config import PlannerConfig
 from services.planner.observation import Observation
 from services.planner.planner import Planner
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 
 
 class FixedScaler:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from services.planner import sizing
 from services.planner.config import PlannerConfig
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from services.simulator.cluster import ClusterSim, SimConfig
 from services.simulator.recorder import Summary
 from services.simulator.scalers import FixedScaler, PlannerScaler

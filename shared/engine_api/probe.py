@@ -2,7 +2,7 @@
 
 The profiler (services/planner/profiler.py) measures an instance's costs through this protocol
 and never touches the engine's scheduler, executor or KV cache; the composition root
-(services/common/engine_setup.py, `build_engine_probe`) builds the engine and its probe. Every
+(services/instance/engine_setup.py, `build_engine_probe`) builds the engine and its probe. Every
 method runs the engine on the caller's thread and leaves it as it found it: no request left,
 every KV block free.
 """

@@ -152,7 +152,7 @@ def ready_info(container: Container) -> dict | None:
 
 def probe(container: Container) -> bool:
     """The container's own health probe answers SERVING."""
-    return subprocess.run(["docker", "exec", container.id, "python", "-m", "services.common.health_probe"],
+    return subprocess.run(["docker", "exec", container.id, "python", "-m", "services.rpc.health_probe"],
                           capture_output=True).returncode == 0
 
 

@@ -71,7 +71,7 @@ def test_every_service_has_a_health_check(config):
 
 def test_pdserve_health_checks_use_the_grpc_health_service_at_the_port_in_the_ready_file(config):
     for name in PDSERVE_SERVICES:
-        assert config["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "services.common.health_probe"]
+        assert config["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "services.rpc.health_probe"]
     assert "PDSERVE_READY_FILE=" in (COMPOSE_DIR / "Dockerfile").read_text()
 
 
@@ -171,7 +171,7 @@ def test_one_image_built_from_the_repository(config):
 def test_dockerfile_entrypoint_and_probe_exist():
     dockerfile = (COMPOSE_DIR / "Dockerfile").read_text()
     assert "ENTRYPOINT" in dockerfile and "entrypoint.sh" in dockerfile
-    assert (REPO_ROOT / "services" / "common" / "health_probe.py").is_file()
+    assert (REPO_ROOT / "services" / "rpc" / "health_probe.py").is_file()
 
 
 FAKE_PDSERVE = '#!/bin/sh\necho "$*|${PDSERVE_ADVERTISE_HOST:-}|${PDSERVE_UCX_HOST:-}"\n'

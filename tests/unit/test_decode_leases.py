@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 
-from services.common.errors import ServiceError
+from services.rpc.errors import ServiceError
 from services.decode.leases import ReservationLeases
 from shared.cluster.leases import LeaseTable
 from shared.engine import SamplingParams

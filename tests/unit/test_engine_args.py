@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from services.cli.main import build_parser
-from services.common.engine_flags import engine_args_from
-from services.common.engine_setup import engine_config
-from services.common.settings import InstanceSettings
+from services.settings.engine_flags import engine_args_from
+from services.instance.engine_setup import engine_config
+from services.instance.settings import InstanceSettings
 from shared.config import CacheConfig, EngineConfig
 from shared.core.scheduler_config import SchedulerConfig
 from shared.engine_args import GIB, EngineArgs

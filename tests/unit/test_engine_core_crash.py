@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import services.decode
-from services.common.runtime import InstanceRuntime
+from services.instance.runtime import InstanceRuntime
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.pb.pdserve.v1 import instance_pb2 as pb

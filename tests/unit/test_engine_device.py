@@ -8,7 +8,7 @@ from shared.config import EngineConfig
 from shared.engine.device import kv_cache_memory_bytes, make_attention_backend, resolve_device
 from shared.errors import ConfigurationError
 from shared.model.config import ModelConfig
-from services.common.settings import InstanceSettings
+from services.instance.settings import InstanceSettings
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
@@ -81,7 +81,7 @@ def test_gpu_budget_is_this_engines_share_less_its_weights_and_never_more_than_f
 
 def test_offline_command_has_the_device_flags():
     from services.cli.main import build_parser
-    from services.common.engine_flags import engine_args_from
+    from services.settings.engine_flags import engine_args_from
     args = build_parser().parse_args(["offline", "hi", "--device", "cpu", "--attention-backend", "torch"])
     engine_args = engine_args_from(args)
     assert (engine_args.device, engine_args.gpu_memory_utilization, engine_args.attention_backend) == ("cpu", 0.9, "torch")

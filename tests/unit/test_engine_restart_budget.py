@@ -1,6 +1,6 @@
 """RestartBudget: at most N engine-core restarts within a window; older ones age out."""
 
-from services.common.engine_restart import RestartBudget
+from services.instance.engine_restart import RestartBudget
 
 
 class FakeClock:

@@ -5,7 +5,7 @@ gateway's client never sees a bug's details."""
 import grpc
 import pytest
 
-from services.common.errors import grpc_status_of
+from services.rpc.errors import grpc_status_of
 from services.gateway.errors import from_exception
 from services.gateway.http.errors import from_gateway_error
 from shared.errors import ConfigurationError, InternalError, InvalidRequestError

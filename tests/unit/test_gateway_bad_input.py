@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from services.common.grpc_limits import MAX_INTERNAL_MESSAGE_BYTES
+from services.rpc.message_limits import MAX_INTERNAL_MESSAGE_BYTES
 from services.gateway.http import app as app_module
 from services.gateway.limits import RequestLimits, check_fits_internal_hops, largest_internal_message_bytes
 from services.gateway.settings import add_arguments, settings_from_args

@@ -9,7 +9,7 @@ import json
 import pytest
 from prometheus_client import generate_latest
 
-from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
+from services.cost_model.perf_profile import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.gateway.placement import PlacementPolicy, place_prefill, prefill_backlog
 from services.gateway.placement_profile import (
     DEFAULT_BUSY_MAX_LOCAL_TOKENS, DEFAULT_MAX_LOCAL_TOKENS, derived_thresholds, placement_policy)

@@ -1,4 +1,4 @@
-"""An instance's server pings its callers (services.common.grpc_server.keepalive_options): a
+"""An instance's server pings its callers (services.rpc.server.keepalive_options): a
 caller that is alive but stopped (SIGSTOP: a hung gateway) leaves the ping unanswered, and
 the server closes its connection, cancelling its calls, which frees what they held. Without
 the pings the call would stay open until the caller resumed."""
@@ -13,7 +13,7 @@ import textwrap
 import grpc
 
 from shared.pb.pdserve.v1 import instance_pb2_grpc
-from services.common.grpc_server import keepalive_options
+from services.rpc.server import keepalive_options
 
 CALLER = textwrap.dedent("""
     import sys, time, grpc

@@ -11,8 +11,8 @@ import logging
 import grpc
 import pytest
 
-from services.common.errors import rpc_errors
-from services.common.grpc_server import instance_grpc_server
+from services.rpc.errors import rpc_errors
+from services.rpc.server import instance_grpc_server
 from shared.errors import InvalidRequestError
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import instance_pb2 as pb

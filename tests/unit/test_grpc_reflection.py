@@ -7,7 +7,7 @@ import grpc
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from services.common.grpc_server import instance_grpc_server
+from services.rpc.server import instance_grpc_server
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings
 from shared.pb.pdserve.v1 import instance_pb2_grpc

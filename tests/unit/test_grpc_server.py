@@ -1,4 +1,4 @@
-"""The one gRPC server set-up (services.common.grpc_server): a second server on a taken port
+"""The one gRPC server set-up (services.rpc.server): a second server on a taken port
 fails to start naming the port setting (Linux would otherwise let both bind it and split the
 traffic), for the gateway and for instances alike; health starts NOT_SERVING."""
 
@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import services.decode
-from services.common.grpc_server import instance_grpc_server
+from services.rpc.server import instance_grpc_server
 from services.gateway.__main__ import main as gateway_main
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings

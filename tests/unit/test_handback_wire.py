@@ -6,8 +6,8 @@ import asyncio
 import grpc
 import pytest
 
-from services.common.errors import ServiceError, rpc_errors
-from services.common.grpc_server import instance_grpc_server
+from services.rpc.errors import ServiceError, rpc_errors
+from services.rpc.server import instance_grpc_server
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 from shared.pb.pdserve.v1.instance_pb2_grpc import InstanceStub
 from shared.wire.handback import handed_back_message, handed_back_trailer, is_handed_back

@@ -1,4 +1,4 @@
-"""The container health probe (`python -m services.common.health_probe`): given an address it asks
+"""The container health probe (`python -m services.rpc.health_probe`): given an address it asks
 that one; without, it reads the port from the service's ready file and asks 127.0.0.1, so a
 service on an ephemeral port (host networking, PDSERVE_GRPC_PORT=0) is probed too."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from services.common.grpc_server import instance_grpc_server
-from services.common.health_probe import main as probe
+from services.rpc.server import instance_grpc_server
+from services.rpc.health_probe import main as probe
 from tests.unit.gateway_fakes import FakeInstance
 
 
@@ -60,7 +60,7 @@ def test_neither_an_address_nor_a_ready_file_is_a_usage_error(monkeypatch):
 def test_the_probe_imports_nothing_heavy():
     """Docker runs it every few seconds in every container, with a timeout: grpc only, no
     launcher, Redis, torch or transformers (those took seconds on a busy machine)."""
-    code = ("import sys, services.common.health_probe; "
+    code = ("import sys, services.rpc.health_probe; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'redis', 'transformers', "
             "'shared'} or m.startswith('services.launcher')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

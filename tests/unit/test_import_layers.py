@@ -56,8 +56,11 @@ def test_contracts_are_kept():
     ("shared/kv_transfer/factory.py", "import shared.kv_transfer.ucx.connector", "the engine core imports no transport"),
     ("shared/kv_transfer/in_memory.py", "import shared.kv_transfer.ucx.stats", "every package of shared/ is in a tier"),
     ("shared/guided/bitmask.py", "import shared.core.request", "no import cycles"),
+    # The packages every service shares (rpc, settings, ...) never import one that uses them.
+    ("services/rpc/errors.py", "import services.instance.runtime", "no import cycles"),
+    ("services/settings/flags.py", "import services.instance.settings", "no import cycles"),
     ("services/gateway/server.py", "import services.cli.main", "never back"),
-    ("services/common/metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
+    ("services/observability/instance_metrics.py", "import benchmarks.serve_compare", "benchmarks sit on top"),
     ("services/cli/bench_run.py", "import benchmarks.harness.netfault", "benchmarks sit on top"),
     ("services/gateway/router.py", "import shared.core.scheduler", "only through its API"),
     # Indirectly: the offline LLM imports the step-driven LLMEngine.

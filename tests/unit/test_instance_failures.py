@@ -14,11 +14,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import services.common.entry as entry
+import services.instance.entry as entry
 import services.decode
-from services.common.runtime import InstanceRuntime
+from services.instance.runtime import InstanceRuntime
 import shared.sampling.sampler as sampler_module
-from services.common.errors import ServiceError
+from services.rpc.errors import ServiceError
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.errors import REQUEST_FAILED_METADATA_KEY

@@ -15,9 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import services.decode
 import services.prefill
-from services.common.grpc_server import INSTANCE_SERVICE_NAME
-from services.common.runtime import InstanceRuntime
-from services.common.settings import InstanceSettings
+from services.rpc.server import INSTANCE_SERVICE_NAME
+from services.instance.runtime import InstanceRuntime
+from services.instance.settings import InstanceSettings
 from shared.cluster.instances import InstanceRegistry
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.lease_mirror import list_mirrored_leases

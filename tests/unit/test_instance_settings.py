@@ -9,11 +9,11 @@ import pytest
 
 import services.decode
 import services.prefill
-from services.common.engine_setup import engine_config
-from services.common.flags import build_parser, env_name, flag_name, parse_settings
+from services.instance.engine_setup import engine_config
+from services.instance.flags import build_parser, env_name, flag_name, parse_settings
 from shared.engine.introspection import kv_cache_events
-from services.common.ready_file import write_ready_file
-from services.common.settings import DEFAULT_GRPC_PORTS, InstanceSettings
+from services.rpc.ready_file import write_ready_file
+from services.instance.settings import DEFAULT_GRPC_PORTS, InstanceSettings
 from shared.kv_cache.block_pool import BlockPool
 from shared.errors import ConfigurationError
 

@@ -14,7 +14,7 @@ import redis.asyncio
 from services.gateway.cluster_view import ClusterView
 from services.gateway.prompt_hashes import PromptHashes
 from services.gateway.router import rank
-from services.common.presence import instance_load
+from services.instance.presence import instance_load
 from shared.cluster.cache_settings import hash_recipe
 from shared.cluster.instance_records import InstanceInfo, InstanceLoad, decode_instance, encode_instance
 from shared.cluster.instances import InstanceRegistry

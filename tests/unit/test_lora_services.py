@@ -7,11 +7,11 @@ import os
 import grpc
 import pytest
 
-from services.common.engine_setup import engine_config
-from services.common.errors import ServiceError
-from services.common.flags import parse_settings
-from services.common.lora_adapters import AdapterTable
-from services.common.settings import lora_config, parse_lora_modules
+from services.instance.engine_setup import engine_config
+from services.rpc.errors import ServiceError
+from services.instance.flags import parse_settings
+from services.instance.lora_adapters import AdapterTable
+from services.instance.settings import lora_config, parse_lora_modules
 from services.gateway.cluster_view import _serving_adapter, live_adapters
 from services.gateway.errors import GatewayError
 from services.gateway.prompt_hashes import PromptHashes

@@ -9,10 +9,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import services.common.runtime as runtime_module
+import services.instance.runtime as runtime_module
 import services.decode
-from services.common.runtime import InstanceRuntime
-from services.common.settings import InstanceSettings
+from services.instance.runtime import InstanceRuntime
+from services.instance.settings import InstanceSettings
 from shared.errors import ConfigurationError
 from shared.kv_transfer.ucx.lifecycle import reset_ucx
 from shared.pb.pdserve.v1 import instance_pb2 as pb

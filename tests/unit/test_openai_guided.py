@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from services.common.errors import rpc_errors
+from services.rpc.errors import rpc_errors
 from shared.pb.pdserve.v1 import generation_pb2 as gen
 from shared.wire.guided import guided_from_proto
 from tests.unit.gateway_fakes import FakeInstance

@@ -3,8 +3,8 @@ variables, `pdserve up` (passed on to every instance), `pdserve offline`, and `L
 
 import pytest
 
-from services.common.engine_setup import engine_config
-from services.common.flags import parse_settings
+from services.instance.engine_setup import engine_config
+from services.instance.flags import parse_settings
 from services.cli.main import build_parser
 from services.cli.up_command import config_from_args
 from shared.engine_args import EngineArgs
@@ -27,8 +27,8 @@ def test_a_bad_parallel_size_exits_2_naming_the_setting(capsys):
 
 def test_up_passes_the_sizes_to_every_instance():
     args = build_parser().parse_args(["up", "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"])
-    assert config_from_args(args).extra_args["instance"][:4] == [
-        "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"]
+    assert config_from_args(args).extra_args["instance"][:2] == [
+        "--tensor-parallel-size=3", "--pipeline-parallel-size=2"]
     assert config_from_args(build_parser().parse_args(["up"])).extra_args["instance"] == []
 
 

@@ -27,7 +27,7 @@ def container(number: int, service: str = "decode", project: str = PROJECT, stat
         "Id": f"{service}{number}{project}".ljust(64, "0"), "Name": f"/{project}_{service}_{number}", "State": state,
         "Config": {"Image": "pdserve:latest", "Cmd": [service], "Env": ["PDSERVE_GRPC_PORT=50053"],
                    "Hostname": f"host{number}", "Labels": labels, "StopTimeout": 150,
-                   "Healthcheck": {"Test": ["CMD", "python", "-m", "services.common.health_probe"]}},
+                   "Healthcheck": {"Test": ["CMD", "python", "-m", "services.rpc.health_probe"]}},
         "HostConfig": {"NetworkMode": network_mode, "RestartPolicy": {"Name": "unless-stopped"}},
         "NetworkSettings": {"Networks": {} if network_mode == "host" else {
             network_mode: {"Aliases": [service, f"host{number}"], "Links": None}}},
@@ -137,7 +137,7 @@ def test_scale_out_copies_the_newest_replica_with_the_next_number(docker):
     assert body["Labels"]["com.docker.compose.config-hash"] == "abc"
     assert (body["Image"], body["Cmd"], body["Env"]) == ("pdserve:latest", ["decode"], ["PDSERVE_GRPC_PORT=50053"])
     assert body["HostConfig"]["RestartPolicy"] == {"Name": "unless-stopped"} and body["StopTimeout"] == 150
-    assert body["Healthcheck"]["Test"][-1] == "services.common.health_probe"
+    assert body["Healthcheck"]["Test"][-1] == "services.rpc.health_probe"
     assert body["NetworkingConfig"] == {"EndpointsConfig": {"stack_default": {"Aliases": ["decode"], "Links": None}}}
     assert "Hostname" not in body
     assert actuator.replicas("decode") == 4

@@ -12,7 +12,7 @@ from services.planner import sizing
 from services.planner.config import PlannerConfig, PoolBounds
 from services.planner.observation import Observation
 from services.planner.planner import Planner
-from services.common.profile_data import PerfProfile
+from services.cost_model.perf_profile import PerfProfile
 from shared.errors import ConfigurationError
 
 PROFILE = PerfProfile(model="m", dtype="bfloat16", num_threads=2, block_size=16, kv_capacity_tokens=100_000,

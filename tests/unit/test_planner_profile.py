@@ -5,8 +5,8 @@ import pytest
 from shared.engine_args import EngineArgs
 from shared.kv_tier.cost_seeds import load_cost_seeds
 
-from services.common.engine_setup import build_engine_probe
-from services.common.profile_data import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
+from services.instance.engine_setup import build_engine_probe
+from services.cost_model.perf_profile import DecodePoint, PerfProfile, PrefillPoint, TransferPoint
 from services.cli.main import main
 
 

@@ -4,7 +4,7 @@ nobody drained) replaces the instance's entry."""
 
 import asyncio
 
-from services.common.prefix_publisher import PrefixPublisher
+from services.instance.prefix_publisher import PrefixPublisher
 from shared.engine_api.client import KVCacheEvents
 
 A, B, C = (bytes([n]) * 32 for n in (1, 2, 3))

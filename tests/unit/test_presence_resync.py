@@ -3,7 +3,7 @@ functions (LeaseTable.republish returns a count) and coroutines alike."""
 
 import asyncio
 
-from services.common.presence import run_resync_hooks
+from services.instance.presence import run_resync_hooks
 
 
 def test_resync_hooks_may_be_plain_functions_returning_values_or_coroutines():

@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from services.common.flags import parse_settings as parse_instance_settings
-from services.common.presence import ClusterPresence
-from services.common.redis_client import RedisClientSettings, redis_client
+from services.instance.flags import parse_settings as parse_instance_settings
+from services.instance.presence import ClusterPresence
+from services.settings.redis_client import RedisClientSettings, redis_client
 from services.gateway.server import cluster_view
 from services.gateway.settings import parse_settings as parse_gateway_settings
 

@@ -1,4 +1,4 @@
-"""The one settings system (services.common.settings_base): for every service, a flag wins over
+"""The one settings system (services.settings.service_settings): for every service, a flag wins over
 its PDSERVE_* variable, which wins over the --config TOML file, which wins over the default;
 a bad value from any of them is refused naming the setting."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from services.cli.main import build_parser as cli_parser
 from services.cli.up_command import config_from_args as stack_config
-from services.common.flags import parse_settings as instance_settings
-from services.common.settings import InstanceSettings
+from services.instance.flags import parse_settings as instance_settings
+from services.instance.settings import InstanceSettings
 from services.gateway.settings import GatewaySettings, parse_settings as gateway_settings
 from services.planner.flags import config_from_args as planner_config
 from services.planner.main import build_parser as planner_parser
@@ -62,11 +62,28 @@ def test_planner_and_up_share_one_file(tmp_path, monkeypatch):
     assert (policy.decode.max_replicas, policy.ttft_slo_s, policy.itl_slo_s) == (7, 1.0, 0.05)
 
 
+def test_up_takes_the_engines_settings_under_the_instances_variables(tmp_path, monkeypatch):
+    """`pdserve up`'s engine settings are EngineArgs fields (the engine's own checks), read from the
+    variables the instances read too (and PDSERVE_UP_GPU_MEMORY_UTILIZATION), passed on to every instance."""
+    monkeypatch.setenv("PDSERVE_MODEL", "/models/x")
+    monkeypatch.setenv("PDSERVE_UP_GPU_MEMORY_UTILIZATION", "0.5")
+    config = write_config(tmp_path, 'dtype = "float32"\ntensor_parallel_size = 2\n')
+    stack = stack_config(cli_parser().parse_args(["up", "--config", config, "--device", "cpu", "--num-threads", "3"]))
+    assert (stack.model, stack.dtype, stack.num_threads, stack.deterministic) == ("/models/x", "float32", 3, False)
+    assert stack.extra_args["instance"] == ["--tensor-parallel-size=2", "--device=cpu", "--gpu-memory-utilization=0.5"]
+    monkeypatch.delenv("PDSERVE_MODEL")
+    monkeypatch.delenv("PDSERVE_UP_GPU_MEMORY_UTILIZATION")
+    stack = stack_config(cli_parser().parse_args(["up"]))
+    assert (stack.model, stack.dtype, stack.num_threads, stack.extra_args["instance"]) == (None, "bfloat16", None, [])
+    with pytest.raises(ConfigurationError, match="^gpu_memory_utilization: Input should be less than or equal to 1"):
+        stack_config(cli_parser().parse_args(["up", "--gpu-memory-utilization", "1.5"]))
+
+
 def test_planner_service_reads_shared_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("PDSERVE_REDIS_URL", "redis://shared:1/0")
     monkeypatch.setenv("PDSERVE_PLANNER_GATEWAY_METRICS_URLS", "http://a/metrics http://b/metrics")
     from services.planner.main import PlannerServiceSettings
-    from services.common.settings_flags import settings_from_args
+    from services.settings.flags import settings_from_args
 
     args = planner_parser().parse_args(["--profile", "p.json"])
     settings = settings_from_args(args, PlannerServiceSettings)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from services.common.profile_data import TransferPoint
+from services.cost_model.perf_profile import TransferPoint
 from services.simulator.cluster import ClusterSim, SimConfig
 from services.simulator.host import SharedHost
 from services.simulator.scalers import FixedScaler

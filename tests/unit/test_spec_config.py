@@ -2,9 +2,9 @@
 
 import pytest
 
-from services.common.engine_setup import engine_config
-from services.common.flags import parse_settings
-from services.common.settings import InstanceSettings
+from services.instance.engine_setup import engine_config
+from services.instance.flags import parse_settings
+from services.instance.settings import InstanceSettings
 from shared.engine_args import EngineArgs
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.sampling.params import SamplingParams

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.grpc_server import instance_grpc_server
-from services.common.tls import channel_credentials, server_credentials
-from services.common.health_probe import probe_credentials
+from services.rpc.server import instance_grpc_server
+from services.tls.credentials import channel_credentials, server_credentials
+from services.rpc.health_probe import probe_credentials
 from services.launcher.readiness import is_serving
 from services.cli.main import main
 from shared.pb.pdserve.v1 import gateway_pb2 as gw

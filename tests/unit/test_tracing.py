@@ -1,4 +1,4 @@
-"""Request tracing (shared.tracing, services.common.tracing_interceptors): off it costs
+"""Request tracing (shared.tracing, services.rpc.tracing_interceptors): off it costs
 nothing (no SDK import, one shared no-op span, no context on the wire); on, spans nest,
 the W3C trace context crosses gRPC both ways, the trace id comes back as trailing metadata
 and is on every log line of the request, and failures are events with their gRPC status.
@@ -28,9 +28,9 @@ def current_request_id_var():
     from shared.logging_setup.context import _request_id
     return _request_id
 
-from services.common.tracing_interceptors import (TRACE_ID_METADATA, TracingServerInterceptor, client_interceptors,
+from services.rpc.tracing_interceptors import (TRACE_ID_METADATA, TracingServerInterceptor, client_interceptors,
                                                    server_interceptors)
-from services.common.tracing_setup import TracingSettings, start_tracing, tracing_args
+from services.observability.tracing_setup import TracingSettings, start_tracing, tracing_args
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -64,7 +64,7 @@ def test_off_by_default_every_call_is_a_shared_no_op():
 
 def test_services_import_no_trace_sdk_or_exporter_while_tracing_is_off():
     # (redis-py imports the metrics SDK for observability of its own, off unless configured.)
-    code = ("import sys, services.gateway.server, services.common.entry, shared.engine.core_process.main; "
+    code = ("import sys, services.gateway.server, services.instance.entry, shared.engine.core_process.main; "
             "loaded = sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk.trace', "
             "'opentelemetry.exporter', 'opentelemetry.proto'))); print(loaded)")
     env = {key: value for key, value in os.environ.items() if key != CHILD_TRACING_ENV_VAR}

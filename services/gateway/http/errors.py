@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from shared.errors import InvalidRequestError
 
-from services.common.bounded_text import bounded
+from services.rpc.bounded_text import bounded
 from services.gateway.errors import GatewayError
 from services.gateway.rate_limits import retry_after_header
 

@@ -4,7 +4,7 @@ the response carries the trace id in the `x-trace-id` header."""
 
 from shared.tracing import attach_context, current_trace_id, detach_context, extract_context, record_failure, span
 
-from services.common.tracing_interceptors import PROPAGATED_KEYS, TRACE_ID_METADATA
+from services.rpc.tracing_interceptors import PROPAGATED_KEYS, TRACE_ID_METADATA
 
 UNTRACED_PATHS = ("/health", "/metrics")
 _PROPAGATED = tuple(key.encode() for key in PROPAGATED_KEYS)

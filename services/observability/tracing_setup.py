@@ -1,4 +1,4 @@
-"""Tracing settings every service shares (services.common.settings_base: each a flag, a
+"""Tracing settings every service shares (services.settings.service_settings: each a flag, a
 PDSERVE_* variable and a settings-file key) and the call that turns tracing on for a role.
 
     --otlp-traces-endpoint http://collector:4317    PDSERVE_OTLP_TRACES_ENDPOINT
@@ -13,7 +13,7 @@ from pydantic import Field
 
 from shared.tracing import TracingConfig, configure_tracing
 
-from services.common.settings_base import ServiceSettings
+from services.settings.service_settings import ServiceSettings
 
 SERVICE_NAME_PREFIX = "pdserve-"
 

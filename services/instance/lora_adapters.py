@@ -21,7 +21,7 @@ from shared.lora.registry import adapter_hash_key
 from shared.lora.request import LoRARequest, validate_adapter_name
 from shared.pb.pdserve.v1 import instance_pb2 as pb
 
-from services.common.errors import ServiceError
+from services.rpc.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`python -m services.common.health_probe [ADDRESS] [--service NAME]`: gRPC health probe.
+"""`python -m services.rpc.health_probe [ADDRESS] [--service NAME]`: gRPC health probe.
 
 Exits 0 when the standard health service at ADDRESS reports SERVING for NAME (default ""),
 1 otherwise. Container health checks (deploy/compose) run it every few seconds, so it imports
@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.ready_file import grpc_address_in, read_ready_file
+from services.rpc.ready_file import grpc_address_in, read_ready_file
 
 PROBE_HOST = "127.0.0.1"
 
@@ -44,7 +44,7 @@ def is_serving(address: str, service: str = "", timeout_s: float = 1.0,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.common.health_probe")
+    parser = argparse.ArgumentParser(prog="python -m services.rpc.health_probe")
     parser.add_argument("address", nargs="?", help="host:port of a pdserve gRPC service "
                                                    "(default: the port in --ready-file, on 127.0.0.1)")
     parser.add_argument("--ready-file", default=os.environ.get("PDSERVE_READY_FILE", ""),
@@ -72,7 +72,7 @@ def address_in_ready_file(path: Path) -> str | None:
 def probe_credentials(environ) -> grpc.ChannelCredentials | None:
     if not environ.get("PDSERVE_TLS_CERT_FILE"):
         return None
-    from services.common.tls import channel_credentials
+    from services.tls.credentials import channel_credentials
 
     ca_file = environ.get("PDSERVE_TLS_CA_FILE") or environ.get("PDSERVE_INSTANCE_TLS_CA_FILE")
     return channel_credentials(ca_file, environ["PDSERVE_TLS_CERT_FILE"], environ.get("PDSERVE_TLS_KEY_FILE"))

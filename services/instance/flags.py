@@ -1,7 +1,7 @@
 """Command-line flags of an engine instance: one per InstanceSettings field.
 
 Every settings field `some_name` becomes flag `--some-name`, variable `PDSERVE_SOME_NAME` and
-key `some_name` of the `--config` TOML file (services.common.settings_base); `--help` shows
+key `some_name` of the `--config` TOML file (services.settings.service_settings); `--help` shows
 the variable and the documented default. An entry point that serves one fixed role (prefill)
 omits `--role`; one that serves several offers it with those choices.
 """
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from shared.errors import ConfigurationError
 
-from services.common.settings import InstanceSettings
-from services.common.settings_flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
+from services.instance.settings import InstanceSettings
+from services.settings.flags import add_config_flag, add_settings_flags, flag_name, settings_from_args
 
 __all__ = ["build_parser", "env_name", "flag_name", "parse_settings"]
 

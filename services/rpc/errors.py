@@ -21,7 +21,7 @@ import grpc
 from shared.engine_api.client import CapacityError, EngineDeadError, RequestFailedError
 from shared.errors import REQUEST_FAILED_METADATA_KEY, ConfigurationError, InternalError, InvalidRequestError
 
-from services.common.bounded_text import bounded
+from services.rpc.bounded_text import bounded
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 offline`, `pdserve profile`, the profiler's busy neighbour, the benchmarks through
 benchmarks/engine_flags.py): each field's instance flag (`--num-threads`), type, choices and
 description, generated from shared.engine_args.EngineArgs instead of written by hand. Unlike an
-instance's flags (services.common.settings_flags) they read no PDSERVE_* variable or file: a
+instance's flags (services.settings.flags) they read no PDSERVE_* variable or file: a
 flag left out is the field's default, or the command's own.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.engine_args import EngineArgs
 
-from services.common.settings_flags import argument_kind, flag_name
+from services.settings.flags import argument_kind, flag_name
 
 # The parsed namespace's attribute listing the EngineArgs fields this command has flags for.
 ENGINE_FLAGS_DEST = "pdserve_engine_flags"

@@ -3,7 +3,7 @@
 A settings class (a ServiceSettings) declares each setting as a field with a description.
 `load_settings` fills it from, highest precedence first:
 
-    1. command-line flags     --kv-cache-memory-gb 2           (services.common.settings_flags)
+    1. command-line flags     --kv-cache-memory-gb 2           (services.settings.flags)
     2. environment variables  PDSERVE_KV_CACHE_MEMORY_GB=2     (the class's prefix + the name)
     3. a TOML settings file   --config FILE  holding  kv_cache_memory_gb = 2
     4. the documented default
@@ -13,6 +13,9 @@ shared.engine_args.EngineArgs, nested in InstanceSettings as `engine`): each set
 group is still a flag, a variable and a file key of its own, flat (`--block-size`,
 PDSERVE_BLOCK_SIZE, `block_size = 16`), and so is a keyword of the constructor
 (`InstanceSettings(block_size=8)` fills `settings.engine.block_size`).
+A field marked `settings_group(only, ...)` holds some of its class's settings only, under
+variables of its own prefix: `pdserve up` takes the engine settings it passes on to every
+instance that way (`UpSettings.engine`, variables PDSERVE_MODEL, ... as the instances').
 
 Constructing a settings class directly (`InstanceSettings(role="prefill")`, as tests and
 benchmarks do) reads neither the environment nor a file: only its arguments and the defaults.
@@ -35,12 +38,29 @@ from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, Setting
 
 from shared.errors import ConfigurationError, InvalidRequestError
 
-from services.common.bounded_text import bounded
+from services.rpc.bounded_text import bounded
 
 ENV_PREFIX = "PDSERVE_"
 # json_schema_extra of a field holding a group of settings, each a setting of its own (above); the
 # group's class lists them in `setting_names()` and describes them in its own fields.
 SETTINGS_GROUP = {"settings": "group"}
+
+
+def settings_group(only: Iterable[str], env_prefix: str = ENV_PREFIX,
+                   env_names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """json_schema_extra of a field holding the settings `only` of its group's class, each read
+    from the variable `env_prefix` + its name, or the one `env_names` gives it."""
+    return {**SETTINGS_GROUP, "only": list(only), "env_prefix": env_prefix, "env_names": dict(env_names or {})}
+
+
+def _is_group(info: FieldInfo) -> bool:
+    extra = info.json_schema_extra
+    return isinstance(extra, dict) and extra.get("settings") == SETTINGS_GROUP["settings"]
+
+
+def _group_settings(info: FieldInfo) -> tuple[str, ...]:
+    """The names of the settings a group field holds."""
+    return tuple(info.json_schema_extra.get("only") or info.annotation.setting_names())
 
 
 @dataclass(frozen=True)
@@ -81,25 +101,31 @@ class ServiceSettings(BaseSettings):
     def env_name(cls, name: str) -> str:
         """The environment variable of setting `name`."""
         alias = cls.setting_fields()[name].validation_alias
-        return alias if isinstance(alias, str) else cls.model_config["env_prefix"] + name.upper()
+        if isinstance(alias, str):
+            return alias
+        for info in cls.model_fields.values():
+            if _is_group(info) and name in _group_settings(info):
+                extra = info.json_schema_extra
+                prefix = extra.get("env_prefix", cls.model_config["env_prefix"])
+                return extra.get("env_names", {}).get(name) or prefix + name.upper()
+        return cls.model_config["env_prefix"] + name.upper()
 
     @classmethod
     def setting_fields(cls) -> dict[str, FieldInfo]:
         """Every setting, in order: the class's own fields, each group's settings in its place."""
         settings = {}
         for name, info in cls.model_fields.items():
-            if info.json_schema_extra != SETTINGS_GROUP:
+            if not _is_group(info):
                 settings[name] = info
                 continue
             group_fields = info.annotation.__pydantic_fields__
-            settings.update((setting, group_fields[setting]) for setting in info.annotation.setting_names())
+            settings.update((setting, group_fields[setting]) for setting in _group_settings(info))
         return settings
 
     @classmethod
     def settings_groups(cls) -> dict[str, tuple[str, ...]]:
         """Each group field's name -> the names of its settings."""
-        return {name: info.annotation.setting_names() for name, info in cls.model_fields.items()
-                if info.json_schema_extra == SETTINGS_GROUP}
+        return {name: _group_settings(info) for name, info in cls.model_fields.items() if _is_group(info)}
 
     @model_validator(mode="before")
     @classmethod

@@ -25,7 +25,7 @@ from shared.memory.idle_trim import HeapTrimmer, TrimPolicy
 from shared.model.cpu_budget import default_num_threads
 from shared.model.cpu_runtime import ONEDNN_CACHE_CAPACITY_VARIABLE
 from shared.model.default_model import resolve_model
-from services.common.settings import InstanceSettings
+from services.instance.settings import InstanceSettings
 
 if TYPE_CHECKING:
     from shared.engine.llm import LLM

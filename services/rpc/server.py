@@ -19,10 +19,10 @@ from shared.errors import ConfigurationError
 from shared.hosts import host_port
 from shared.pb.pdserve.v1 import instance_pb2, instance_pb2_grpc
 
-from services.common.grpc_limits import message_size_options
-from services.common.malformed_requests import MalformedRequestInterceptor
-from services.common.tracing_interceptors import server_interceptors
-from services.common.reflection import enable_reflection
+from services.rpc.malformed_requests import MalformedRequestInterceptor
+from services.rpc.message_limits import message_size_options
+from services.rpc.tracing_interceptors import server_interceptors
+from services.rpc.reflection import enable_reflection
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class GrpcServer:
                  credentials: grpc.ServerCredentials | None = None, *, port_setting: str = "port",
                  options: Sequence[tuple[str, int]] = (), interceptors: Sequence = ()):
         """`add_servicer(server)` registers the service's servicer; `credentials`: TLS
-        (services.common.tls), None: plain TCP; `port_setting` names the setting a taken port
+        (services.tls.credentials), None: plain TCP; `port_setting` names the setting a taken port
         is blamed on."""
         self.server = grpc.aio.server(options=[NO_PORT_SHARING, *options], interceptors=list(interceptors))
         add_servicer(self.server)
@@ -117,7 +117,7 @@ def instance_grpc_server(servicer: instance_pb2_grpc.InstanceServicer, host: str
                          credentials: grpc.ServerCredentials | None = None,
                          keepalive: Sequence[tuple[str, int]] = ()) -> GrpcServer:
     """An instance's server: the Instance service, internal message limits, requests that must
-    arrive whole (services.common.malformed_requests), `keepalive` (keepalive_options)."""
+    arrive whole (services.rpc.malformed_requests), `keepalive` (keepalive_options)."""
     return GrpcServer(INSTANCE_SERVICE_NAME, lambda server: instance_pb2_grpc.add_InstanceServicer_to_server(
                           servicer, server),
                       host, port, credentials, port_setting="grpc_port",

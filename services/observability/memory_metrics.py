@@ -10,7 +10,7 @@ from shared.model.cpu_runtime import onednn_cache_capacity
 
 class InstanceMemory:
     def __init__(self, runtime):
-        self.runtime = runtime  # services.common.runtime.InstanceRuntime
+        self.runtime = runtime  # services.instance.runtime.InstanceRuntime
         info = runtime.engine.info
         self.weights = info.weight_bytes
         self.kv_pool = info.kv_pool_bytes

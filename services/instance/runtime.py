@@ -32,19 +32,19 @@ from shared.engine_api.client import EngineClient, EngineDeadError
 from shared.errors import ConfigurationError, InvalidRequestError
 from shared.hosts import host_port, is_wildcard
 from shared.pb.pdserve.v1 import instance_pb2 as pb
-from services.common.engine_restart import RestartBudget
-from services.common.engine_setup import start_engine
-from services.common.grpc_server import GrpcServer, instance_grpc_server, keepalive_options
-from services.common.metrics import InstanceMetrics
-from services.common.peer_handler import PeerHandler
-from services.common.presence import ClusterPresence
-from services.common.ready_file import write_ready_file
-from services.common.role import RoleHandlers
-from services.common.servicer import InstanceServicer
-from services.common.lora_adapters import AdapterTable
-from services.common.settings import InstanceSettings, lora_config, parse_lora_modules
-from services.common.status import status_to_proto
-from services.common.tls import instance_credentials
+from services.instance.engine_restart import RestartBudget
+from services.instance.engine_setup import start_engine
+from services.instance.lora_adapters import AdapterTable
+from services.instance.peer_handler import PeerHandler
+from services.instance.presence import ClusterPresence
+from services.instance.role import RoleHandlers
+from services.instance.servicer import InstanceServicer
+from services.instance.settings import InstanceSettings, lora_config, parse_lora_modules
+from services.instance.status import status_to_proto
+from services.observability.instance_metrics import InstanceMetrics
+from services.rpc.ready_file import write_ready_file
+from services.rpc.server import GrpcServer, instance_grpc_server, keepalive_options
+from services.tls.credentials import instance_credentials
 
 logger = logging.getLogger(__name__)
 

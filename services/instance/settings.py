@@ -1,5 +1,5 @@
 """InstanceSettings: every setting of an engine instance, each a CLI flag, a PDSERVE_* variable
-and a key of the optional TOML settings file (services.common.settings_base).
+and a key of the optional TOML settings file (services.settings.service_settings).
 
 Flag `--kv-cache-memory-gb` is variable `PDSERVE_KV_CACHE_MEMORY_GB` and file key
 `kv_cache_memory_gb`, and so on for every field below and every field of the engine's
@@ -30,10 +30,10 @@ from shared.logging_setup import LOG_FORMATS
 from shared.lora.config import LoRAConfig
 from shared.lora.request import validate_adapter_name
 
-from services.common.redis_client import RedisClientSettings
-from services.common.settings_base import SETTINGS_GROUP, ServiceSettings
-from services.common.settings_flags import MANY_VALUES
-from services.common.tracing_setup import TracingSettings
+from services.observability.tracing_setup import TracingSettings
+from services.settings.flags import MANY_VALUES
+from services.settings.redis_client import RedisClientSettings
+from services.settings.service_settings import SETTINGS_GROUP, ServiceSettings
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ENGINE_CORE_PLACES = ("process", "thread")

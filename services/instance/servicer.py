@@ -15,12 +15,12 @@ import grpc
 
 from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import generation_pb2, instance_pb2 as pb, instance_pb2_grpc
-from services.common.errors import ServiceError, rpc_errors
+from services.rpc.errors import ServiceError, rpc_errors
 
 
 class InstanceServicer(instance_pb2_grpc.InstanceServicer):
     def __init__(self, runtime):
-        self.runtime = runtime  # services.common.runtime.InstanceRuntime
+        self.runtime = runtime  # services.instance.runtime.InstanceRuntime
 
     def _handler(self, kind: str, method: str, is_new_work: bool):
         handlers = self.runtime.handlers

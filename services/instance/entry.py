@@ -13,11 +13,11 @@ from shared.logging_setup import configure_logging as configure_log_output
 from shared.errors import ConfigurationError
 from shared.tracing import shutdown_tracing
 from shared.kv_transfer.ucx.lifecycle import reset_ucx
-from services.common.flags import flag_name, parse_settings
-from services.common.role import RoleHandlers
-from services.common.runtime import InstanceRuntime, new_instance_id
-from services.common.settings import InstanceSettings
-from services.common.tracing_setup import start_tracing
+from services.instance.flags import flag_name, parse_settings
+from services.instance.role import RoleHandlers
+from services.instance.runtime import InstanceRuntime, new_instance_id
+from services.instance.settings import InstanceSettings
+from services.observability.tracing_setup import start_tracing
 
 logger = logging.getLogger(__name__)
 

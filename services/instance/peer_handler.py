@@ -11,8 +11,8 @@ from shared.engine_api.client import NOT_HELD_FIELD, CachedSend
 from shared.errors import InvalidRequestError
 from shared.kv_transfer.address import parse_address
 from shared.pb.pdserve.v1 import instance_pb2 as pb
-from services.common.errors import ServiceError
-from services.common.role import RoleHandler
+from services.instance.role import RoleHandler
+from services.rpc.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 

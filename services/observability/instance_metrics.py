@@ -17,8 +17,8 @@ from shared.metrics.families import FamilyMaker
 from shared.metrics.registry import new_registry
 from shared.metrics.request_latency import RequestLatencyTracker
 from shared.kv_transfer.types import KVTransferCounts
-from services.common.memory_metrics import InstanceMemory
-from services.common.metrics_server import MetricsServer
+from services.observability.memory_metrics import InstanceMemory
+from services.observability.metrics_server import MetricsServer
 
 METRICS_OFF = -1
 
@@ -27,7 +27,7 @@ class RoleCollector(Collector):
     """Counters of the role handlers and the Redis presence, read at scrape time."""
 
     def __init__(self, runtime, labels: dict[str, str]):
-        self.runtime = runtime  # services.common.runtime.InstanceRuntime
+        self.runtime = runtime  # services.instance.runtime.InstanceRuntime
         self.make = FamilyMaker(labels)
 
     def collect(self) -> Iterator:

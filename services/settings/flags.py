@@ -1,4 +1,4 @@
-"""Command-line flags for settings classes (services.common.settings_base).
+"""Command-line flags for settings classes (services.settings.service_settings).
 
 Setting `some_name` is flag `--some-name`; `--help` shows its description, its environment
 variable and its default. A flag left out stays out of the parsed namespace (argparse's
@@ -14,7 +14,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from services.common.settings_base import ServiceSettings, load_settings
+from services.settings.service_settings import ServiceSettings, load_settings
 
 # json_schema_extra of a tuple setting given as one comma-separated value, not a repeated flag.
 ONE_VALUE = {"flag": "one value"}

@@ -20,9 +20,9 @@ from shared.cluster.prefix_index import PrefixIndex
 from shared.cluster.task_stop import stop_task
 from shared.cluster.tier_board import TierBoard
 from shared.engine_api.client import EngineClient
-from services.common.prefix_publisher import PrefixPublisher
-from services.common.redis_client import redis_client
-from services.common.settings import InstanceSettings
+from services.instance.prefix_publisher import PrefixPublisher
+from services.instance.settings import InstanceSettings
+from services.settings.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

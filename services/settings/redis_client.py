@@ -21,7 +21,7 @@ from pydantic import Field
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from services.common.settings_base import ServiceSettings
+from services.settings.service_settings import ServiceSettings
 
 # Backoff between a command's retries: 10 ms doubling, at most 0.1 s (an operation is bounded
 # by the socket timeout anyway).
