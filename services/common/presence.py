@@ -35,6 +35,7 @@ def instance_load(engine: EngineClient) -> InstanceLoad:
     """The load a heartbeat reports; reservations count as queued work."""
     load = engine.load()
     return InstanceLoad(queue_depth=load.num_waiting + load.num_reserved, num_running_requests=load.num_running,
+                        num_prefilling=load.num_prefilling,
                         num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks,
                         resident_lora_adapters=tuple(load.resident_lora_adapters))
 

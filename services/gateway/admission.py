@@ -7,7 +7,7 @@ waiting for a first token stay under `max_queued_per_instance` times the live in
 compute prompts (prefill instances; colocated ones when no prefill instance is live).
 
 The waiting prompts are counted twice and the larger count wins: the pool's own (each prompt
-instance's queued + running prompts at its last heartbeat, which includes the other gateways'
+instance's queued prompts and running ones without a first token at its last heartbeat, which includes the other gateways'
 requests) and this gateway's requests still waiting for their first token (exact, without the
 heartbeats' lag, so a burst cannot overshoot). A request over the limit fails at once with
 RESOURCE_EXHAUSTED (HTTP 429), a message naming the limit, and a Retry-After of about one turn
@@ -35,14 +35,15 @@ MAX_RETRY_AFTER_S = 60.0
 
 
 def prompt_pool(listing: Iterable[tuple[InstanceInfo, InstanceLoad]]) -> tuple[int, int]:
-    """(live instances that compute prompts, prompts queued or running on them by their heartbeats):
-    the prefill pool, or the colocated instances when no prefill instance is live."""
+    """(live instances that compute prompts, prompts queued or being prefilled on them by their
+    heartbeats): the prefill pool, or the colocated instances when no prefill instance is live. A
+    colocated instance's decoding requests are not waiting for a first token and do not count."""
     by_role: dict[str, list[InstanceLoad]] = {role: [] for role in PROMPT_ROLES}
     for info, load in listing:
         if info.role in by_role:
             by_role[info.role].append(load)
     loads = by_role["prefill"] or by_role["colocated"]
-    return len(loads), sum(load.queue_depth + load.num_running_requests for load in loads)
+    return len(loads), sum(load.queue_depth + load.num_prefilling for load in loads)
 
 
 class Ticket:

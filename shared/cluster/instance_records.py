@@ -91,6 +91,9 @@ class InstanceLoad:
     # The LoRA adapters it holds in memory now (a subset of InstanceInfo.lora_adapters' names,
     # sorted): gateways prefer these instances for the adapter's requests.
     resident_lora_adapters: tuple[str, ...] = ()
+    # Of the running requests, those still without a first token (prompts being computed); the
+    # others are decoding. Gateways shed load on queue_depth + num_prefilling of the prompt pool.
+    num_prefilling: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.resident_lora_adapters, tuple) or not all(
@@ -109,6 +112,7 @@ class InstanceLoad:
 
 
 _COUNT_FIELDS = tuple(f for f in fields(InstanceLoad) if f.name != "resident_lora_adapters")
+_NEWER_COUNT_FIELDS = ("num_prefilling",)  # may be absent from the records of older instances
 _OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters", "state")
 _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
@@ -139,6 +143,9 @@ def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, Instance
                         lora_adapters=tuple(sorted((str(name), str(key)) for name, key in adapters.items())),
                         state=hash_fields.get("state", SERVING))
     resident = json.loads(hash_fields.get("resident_lora_adapters", "[]"))  # absent from older records
-    load = InstanceLoad(**{f.name: int(hash_fields[f.name]) for f in _COUNT_FIELDS},
-                        resident_lora_adapters=tuple(sorted(str(name) for name in resident)))
+    counts = {f.name: int(hash_fields[f.name]) for f in _COUNT_FIELDS if f.name not in _NEWER_COUNT_FIELDS}
+    # An instance of an older release reports no num_prefilling: count all its running
+    # requests as prefilling, as gateways of that release did.
+    counts["num_prefilling"] = int(hash_fields.get("num_prefilling", counts["num_running_requests"]))
+    load = InstanceLoad(**counts, resident_lora_adapters=tuple(sorted(str(name) for name in resident)))
     return info, load

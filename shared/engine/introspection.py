@@ -31,8 +31,10 @@ def engine_info(core: EngineCore) -> EngineInfo:
 def engine_load(core: EngineCore) -> EngineLoad:
     scheduler, pool = core.scheduler, core.block_pool
     resident = core.adapters.names_of(core.executor.resident_lora_ids())
+    num_prefilling = sum(1 for request in scheduler.running
+                         if request.num_output_tokens <= request.num_resumed_output_tokens)
     return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.waiting_for_remote_kv),
-                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)))
+                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)), num_prefilling)
 
 
 def engine_status(core: EngineCore) -> EngineStatus:

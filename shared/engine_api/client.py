@@ -1,11 +1,10 @@
 """The typed engine API that services use, and nothing else (issue 9).
 
-Two implementations share this protocol:
-- an in-thread client (the engine steps on a thread of the service process; tests, offline
-  tools), and
-- the engine-core process client: the scheduler, executor and KV connector run in a child
-  process, reached over ZeroMQ with typed msgspec messages; the service process keeps
-  tokenization, detokenization, stop strings and streaming.
+One implementation (shared.engine.frontend.EngineFrontend) serves this protocol over two core
+transports: the scheduler, executor and KV connector step on a thread of the service process
+(AsyncEngine; tests, offline tools) or in a child process (CoreProcessClient), reached over
+ZeroMQ with typed msgspec messages either way; the client keeps detokenization, stop strings
+and streaming on the service's event loop.
 
 A service never reaches past this API into the executor, block pool, KV cache or scheduler,
 and never runs arbitrary functions on the engine's thread. Everything below crosses a process
@@ -121,6 +120,10 @@ class EngineLoad:
     # Names of the LoRA adapters the model runner holds in memory (a request for one of them
     # skips reading it from disk), sorted.
     resident_lora_adapters: tuple[str, ...] = ()
+    # Running requests still without a first token (their prompt is being computed): with
+    # num_waiting, the prompts a gateway's admission limit counts. A colocated instance's other
+    # running requests are decoding and do not count.
+    num_prefilling: int = 0
 
 
 @dataclass(frozen=True)
@@ -199,17 +202,18 @@ class KVCacheEvents:
 
 
 class OutputObserver(Protocol):
-    """Sees plain outputs, never engine state; must be quick (the in-thread client calls it on
-    the engine thread)."""
+    """Sees plain outputs, never engine state; must be quick (the client calls it on its event
+    loop, in the order below: see shared.engine.frontend)."""
 
     def on_start(self, request_id: str) -> None:
-        """A streamed request was added (or, decode role, started from its reservation)."""
+        """The engine took a streamed request (or, decode role, started it from its
+        reservation): called before its first outputs; never for a request it refused."""
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
         """Outputs about to be streamed."""
 
     def on_stop(self, request_id: str) -> None:
-        """The request's stream closed, finished or not."""
+        """The request's stream closed, finished or not (once per on_start)."""
 
 
 class EngineClient(Protocol):

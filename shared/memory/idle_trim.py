@@ -16,8 +16,8 @@ any of it back, so the trimmer has two triggers:
 Trimming is malloc_trim(0) (shared.memory.malloc_stats): free whole pages inside the heaps go
 back to the kernel; the next steps that reuse them pay the page faults once.
 
-`HeapTrimmer.on_loop(is_idle)` is what an engine loop calls on every iteration (AsyncEngine's
-engine thread, or the engine-core process's loop): a clock read when it is not time to look,
+`HeapTrimmer.on_loop(is_idle)` is what the engine core's loop calls on every iteration (on
+the engine thread, or in the engine-core process): a clock read when it is not time to look,
 mallinfo2 plus /proc/self/statm when it is.
 """
 

@@ -1,7 +1,8 @@
 """RequestLatencyTracker: request latencies as the engine sees them, as real histograms.
 
-Plugged into AsyncEngine as its OutputObserver, so every hook runs on the engine thread:
-  arrival          the engine request's creation (add_request; Reserve on a decode instance)
+Plugged into the engine client as its OutputObserver, so every hook runs on its event loop:
+  arrival          the request's arrival at the engine client (its stream opening; Reserve
+                   on a decode instance)
   queue time       arrival -> the first step that scheduled it (not on a decode instance,
                    whose prompt is computed elsewhere)
   time to first    arrival -> the first output carrying a token (on a decode instance, the

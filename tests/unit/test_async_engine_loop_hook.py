@@ -5,7 +5,8 @@ any command arriving, and a hook that raises never stops the engine."""
 import asyncio
 import threading
 
-from shared.engine import LLM, SamplingParams, async_engine as async_engine_module
+from shared.engine import LLM, SamplingParams
+from shared.engine.core_process import core_loop
 from shared.engine.async_engine import AsyncEngine
 from shared.engine_api.client import GenerateRequest
 
@@ -36,7 +37,7 @@ def test_the_hook_sees_the_engine_busy_then_idle(tiny_llama_folder):
 
 
 def test_an_idle_engine_keeps_calling_the_hook_with_no_command(tiny_llama_folder, monkeypatch):
-    monkeypatch.setattr(async_engine_module, "IDLE_WAKE_S", 0.01)
+    monkeypatch.setattr(core_loop, "IDLE_POLL_MS", 10)
     idle_calls = []
     woke_again = threading.Event()
 

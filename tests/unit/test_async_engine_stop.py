@@ -1,5 +1,5 @@
 """A call to the engine thread never waits forever: once the thread is stopped or has failed,
-calls queued for it (or made after) get EngineDeadError."""
+calls waiting for it (or made after) get EngineDeadError."""
 
 import asyncio
 
@@ -7,6 +7,7 @@ import pytest
 
 from shared.engine import LLM
 from shared.engine.async_engine import AsyncEngine, EngineDeadError
+from shared.engine_api.client import CachedSend
 
 
 def test_a_call_after_stop_fails_instead_of_waiting_forever(tiny_llama_folder):
@@ -23,19 +24,22 @@ def test_a_call_after_stop_fails_instead_of_waiting_forever(tiny_llama_folder):
     asyncio.run(scenario())
 
 
-def test_calls_queued_when_the_engine_thread_fails_get_its_error(tiny_llama_folder, monkeypatch):
+def test_calls_waiting_when_the_engine_thread_fails_get_its_error(tiny_llama_folder, monkeypatch):
     async_engine = AsyncEngine(LLM(model=str(tiny_llama_folder), dtype="float32", num_blocks=8).engine)
-
-    def dies_before_serving(block):
+    def dies_while_a_call_waits(*args):
         raise MemoryError("engine thread died (injected)")
-    monkeypatch.setattr(async_engine, "_run_commands", dies_before_serving)
+    monkeypatch.setattr(async_engine.transport.core, "send_cached", dies_while_a_call_waits)
 
     async def scenario():
-        queued = asyncio.ensure_future(async_engine.status())  # queued before the thread runs
-        await asyncio.sleep(0)
         await async_engine.start()
-        with pytest.raises(EngineDeadError, match="injected"):
-            await asyncio.wait_for(queued, 30)
+        send = CachedSend("r", (1, 2), None, 0, "memory:none", (0,), b"")
+        waiting = asyncio.ensure_future(async_engine.send_cached(send))  # the thread dies running it
+        status = asyncio.ensure_future(async_engine.status())  # queued behind it
+        for call in (waiting, status):
+            with pytest.raises(EngineDeadError, match="the engine thread failed: MemoryError: .*injected"):
+                await asyncio.wait_for(call, 30)
         assert not async_engine.is_alive
+        with pytest.raises(EngineDeadError, match="injected"):
+            await async_engine.status()
         await async_engine.stop()
     asyncio.run(scenario())

@@ -66,6 +66,14 @@ def test_encoding_round_trips_without_redis():
     assert decode_cache_settings({"role": "decode"}) is None
 
 
+def test_a_record_of_an_older_release_counts_its_running_requests_as_prefilling():
+    load = InstanceLoad(queue_depth=1, num_running_requests=5, num_free_blocks=3, num_total_blocks=4, num_prefilling=2)
+    fields = encode_instance(make_info("d0"), load)
+    assert decode_instance(fields)[1] == load
+    del fields["num_prefilling"]  # written by a release without the field
+    assert decode_instance(fields)[1].num_prefilling == 5
+
+
 @pytest.mark.parametrize("field, change", [
     ("cache.block_size", {"block_size": 0}),
     ("cache.tensor_parallel_size", {"tensor_parallel_size": True}),

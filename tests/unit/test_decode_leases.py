@@ -71,7 +71,7 @@ def test_the_kv_may_arrive_again_until_decode_takes_the_reservation(tiny_llama_f
             outputs = [output async for output in stream]
             assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 4
             assert "request_id" in await prefill(engine, "p3", reservation)  # no longer received
-            assert engine.load().num_free_blocks == engine.info.num_blocks
+            assert (await engine.status()).load.num_free_blocks == engine.info.num_blocks  # a round trip
         finally:
             await engine.stop()
     asyncio.run(scenario())
@@ -98,7 +98,7 @@ def test_a_lease_that_runs_out_in_the_engine_ends_here_and_frees_everything(tiny
             with pytest.raises(ServiceError, match="no reservation for 'r2'"):
                 await leases.wait_for_kv("r2")
             assert await leases.release("r1")
-            assert engine.load().num_free_blocks == engine.info.num_blocks
+            assert (await engine.status()).load.num_free_blocks == engine.info.num_blocks  # a round trip
         finally:
             await engine.stop()
     asyncio.run(scenario())

@@ -34,13 +34,20 @@ def info(instance_id: str, role: str) -> InstanceInfo:
 
 
 def test_the_prompt_pool_is_the_prefill_instances_else_the_colocated_ones():
-    listing = [(info("p0", "prefill"), InstanceLoad(queue_depth=3, num_running_requests=1)),
+    listing = [(info("p0", "prefill"), InstanceLoad(queue_depth=3, num_running_requests=1, num_prefilling=1)),
                (info("p1", "prefill"), InstanceLoad(queue_depth=2)),
                (info("d0", "decode"), InstanceLoad(queue_depth=9, num_running_requests=9)),
                (info("c0", "colocated"), InstanceLoad(queue_depth=7))]
     assert prompt_pool(listing) == (2, 6)
     assert prompt_pool(listing[2:]) == (1, 7)
     assert prompt_pool(listing[2:3]) == (0, 0)
+
+
+def test_a_colocated_instances_decoding_requests_do_not_wait_for_a_first_token():
+    busy = InstanceLoad(queue_depth=1, num_running_requests=30, num_prefilling=2)  # 28 of them decode
+    assert prompt_pool([(info("c0", "colocated"), busy)]) == (1, 3)
+    admission = Admission(max_queued_per_instance=16)
+    admission.admit(*prompt_pool([(info("c0", "colocated"), busy)]))  # admitted: 3 of 16 wait
 
 
 def test_requests_are_shed_at_the_limit_per_instance_and_admitted_once_one_gets_its_token():

@@ -134,6 +134,17 @@ class BlockedCompiles:
         monkeypatch.setattr(cache, "_compile_uncached", blocked)
 
 
+async def running(async_engine: AsyncEngine, scenario, release: threading.Event | None = None):
+    """`scenario()` with the engine started; compilations held back are released in the end."""
+    await async_engine.start()
+    try:
+        return await scenario()
+    finally:
+        if release is not None:
+            release.set()
+        await async_engine.stop()
+
+
 async def collect(async_engine: AsyncEngine, request_id: str, prompt, params: SamplingParams):
     output = None
     async for output in async_engine.generate(GenerateRequest(request_id, tuple(prompt), params)):
@@ -145,7 +156,6 @@ def test_a_slow_compilation_never_stalls_other_requests(tiny_llama_folder, monke
     llm = make_llm(tiny_llama_folder)
     blocked = BlockedCompiles(llm.engine.core.guided.grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
-    asyncio.run(async_engine.start())
 
     async def scenario():
         guided_task = asyncio.create_task(collect(async_engine, "guided", PROMPTS[0],
@@ -157,11 +167,7 @@ def test_a_slow_compilation_never_stalls_other_requests(tiny_llama_folder, monke
         blocked.release.set()
         return await guided_task
 
-    try:
-        guided = asyncio.run(scenario())
-    finally:
-        blocked.release.set()
-        asyncio.run(async_engine.stop())
+    guided = asyncio.run(running(async_engine, scenario, blocked.release))
     assert re.fullmatch("[0-9]{4}", decode(guided.token_ids))
     assert_pool_is_whole(llm)
 
@@ -170,14 +176,13 @@ def test_a_compilation_over_the_time_limit_is_refused(tiny_llama_folder, monkeyp
     llm = make_llm(tiny_llama_folder, compile_timeout_s=0.05)
     blocked = BlockedCompiles(llm.engine.core.guided.grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
-    asyncio.run(async_engine.start())
     params = SamplingParams(max_tokens=8, guided=DIGITS)
-    try:
+
+    async def scenario():
         with pytest.raises(InvalidRequestError, match="^guided.regex: took longer than 0.05 s to compile"):
-            asyncio.run(collect(async_engine, "slow", PROMPTS[0], params))
-    finally:
-        blocked.release.set()
-        asyncio.run(async_engine.stop())
+            await collect(async_engine, "slow", PROMPTS[0], params)
+
+    asyncio.run(running(async_engine, scenario, blocked.release))
     assert not llm.engine.has_unfinished_requests()
     assert_pool_is_whole(llm)
 
@@ -185,19 +190,18 @@ def test_a_compilation_over_the_time_limit_is_refused(tiny_llama_folder, monkeyp
 def test_a_request_failure_reaches_its_stream_and_the_engine_serves_on(tiny_llama_folder):
     llm = make_llm(tiny_llama_folder)
     async_engine = AsyncEngine(llm.engine)
-    asyncio.run(async_engine.start())
     params = SamplingParams(temperature=0, max_tokens=8, guided=DIGITS)
 
-    add_request = llm.engine.add_request
+    add_request = llm.engine.core.add_request
 
-    def add_failing_after_one_token(prompt, params, request_id, *args):
+    def add_failing_after_one_token(request_id, *args):
         # Breaks on the engine thread before any step: fails on its second token whatever the
         # timing (breaking it later, from the test, raced the request to its natural end).
-        added = add_request(prompt, params, request_id, *args)
-        for request in llm.engine.requests_of(request_id) if request_id == "bad" else ():
+        added = add_request(request_id, *args)
+        for request in added if request_id == "bad" else ():
             request.guided_matcher = FailsAfterAccepting(request.guided_matcher, num_accepted=1)
         return added
-    llm.engine.add_request = add_failing_after_one_token  # white box: fault injection
+    llm.engine.core.add_request = add_failing_after_one_token  # white box: fault injection
 
     async def scenario():
         stream = async_engine.generate(GenerateRequest("bad", tuple(PROMPTS[0]), params))
@@ -208,10 +212,7 @@ def test_a_request_failure_reaches_its_stream_and_the_engine_serves_on(tiny_llam
                 pass
         return first, await collect(async_engine, "good", PROMPTS[1], params)
 
-    try:
-        _, good = asyncio.run(scenario())
-    finally:
-        asyncio.run(async_engine.stop())
+    _, good = asyncio.run(running(async_engine, scenario))
     assert good.outputs[0].finish_reason == "stop" and re.fullmatch("[0-9]{4}", decode(good.token_ids))
     assert async_engine.error is None  # the engine thread itself never failed
     assert_pool_is_whole(llm)
@@ -239,7 +240,6 @@ def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_lla
     grammars = llm.engine.core.guided.grammars
     blocked = BlockedCompiles(grammars, monkeypatch)
     async_engine = AsyncEngine(llm.engine)
-    asyncio.run(async_engine.start())
     params = SamplingParams(temperature=0, max_tokens=8, guided=DIGITS)
 
     async def scenario():
@@ -249,11 +249,7 @@ def test_requests_for_a_constraint_being_compiled_share_one_compilation(tiny_lla
         blocked.release.set()
         return await asyncio.gather(*tasks)
 
-    try:
-        outputs = asyncio.run(scenario())
-    finally:
-        blocked.release.set()
-        asyncio.run(async_engine.stop())
+    outputs = asyncio.run(running(async_engine, scenario, blocked.release))
     assert all(re.fullmatch("[0-9]{4}", decode(output.token_ids)) for output in outputs)
     assert grammars.num_misses == 1
     assert_pool_is_whole(llm)

@@ -81,7 +81,7 @@ def test_an_engine_failure_leaves_the_pool_and_reports_not_serving(redis_server,
 
             def dead_worker(*args, **kwargs):
                 raise RuntimeError("CUDA error: an illegal memory access (injected)")
-            monkeypatch.setattr(runtime.engine._engine.core.executor.runner, "model", dead_worker)  # fault injection
+            monkeypatch.setattr(runtime.engine.transport.core.executor.runner, "model", dead_worker)  # fault injection
             async with grpc.aio.insecure_channel(runtime.grpc_address) as channel:
                 call = InstanceStub(channel).Generate(pb.InstanceGenerateRequest(
                     request_id="doomed", prompt_token_ids=prompt_ids(10, 3), sampling=greedy(4)), timeout=TIMEOUT_S)
@@ -140,7 +140,7 @@ def test_cancelling_a_prefill_during_its_kv_transfer_frees_both_sides_at_once(re
             async def stuck_send(*args, **kwargs):
                 sending.set()
                 await asyncio.sleep(3600)
-            prefill.runtime.engine._engine.core.connector.sender.send = stuck_send  # white box: a send that hangs
+            prefill.runtime.engine.transport.core.connector.sender.send = stuck_send  # white box: a send that hangs
             reserved = await reserve(decode, "mid-transfer", prompt, greedy(4))
             call = prefill.stub.Prefill(prefill_request(reserved, "mid-transfer", prompt, sampling=greedy(4)),
                                         timeout=TIMEOUT_S)

@@ -24,7 +24,7 @@ from tests.unit.test_instance_services import (  # noqa: F401 - fixtures
 def hold_finished_sends(instance):
     """White box (in-thread engine): the prefill engine's connector reports no finished send
     until `release()` is called, as a slow network's sends would not end."""
-    connector = instance.runtime.engine._engine.core.connector  # noqa: SLF001
+    connector = instance.runtime.engine.transport.core.connector  # noqa: SLF001
     real_get_finished, held, is_holding = connector.get_finished, [], [True]
 
     def get_finished():

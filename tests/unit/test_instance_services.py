@@ -372,7 +372,7 @@ async def _status_if(instance: Instance, predicate):
 def test_a_reserve_past_its_deadline_leaves_nothing_reserved(redis_server, tiny_llama_folder):
     async def scenario():
         async with running(make_settings("decode", tiny_llama_folder, redis_server.url)) as decode:
-            engine = decode.runtime.engine._engine  # a test double: this reservation takes past the deadline
+            engine = decode.runtime.engine.transport.core  # a test double: this reservation takes past the deadline
             reserve_request = engine.reserve_request
             engine.reserve_request = lambda *args: (time.sleep(0.5), reserve_request(*args))[1]
             call = decode.stub.Reserve(pb.ReserveRequest(request_id="late", prompt_token_ids=prompt_ids(40, 17),

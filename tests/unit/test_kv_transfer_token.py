@@ -19,7 +19,7 @@ def test_a_transfer_without_the_reservations_token_writes_nothing(redis_server, 
         async with prefill_and_decode(tiny_llama_folder, redis_server.url) as (prefill, decode):
             reserved = await reserve(decode, "guarded", prompt, greedy(5))
             assert len(reserved.transfer_token) == 16
-            kv_cache = decode.runtime.engine._engine.core.executor.kv_cache  # white box: a canary in the cache
+            kv_cache = decode.runtime.engine.transport.core.executor.kv_cache  # white box: a canary in the cache
             block_ids = list(reserved.block_ids)
             kv_cache[:, :, block_ids] = 7.0  # a canary: any write shows
             for token in (b"", b"not-the-token-16", reserved.transfer_token[:-1] + b"\x00"):

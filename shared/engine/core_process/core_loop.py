@@ -1,4 +1,6 @@
-"""The engine-core process's loop: take the service's messages between steps, step, send.
+"""The engine core's loop: take the service's messages between steps, step, send. It runs
+in the engine-core process, or on a thread of the service process (shared.engine.thread_transport);
+either way it speaks the typed messages of shared.engine.core_process.messages over ZeroMQ.
 
 While requests run it never blocks: it drains whatever messages arrived, steps, and sends the
 step's token outputs with the load; the service detokenizes them while the next step runs.
@@ -6,8 +8,9 @@ Idle, it waits for a message or for the KV connector's wake-up (a transfer ended
 every `IDLE_POLL_MS` to trim memory, and by the next reservation's deadline (it times out
 then). Grammar compilation happens on worker threads (GuidedDecoding.prepare): a guided
 request waits outside the scheduler until its grammar is ready, while the others keep
-stepping. A failure of the engine as a whole (a forward pass) propagates: the caller reports
-it and the process exits.
+stepping (a reservation's grammar likewise, before it is made). A failure of the engine as a
+whole (a forward pass) propagates: the caller reports it and the core ends. A failing
+`on_loop` hook is logged, never the loop's failure.
 """
 
 import asyncio
@@ -30,7 +33,7 @@ from shared.engine.core_process.messages import (AbortRequests, AddRequest, Call
                                                  decode_service_message, encode)
 from shared.engine.core_process.request_spans import RequestSpans
 from shared.engine.engine_core import EngineCore
-from shared.engine.introspection import engine_info, engine_load, engine_memory, engine_status, kv_cache_events
+from shared.engine.introspection import engine_load, engine_memory, engine_status, kv_cache_events
 from shared.engine_api.client import KVReservation, ReservationEvent
 from shared.engine_api.errors import CapacityError
 from shared.errors import InvalidRequestError
@@ -52,7 +55,7 @@ class GrammarPreparer:
         self.core = core
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def submit(self, message: AddRequest) -> Future:
+    def submit(self, message: AddRequest | ReserveKV) -> Future:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="grammar-prepare", daemon=True).start()
@@ -70,10 +73,15 @@ class WakeupPipe:
         self.read_fd, self._write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self._write_fd, False)
+        self._lock = threading.Lock()
+        self._is_closed = False
 
     def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # already full: the loop wakes anyway
-            os.write(self._write_fd, b"w")
+        with self._lock:  # never a write to a closed (and maybe reused) descriptor
+            if self._is_closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # already full: the loop wakes anyway
+                os.write(self._write_fd, b"w")
 
     def drain(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -81,8 +89,10 @@ class WakeupPipe:
                 pass
 
     def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self._write_fd)
+        with self._lock:
+            self._is_closed = True
+            os.close(self.read_fd)
+            os.close(self._write_fd)
 
 
 class CoreLoop:
@@ -99,7 +109,7 @@ class CoreLoop:
         self.poller.register(self.wakeup.read_fd, zmq.POLLIN)
         if core.connector is not None:
             core.connector.set_wakeup(self.wakeup.wake)
-        self._compiling: dict[str, tuple[Future, AddRequest]] = {}
+        self._compiling: dict[str, tuple[Future, AddRequest | ReserveKV]] = {}
         # Each request's spans while tracing is on (None: off, nothing is tracked).
         self.spans = RequestSpans() if tracing_is_enabled() else None
         if self.spans is not None:
@@ -114,13 +124,18 @@ class CoreLoop:
             while not self._is_stopping:
                 self._run_once()
         finally:
+            if self.core.connector is not None:
+                self.core.connector.set_wakeup(lambda: None)
             self.preparer.stop()
             self.wakeup.close()
 
     def _run_once(self) -> None:
         is_stepping = self.core.scheduler.num_unfinished > 0
         if self.on_loop is not None:
-            self.on_loop(not is_stepping and not self._compiling)
+            try:
+                self.on_loop(not is_stepping and not self._compiling)
+            except Exception:  # noqa: BLE001 - memory trimming must not stop the engine
+                logger.exception("the engine loop's hook failed")
         timeout = 0 if is_stepping else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
         next_deadline_s = self.core.seconds_to_next_deadline()
         if next_deadline_s < timeout / 1000:
@@ -135,8 +150,9 @@ class CoreLoop:
         if outputs or events or changed or is_stepping:
             self._send(self._step_outputs(outputs, events))
         sent = self.core.finish_step_sends()  # after the first tokens above went out
-        if sent:
-            self._send(self._step_outputs(sent))
+        events = self.core.drain_reservation_events()  # a send that ended may have delivered KV here
+        if sent or events:
+            self._send(self._step_outputs(sent, events))
 
     def _send_transfers_ended(self) -> None:
         """KV that arrived or was sent while the last step ran, reported before the next step
@@ -185,6 +201,8 @@ class CoreLoop:
                 self._compiling[message.request_id] = (self.preparer.submit(message), message)
             else:
                 self._add(message)
+        elif isinstance(message, ReserveKV) and message.params.guided is not None:
+            self._compiling[message.request_id] = (self.preparer.submit(message), message)
         elif isinstance(message, (ReserveKV, RenewKV, ReleaseKV, SendCached, Query)):
             self._send(self._answer(message))
         elif isinstance(message, StartReserved):
@@ -230,19 +248,23 @@ class CoreLoop:
             self._send(Rejected(message.request_id, error.field, error.message))
 
     def _admit_compiled(self) -> bool:
-        """Admit the guided requests whose grammar is ready (or reject them); True if any."""
+        """Admit the guided requests and reservations whose grammar is ready (or refuse
+        them); True if any."""
         ready = [request_id for request_id, (future, _) in self._compiling.items() if future.done()]
         for request_id in ready:
             future, message = self._compiling.pop(request_id)
             error = future.exception()
             if self.spans is not None:
                 self.spans.on_compiled(request_id, None if error is None else str(error))
-            if error is None:
+            if error is not None and not isinstance(error, InvalidRequestError):
+                error = InvalidRequestError("guided", f"compiling the constraint failed: {error}")
+            if isinstance(message, ReserveKV):
+                self._send(self._answer(message) if error is None else CallResult(
+                    message.call_id, error_kind="invalid", error_field=error.field, error=error.message))
+            elif error is None:
                 self._add(message)
-            elif isinstance(error, InvalidRequestError):
-                self._reject(request_id, error.field, error.message)
             else:
-                self._reject(request_id, "guided", f"compiling the constraint failed: {error}")
+                self._reject(request_id, error.field, error.message)
         return bool(ready)
 
     def _answer(self, call: ReserveKV | RenewKV | ReleaseKV | SendCached | Query) -> CallResult:
