@@ -6,8 +6,33 @@ from pathlib import Path
 import openai
 import pytest
 
+from services.launcher.supervisor import RestartPolicy
+from shared.engine import LLM
 from shared.model.default_model import resolve_model
-from tests.helpers.stack import StackHarness, running_stack
+from tests.e2e.shared_stacks import (
+    DECODE_BLOCKS, FAULTS_DTYPE, FAULTS_STACK_ARGS, FULL_STRENGTH, HEARTBEAT_TTL_S, PREFILL_CHUNK_TOKENS,
+    SharedStack, needed_later,
+)
+from tests.helpers.stack import StackHarness, make_stack_config, running_stack, running_supervised_stack
+
+# Fixtures of the stacks that several modules share (see shared_stacks.py).
+SHARED_STACK_FIXTURES = ("disaggregated_stack", "faults_stack")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "live_instances(**counts): the fewest instances of a role the shared "
+                                       "disaggregated stack must run for this test, where fewer than FULL_STRENGTH do")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of one shared stack run one after another, where the first of them was: the
+    stack starts once and stops as soon as they are done (never two held at once for nothing)."""
+    for name in SHARED_STACK_FIXTURES:
+        users = [item for item in items if name in item.fixturenames]
+        if users:
+            first = items.index(users[0])
+            others = [item for item in items if name not in item.fixturenames]
+            items[:] = others[:first] + users + others[first:]
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +56,72 @@ def served_stack(smollm2_folder, tmp_path_factory) -> Iterator[StackHarness]:
                              run_dir=tmp_path_factory.mktemp("served_stack"),
                              extra_args={"instance": ["--num-blocks", "256"],
                                          "gateway": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]})
+
+
+@pytest.fixture(scope="session")
+def shared_disaggregated_stack(smollm2_folder, tmp_path_factory) -> Iterator[SharedStack]:
+    """Redis, a gateway, 2 prefill and 2 decode instances (bf16, 256 blocks each, DECODE_BLOCKS
+    on the decode instances, prompts in PREFILL_CHUNK_TOKENS steps, heartbeats every 0.5 s with a
+    HEARTBEAT_TTL_S TTL) for the test_disaggregated_{generation,failures,kills} modules; tests
+    use it through `disaggregated_stack`."""
+    shared = SharedStack(lambda: running_stack(
+        smollm2_folder, "bfloat16", run_dir=tmp_path_factory.mktemp("disaggregated_stack"), extra_args={
+            "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S)],
+            "prefill": ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)],
+            "decode": ["--num-blocks", str(DECODE_BLOCKS)]}))
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture
+def disaggregated_stack(shared_disaggregated_stack, request) -> Iterator[StackHarness]:
+    """The shared disaggregated stack for one test, which may freeze, fill, cut from Redis (and
+    undo it) or SIGKILL instances: before the test, 2 prefill and 2 decode instances live (or the
+    fewer its live_instances marker names) and registered, a killed one replaced under a new name,
+    and no child dead unasked; after it, every block back in every live instance's pool; stopped
+    after the last test that uses it."""
+    stack = shared_disaggregated_stack.get()
+    stack.check_children_alive()
+    marker = request.node.get_closest_marker("live_instances")
+    stack.ensure_live({**FULL_STRENGTH, **(marker.kwargs if marker else {})})
+    yield stack
+    stack.wait_all_blocks_free()
+    stack.check_children_alive()
+    if not needed_later(request, "disaggregated_stack"):
+        shared_disaggregated_stack.stop()
+
+
+@pytest.fixture(scope="module")
+def chunked_reference(smollm2_folder) -> LLM:
+    """The offline engine as the disaggregated stack's instances compute: bf16, one thread,
+    prompts in PREFILL_CHUNK_TOKENS steps (bf16 output may depend on the chunking)."""
+    return LLM(model=str(smollm2_folder), dtype="bfloat16", num_threads=1,
+               max_num_batched_tokens=PREFILL_CHUNK_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def shared_faults_stack(smollm2_folder, tmp_path_factory) -> Iterator[SharedStack]:
+    """The supervised fault stack (FAULTS_STACK_ARGS) of test_pool_faults and test_hung_instances;
+    tests use it through `faults_stack`."""
+    def start() -> Iterator[StackHarness]:
+        config = make_stack_config(smollm2_folder, FAULTS_DTYPE, run_dir=tmp_path_factory.mktemp("faults_stack"),
+                                   extra_args=FAULTS_STACK_ARGS)
+        config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
+        return running_supervised_stack(config, smollm2_folder)
+
+    shared = SharedStack(start)
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture
+def faults_stack(shared_faults_stack, request) -> Iterator[StackHarness]:
+    """The shared fault stack for one test, which injects one fault (a kill, a SIGTERM, a
+    SIGSTOP, a second gateway) and waits until every child is back, registered, and every block
+    free (the modules' own autouse fixtures); stopped after the last test that uses it."""
+    yield shared_faults_stack.get()
+    if not needed_later(request, "faults_stack"):
+        shared_faults_stack.stop()
 
 
 @pytest.fixture

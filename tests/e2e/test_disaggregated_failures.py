@@ -1,4 +1,5 @@
-"""Failure handling end to end with real processes (Redis, gateway, 2 prefill, 2 decode):
+"""Failure handling end to end with real processes (Redis, gateway, 2 prefill, 2 decode: the
+disaggregated stack of tests/e2e/conftest.py, each test undoing what it did):
 decode refusal at admission, client cancellation and deadlines propagating to prefill and
 decode, lease expiry, and a Redis outage and restart. Prefill instances compute prompts in
 small chunks (--max-num-batched-tokens), so a cancel arrives while a prompt is half done.
@@ -17,30 +18,14 @@ from tests.helpers.freeze import Frozen
 from tests.helpers.gateway_client import (
     FINISHED, generate, generate_error, generate_request, random_token_ids, release, reserve,
 )
-from tests.helpers.stack import running_stack
 
-DTYPE = "bfloat16"
-DECODE_BLOCKS = 96
-PREFILL_CHUNK_TOKENS = 64
 LONG_PROMPT_TOKENS = 1200
 HOLD_LEASE_MS = 120_000
 
 
-@pytest.fixture(scope="module")
-def stack(smollm2_folder, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("stack")
-    yield from running_stack(smollm2_folder, DTYPE, run_dir=run_dir, extra_args={
-        "instance": ["--num-blocks", "256"],
-        "prefill": ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)],
-        "decode": ["--num-blocks", str(DECODE_BLOCKS)]})
-
-
-@pytest.fixture(autouse=True)
-def no_stranded_blocks(stack):
-    stack.check_children_alive()
-    yield
-    stack.wait_all_blocks_free()
-    stack.check_children_alive()
+@pytest.fixture
+def stack(disaggregated_stack):
+    return disaggregated_stack
 
 
 def fill(stack, decode, tag: str) -> list[str]:

@@ -1,5 +1,6 @@
 """Disaggregated serving end to end with real processes: Redis, a gateway, 2 prefill and
-2 decode instances (real SmolLM2, bfloat16, one torch thread each, KV over UCX/TCP).
+2 decode instances (real SmolLM2, bfloat16, one torch thread each, KV over UCX/TCP; the
+disaggregated stack of tests/e2e/conftest.py).
 
 Proves: greedy output token-identical to the offline engine; 16 concurrent streams; prefix
 routing (a second request sharing a long prefix goes to the prefill instance holding it and
@@ -15,10 +16,6 @@ import pytest
 from shared.engine import LLM, SamplingParams
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from tests.helpers.gateway_client import FINISHED, generate, generate_error, generate_request
-from tests.helpers.stack import running_stack
-
-DTYPE = "bfloat16"
-NUM_BLOCKS = 512  # per instance: 8192 tokens, plenty for these tests
 
 PROMPTS = [
     "The capital of France is",
@@ -33,25 +30,15 @@ LONG_PREFIX = (
 )
 
 
-@pytest.fixture(scope="module")
-def stack(smollm2_folder, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("stack")
-    yield from running_stack(smollm2_folder, DTYPE, run_dir=run_dir, extra_args={
-        "instance": ["--num-blocks", str(NUM_BLOCKS)]})
+@pytest.fixture
+def stack(disaggregated_stack):
+    return disaggregated_stack
 
 
-@pytest.fixture(scope="module")
-def reference(smollm2_folder) -> LLM:
-    """The offline engine with the same model, dtype and thread count as the instances."""
-    return LLM(model=str(smollm2_folder), dtype=DTYPE, num_threads=1)
-
-
-@pytest.fixture(autouse=True)
-def no_stranded_blocks(stack):
-    stack.check_children_alive()
-    yield
-    stack.wait_all_blocks_free()
-    stack.check_children_alive()
+@pytest.fixture
+def reference(chunked_reference) -> LLM:
+    """The offline engine with the same model, dtype, thread count and prefill chunks as the instances."""
+    return chunked_reference
 
 
 def offline(reference: LLM, prompt, max_tokens: int):

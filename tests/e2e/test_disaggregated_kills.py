@@ -1,5 +1,6 @@
 """Instances dying (SIGKILL: no deregistration, no goodbye) with real processes: Redis, a
-gateway, 2 prefill and 2 decode instances with short heartbeat TTLs.
+gateway, 2 prefill and 2 decode instances with short heartbeat TTLs (the disaggregated stack
+of tests/e2e/conftest.py, whose fixture replaces what a test killed before the next one).
 
 Proves: a request whose prefill instance is killed mid-prompt is retried on the other one
 and completes with the same tokens as the offline engine; a killed instance stops
@@ -12,36 +13,22 @@ import threading
 import grpc
 import pytest
 
-from shared.engine import LLM, SamplingParams
+from shared.engine import SamplingParams
+from tests.e2e.shared_stacks import HEARTBEAT_TTL_S
 from tests.helpers.gateway_client import FINISHED, generate, generate_request, random_token_ids
-from tests.helpers.stack import running_stack
 
-DTYPE = "bfloat16"
-PREFILL_CHUNK_TOKENS = 64
 LONG_PROMPT_TOKENS = 1200
-HEARTBEAT_TTL_S = 2.0
 
 
-@pytest.fixture(scope="module")
-def stack(smollm2_folder, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("stack")
-    yield from running_stack(smollm2_folder, DTYPE, run_dir=run_dir, extra_args={
-        "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
-                     "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S)],
-        "prefill": ["--max-num-batched-tokens", str(PREFILL_CHUNK_TOKENS)]})
+@pytest.fixture
+def stack(disaggregated_stack):
+    return disaggregated_stack
 
 
-@pytest.fixture(scope="module")
-def reference(smollm2_folder) -> LLM:
+@pytest.fixture
+def reference(chunked_reference):
     """Offline engine computing prompts in the same chunks as the prefill instances."""
-    return LLM(model=str(smollm2_folder), dtype=DTYPE, num_threads=1,
-               max_num_batched_tokens=PREFILL_CHUNK_TOKENS)
-
-
-@pytest.fixture(autouse=True)
-def no_stranded_blocks(stack):
-    yield
-    stack.wait_all_blocks_free()
+    return chunked_reference
 
 
 def prompt_counters(stack) -> dict[str, int]:
@@ -60,18 +47,7 @@ def moved(stack, before: dict[str, int]) -> str | None:
     return next((name for name in now if now[name] > before.get(name, 0)), None)
 
 
-def ensure_live(stack, role: str, count: int) -> None:
-    """Start replacements so that `count` instances of `role` run (earlier tests kill some)."""
-    index = len(stack.instances(role, live_only=False))
-    while len(stack.instances(role)) < count:
-        stack.add_instance(f"{role}-{index}", role)
-        index += 1
-    names = {instance.name for instance in stack.instances()}
-    stack.wait_for(lambda: stack.registered_ids() == names, 20.0, "every live instance registered")
-
-
 def test_prefill_killed_mid_request_is_retried_on_another_and_completes(stack, reference):
-    ensure_live(stack, "prefill", 2)
     prompt = random_token_ids(LONG_PROMPT_TOKENS, seed=21)
     expected = reference.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0))[0]
     before = prompt_counters(stack)
@@ -99,7 +75,6 @@ def test_prefill_killed_mid_request_is_retried_on_another_and_completes(stack, r
 
 
 def test_killed_prefill_drops_out_of_routing_and_the_prefix_index(stack):
-    ensure_live(stack, "prefill", 2)
     prompt = random_token_ids(160, seed=22)
     before = prompt_counters(stack)
     generate(stack.gateway, generate_request(token_ids=prompt, max_tokens=2))
@@ -121,6 +96,7 @@ def test_killed_prefill_drops_out_of_routing_and_the_prefix_index(stack):
                    f"{holder}'s prefix-index entry to be dropped")
 
 
+@pytest.mark.live_instances(prefill=1)  # a prefill instance killed by the tests above may stay dead
 def test_requests_keep_succeeding_when_a_decode_instance_dies(stack):
     victim, survivor = stack.instances("decode")[:2]
     stack.kill(victim)

@@ -13,37 +13,23 @@ import os
 import signal
 import time
 from pathlib import Path
-
-import urllib.request
-
 import pytest
 
 from services.launcher.child import ChildProcess, stop_children
 from services.launcher.commands import child_env, gateway_argv
 from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_serving
-from services.launcher.supervisor import RestartPolicy
 from benchmarks.fault_load import StreamingLoad, failures
 from tests.helpers.gateway_client import generate, generate_request, random_token_ids
-from tests.helpers.stack import StackHarness, make_stack_config, running_supervised_stack
+from tests.unit.metrics_scrape import scrape
 
-DTYPE = "float32"  # a migrated greedy stream must equal the unmigrated one token for token
-HEARTBEAT_TTL_S = 2.0
 NUM_REQUESTS = 6
 CONCURRENCY = 4
 
 
-@pytest.fixture(scope="module")
-def stack(smollm2_folder, tmp_path_factory):
-    config = make_stack_config(smollm2_folder, DTYPE, run_dir=tmp_path_factory.mktemp("faults"), extra_args={
-        "instance": ["--num-blocks", "256", "--heartbeat-interval-s", "0.5",
-                     "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S), "--drain-timeout-s", "60"],
-        "prefill": ["--max-num-batched-tokens", "64"],
-        # A dead gateway's reservations come back after 3 s (renewed while prefill runs).
-        "gateway": ["--lease-s", "3"],
-        # A draining decode instance hands what still runs after 3 s back for migration.
-        "decode": ["--drain-timeout-s", "3"]})
-    config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
-    yield from running_supervised_stack(config, smollm2_folder)
+@pytest.fixture
+def stack(faults_stack):
+    """The supervised fault stack of tests/e2e/conftest.py (settings in shared_stacks.py)."""
+    return faults_stack
 
 
 @pytest.fixture(autouse=True)
@@ -65,9 +51,12 @@ def signal_child(stack, name: str, signum: int) -> None:
     os.kill(child.pid, signum)
 
 
-def gateway_metrics(stack) -> str:
-    http_address = stack.stack.ready_info["gateway"]["http_address"]
-    return urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
+def gateway_count(stack, name: str, **labels: str) -> float:
+    """The gateway's counter `name` summed over its samples with `labels` (0 before the first):
+    tests compare it before and after their fault, as the stack is shared."""
+    samples = scrape(stack.stack.ready_info["gateway"]["http_address"])
+    return sum(count for (sample_name, sample_labels), count in samples.items()
+               if sample_name == name and set(labels.items()) <= sample_labels)
 
 
 def run_with_fault(stack, fault, seed: int, **load_args) -> None:
@@ -122,12 +111,12 @@ def test_sigterm_drains_a_decode_hands_back_what_outlasts_the_drain_and_nothing_
                        "decode-0 registered as draining", 0.02)
         assert "decode-0" not in stack.registered_ids("decode")
 
-    before = restarts(stack, "decode-0")
+    before, drained = restarts(stack, "decode-0"), gateway_count(stack, "pdserve:migrations_total", reason="drain")
     run_with_fault(stack, sigterm_decode_0_while_it_streams, seed=6, max_tokens=160)
     stack.wait_for(lambda: restarts(stack, "decode-0") == before + 1, 120.0, "decode-0 back after its drain")
     log = next(child for child in stack.stack.instances if child.name == "decode-0").log_path.read_text()
     assert "handing it back" in log
-    assert 'reason="drain"' in gateway_metrics(stack)
+    assert gateway_count(stack, "pdserve:migrations_total", reason="drain") > drained
 
 
 def test_decode_killed_while_holding_reservations_is_replaced_before_the_first_token(stack):
@@ -148,6 +137,7 @@ def test_decode_killed_while_holding_reservations_is_replaced_before_the_first_t
 def test_decode_killed_mid_stream_migrates_and_the_greedy_tokens_match(stack):
     request = generate_request(token_ids=random_token_ids(100, seed=5), max_tokens=40, ignore_eos=True)
     expected = generate(stack.gateway, request)
+    migrated = gateway_count(stack, "pdserve:migrations_total", reason="failure")
     tokens, usage, victim = [], None, None
     for message in stack.gateway.Generate(request, timeout=180):
         tokens.extend(message.token_ids)
@@ -158,8 +148,7 @@ def test_decode_killed_mid_stream_migrates_and_the_greedy_tokens_match(stack):
     assert victim is not None
     assert tokens == expected.token_ids
     assert (usage.prompt_tokens, usage.completion_tokens) == (100, 40)
-    metrics = gateway_metrics(stack)
-    assert 'pdserve:migrations_total{' in metrics and 'reason="failure"' in metrics
+    assert gateway_count(stack, "pdserve:migrations_total", reason="failure") > migrated
 
 
 def start_second_gateway(stack) -> tuple[ChildProcess, str]:

@@ -98,6 +98,18 @@ class StackHarness:
         [child] = self.stack.start_instances([(name, role)], deadline)
         return self.instance(child.name)
 
+    def ensure_live(self, counts: dict[str, int], timeout_s: float = 30.0) -> None:
+        """Start replacements (new names) until `counts[role]` instances of each role run, then
+        wait until exactly the live ones are registered: a stack shared by modules that kill
+        instances is back at full strength before each test."""
+        for role, count in counts.items():
+            index = len(self.instances(role, live_only=False))
+            while len(self.instances(role)) < count:
+                self.add_instance(f"{role}-{index}", role)
+                index += 1
+        names = {instance.name for instance in self.instances()}
+        self.wait_for(lambda: self.registered_ids() == names, timeout_s, "every live instance registered")
+
     def check_children_alive(self) -> None:
         dead = self.stack.find_dead_child()
         assert dead is None, (f"{dead.name} died with status {dead.exit_code()}; log tail "
