@@ -119,7 +119,7 @@ class CoreLoop:
 
     def run(self) -> None:
         """Until a Shutdown message; exceptions of the engine as a whole propagate."""
-        self._send(self._step_outputs([]))
+        self._send_outputs([], always=True)
         try:
             while not self._is_stopping:
                 self._run_once()
@@ -146,21 +146,21 @@ class CoreLoop:
         if self.spans is not None:
             self.spans.on_step_start()
         outputs = self.core.step()  # applies finished KV transfers first; no-op when idle
-        events = self.core.drain_reservation_events()
-        if outputs or events or changed or is_stepping:
-            self._send(self._step_outputs(outputs, events))
-        sent = self.core.finish_step_sends()  # after the first tokens above went out
-        events = self.core.drain_reservation_events()  # a send that ended may have delivered KV here
-        if sent or events:
-            self._send(self._step_outputs(sent, events))
+        self._send_outputs(outputs, always=changed or is_stepping)
+        self._send_outputs(self.core.finish_step_sends())  # after the first tokens above went out
 
     def _send_transfers_ended(self) -> None:
         """KV that arrived or was sent while the last step ran, reported before the next step
         computes: a decode service starts a request once its KV has arrived, and a prefill
         service answers once the KV is sent; neither should wait for another step."""
-        outputs = self.core.poll_kv_transfers()
+        self._send_outputs(self.core.poll_kv_transfers())
+
+    def _send_outputs(self, outputs: list, always: bool = False) -> None:
+        """Send `outputs` with every reservation event since the last send, so an event never
+        reaches the service after an output or call result that followed it (a send that ended
+        may have delivered KV here); nothing when there is neither, unless `always`."""
         events = self.core.drain_reservation_events()
-        if outputs or events:
+        if outputs or events or always:
             self._send(self._step_outputs(outputs, events))
 
     def _step_outputs(self, outputs: list, events: list[ReservationEvent] | None = None) -> StepOutputs:
@@ -239,7 +239,7 @@ class CoreLoop:
         except InvalidRequestError as error:
             self._send(Rejected(message.request_id, error.field, error.message))
             return
-        self._send(self._step_outputs(outputs))
+        self._send_outputs(outputs, always=True)
 
     def _prefill_reserved(self, message: PrefillReserved) -> None:
         try:
