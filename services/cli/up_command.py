@@ -16,7 +16,7 @@ from shared.engine_args import EngineArgs
 
 from services.settings.flags import (MANY_VALUES, ONE_VALUE, add_config_flag, add_settings_flags, flag_name,
                                     settings_from_args)
-from services.settings.service_settings import ServiceSettings, settings_group
+from services.settings.service_settings import ServiceSettings, comma_separated, settings_group
 
 CPU_LAYOUTS = ("auto", "disjoint", "shared")  # as services.launcher.config (a test holds them equal)
 CpuList = Annotated[tuple[int, ...] | None, NoDecode]
@@ -82,9 +82,7 @@ class UpSettings(ServiceSettings):
     @field_validator("lora_modules", mode="before")
     @classmethod
     def _split_modules(cls, value):
-        if isinstance(value, str):
-            return tuple(module.strip() for module in value.split(",") if module.strip())
-        return value
+        return comma_separated(value)
 
     @field_validator("prefill_cpus", "decode_cpus", "gateway_cpus", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ from shared.errors import ConfigurationError, InvalidRequestError
 from shared.logging_setup import LOG_FORMATS
 
 from services.settings.redis_client import RedisClientSettings
+from services.settings.service_settings import comma_separated
 from services.settings.flags import MANY_VALUES, add_config_flag, add_settings_flags
 from services.settings.flags import settings_from_args as load_from_args
 from services.observability.tracing_setup import TracingSettings
@@ -133,9 +134,7 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
     @field_validator("lora_modules", mode="before")
     @classmethod
     def _split_modules(cls, value):
-        if isinstance(value, str):
-            return tuple(module.strip() for module in value.split(",") if module.strip())
-        return value
+        return comma_separated(value)
 
     @property
     def lora_module_names(self) -> tuple[str, ...]:
@@ -145,9 +144,7 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
     @classmethod
     def _split_keys(cls, value):
         """PDSERVE_API_KEY and the settings file may list keys comma separated."""
-        if isinstance(value, str):
-            return tuple(key.strip() for key in value.split(",") if key.strip())
-        return value
+        return comma_separated(value)
 
     @model_validator(mode="after")
     def _check_together(self) -> "GatewaySettings":

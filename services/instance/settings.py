@@ -33,7 +33,7 @@ from shared.lora.request import validate_adapter_name
 from services.observability.tracing_setup import TracingSettings
 from services.settings.flags import MANY_VALUES
 from services.settings.redis_client import RedisClientSettings
-from services.settings.service_settings import SETTINGS_GROUP, ServiceSettings
+from services.settings.service_settings import SETTINGS_GROUP, ServiceSettings, comma_separated
 
 DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ENGINE_CORE_PLACES = ("process", "thread")
@@ -134,9 +134,7 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
     @classmethod
     def _split_modules(cls, value):
         """PDSERVE_LORA_MODULES and the settings file may list them comma separated."""
-        if isinstance(value, str):
-            return tuple(module.strip() for module in value.split(",") if module.strip())
-        return value
+        return comma_separated(value)
 
     @model_validator(mode="after")
     def _check_together(self) -> "InstanceSettings":

@@ -46,6 +46,14 @@ ENV_PREFIX = "PDSERVE_"
 SETTINGS_GROUP = {"settings": "group"}
 
 
+def comma_separated(value: Any) -> Any:
+    """A list setting given as one string (an environment variable, a settings file) may be comma
+    separated: "a, b," -> ("a", "b"). Any other value is left to the field's own validation."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    return value
+
+
 def settings_group(only: Iterable[str], env_prefix: str = ENV_PREFIX,
                    env_names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """json_schema_extra of a field holding the settings `only` of its group's class, each read
