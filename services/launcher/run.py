@@ -1,7 +1,6 @@
 """Run a stack in the foreground until Ctrl-C/SIGTERM or a child dies (`pdserve up`)."""
 
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -11,19 +10,9 @@ from services.launcher.config import StackConfig
 from services.launcher.errors import StackAborted, StackError
 from services.launcher.report import describe
 from services.launcher.stack import LocalStack
+from services.launcher.stop_signals import stop_on_signals
 
 logger = logging.getLogger(__name__)
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _install_stop_handlers(stop_event: threading.Event) -> dict:
-    """SIGINT/SIGTERM set `stop_event`; returns the previous handlers."""
-    def on_signal(signum, _frame):
-        logger.warning("received %s: stopping the stack", signal.Signals(signum).name)
-        stop_event.set()
-
-    return {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
 
 
 def _nothing() -> None:
@@ -39,26 +28,24 @@ def run_stack(config: StackConfig, out: TextIO = sys.stdout,
     autoscaler) and returns what stops it."""
     logging.getLogger("services.launcher").setLevel(logging.INFO)
     stop_event = threading.Event()
-    previous = _install_stop_handlers(stop_event)
-    stack = LocalStack(config)
-    logger.info("starting the stack; logs in %s", stack.run_dir / "logs")
-    stop_extras = _nothing
-    try:
-        stack.start(should_abort=stop_event.is_set)
-        print(describe(stack), file=out, flush=True)
-        if on_started is not None:
-            stop_extras = on_started(stack)
-        stack.supervise(stop_event)
-    except StackAborted as error:
-        logger.warning("%s", error)
-        return 130
-    except StackError as error:
-        logger.error("the stack failed: %s", error)
-        return 1
-    finally:
-        stop_extras()
-        stack.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with stop_on_signals(stop_event):
+        stack = LocalStack(config)
+        logger.info("starting the stack; logs in %s", stack.run_dir / "logs")
+        stop_extras = _nothing
+        try:
+            stack.start(should_abort=stop_event.is_set)
+            print(describe(stack), file=out, flush=True)
+            if on_started is not None:
+                stop_extras = on_started(stack)
+            stack.supervise(stop_event)
+        except StackAborted as error:
+            logger.warning("%s", error)
+            return 130
+        except StackError as error:
+            logger.error("the stack failed: %s", error)
+            return 1
+        finally:
+            stop_extras()
+            stack.stop()
     logger.info("stack stopped; logs kept in %s", stack.run_dir / "logs")
     return 0

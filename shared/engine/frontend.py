@@ -301,7 +301,8 @@ class EngineFrontend:
     # ---- state -----------------------------------------------------------------------------
 
     def load(self) -> EngineLoad:
-        """The load the core reported with its latest outputs or status (no round trip)."""
+        """The load the core reported with its latest outputs, status or call result (no
+        round trip): after a call such as `release_kv` returns, it counts what that call did."""
         return self._load
 
     def latest_status(self) -> EngineStatus:
@@ -366,6 +367,8 @@ class EngineFrontend:
             self._has_reported.set()
             self._process(message)
         elif isinstance(message, CallResult):
+            if message.load is not None:
+                self._load = message.load
             future = self._calls.get(message.call_id)
             if future is not None and not future.done():
                 future.set_result(message)

@@ -268,7 +268,8 @@ class EngineClient(Protocol):
         the number of blocks on their way (InvalidRequestError when it lacks some)."""
 
     def load(self) -> EngineLoad:
-        """Latest snapshot, without a round trip (heartbeats, routing, drain)."""
+        """Latest snapshot, without a round trip (heartbeats, routing, drain); once a call
+        (reserve_kv, release_kv, ...) returns, it counts what that call did."""
 
     def latest_status(self) -> EngineStatus:
         """Latest status without a round trip (metrics scrapes, on any thread); at most a step old."""

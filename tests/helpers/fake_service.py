@@ -47,8 +47,10 @@ def main(argv: list[str]) -> int:
     mode = mode_of(args.instance_id)
     if mode == "exit_at_start":
         return 3
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore_term" else lambda *_: stopped.set())
+    if mode == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:  # taken by sigwait below: no handler, so no lock to deadlock on (see services.launcher.stop_signals)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # before any thread starts
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -65,8 +67,9 @@ def main(argv: list[str]) -> int:
     if mode == "die_after":
         time.sleep(1.0)
         return 4
-    while not stopped.wait(0.1):
-        pass
+    if mode == "ignore_term":
+        threading.Event().wait()  # until SIGKILL
+    signal.sigwait({signal.SIGTERM})
     server.stop(0)
     return 0
 

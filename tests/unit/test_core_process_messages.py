@@ -67,7 +67,7 @@ CORE_MESSAGES = [
     CallResult(7, status=STATUS),
     CallResult(8, kv_events=KVCacheEvents(stored=(b"\x01" * 32,), removed=(b"\x02" * 32,))),
     CallResult(3, reservation=KVReservation("r4", (1, 2), 16, 1, "127.0.0.1:4000", b"\x07" * 16)),
-    CallResult(4, released=True),
+    CallResult(4, released=True, load=EngineLoad(0, 1, 0, 12, 32)),
     CallResult(11, renewed=False),
     CallResult(12, kv_arrived=True),
     CallResult(5, error_kind="capacity", error="no room for 300 prompt tokens"),

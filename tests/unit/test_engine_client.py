@@ -113,6 +113,7 @@ def test_reserve_refuses_when_full_and_bad_input_names_the_field(tiny_llama_fold
     async def scenario():
         async with started(decode):
             await decode.reserve_kv(GenerateRequest("a", PROMPT, GREEDY))
+            assert (decode.load().num_reserved, decode.load().num_free_blocks) == (1, 1)  # load() counts a call at once
             with pytest.raises(CapacityError):
                 await decode.reserve_kv(GenerateRequest("b", PROMPT, GREEDY))
             with pytest.raises(InvalidRequestError, match="^request_id"):

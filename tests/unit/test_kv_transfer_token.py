@@ -22,7 +22,9 @@ def test_a_transfer_without_the_reservations_token_writes_nothing(redis_server, 
             kv_cache = decode.runtime.engine.transport.core.executor.kv_cache  # white box: a canary in the cache
             block_ids = list(reserved.block_ids)
             kv_cache[:, :, block_ids] = 7.0  # a canary: any write shows
-            for token in (b"", b"not-the-token-16", reserved.transfer_token[:-1] + b"\x00"):
+            real = reserved.transfer_token
+            last_byte_flipped = real[:-1] + bytes([real[-1] ^ 0xFF])  # never the real token (a fixed byte is, 1 in 256)
+            for token in (b"", b"not-the-token-16", last_byte_flipped):
                 request = prefill_request(reserved, "guarded", prompt, sampling=greedy(5), transfer_token=token)
                 details = await expect_status(prefill.stub.Prefill(request, timeout=TIMEOUT_S), grpc.StatusCode.ABORTED)
                 assert "transfer_token" in details

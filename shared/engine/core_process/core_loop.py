@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+import msgspec
 import zmq
 
 from shared.core.remote_kv import RemoteKVState
@@ -259,8 +260,8 @@ class CoreLoop:
             if error is not None and not isinstance(error, InvalidRequestError):
                 error = InvalidRequestError("guided", f"compiling the constraint failed: {error}")
             if isinstance(message, ReserveKV):
-                self._send(self._answer(message) if error is None else CallResult(
-                    message.call_id, error_kind="invalid", error_field=error.field, error=error.message))
+                self._send(self._answer(message) if error is None else self._with_load(CallResult(
+                    message.call_id, error_kind="invalid", error_field=error.field, error=error.message)))
             elif error is None:
                 self._add(message)
             else:
@@ -268,6 +269,14 @@ class CoreLoop:
         return bool(ready)
 
     def _answer(self, call: ReserveKV | RenewKV | ReleaseKV | SendCached | Query) -> CallResult:
+        return self._with_load(self._result_of(call))
+
+    def _with_load(self, result: CallResult) -> CallResult:
+        """The result with the load after the call, so `load()` agrees with the call once
+        it returns (a released reservation's blocks are free by then)."""
+        return msgspec.structs.replace(result, load=engine_load(self.core))
+
+    def _result_of(self, call: ReserveKV | RenewKV | ReleaseKV | SendCached | Query) -> CallResult:
         try:
             if isinstance(call, ReserveKV):
                 return CallResult(call.call_id, reservation=self._reserve(call))

@@ -160,8 +160,10 @@ class Rejected(msgspec.Struct, tag=True, frozen=True):
 
 class CallResult(msgspec.Struct, tag=True, frozen=True):
     """The answer to a Query, ReserveKV, RenewKV, ReleaseKV or SendCached with the same call_id. A refused call
-    has `error_kind` "invalid" (InvalidRequestError naming `error_field`) or "capacity"."""
+    has `error_kind` "invalid" (InvalidRequestError naming `error_field`) or "capacity". `load` is the
+    load once the call was handled."""
     call_id: int
+    load: EngineLoad | None = None
     status: EngineStatus | None = None
     kv_events: KVCacheEvents | None = None
     memory: EngineMemory | None = None
