@@ -5,6 +5,7 @@ outgoing call. Both exist only while tracing is on (`server_interceptors()` and
 `client_interceptors()` are empty otherwise), so an untraced process pays nothing."""
 
 import asyncio
+import contextlib
 import inspect
 
 import grpc
@@ -46,36 +47,34 @@ def _attributes(method: str) -> dict[str, str]:
 
 
 def _traced(behaviour, method: str, carrier: dict[str, str]):
-    name, attributes = method.lstrip("/"), _attributes(method)
     if inspect.isasyncgenfunction(behaviour):
         async def streamed(request, context):
-            token = attach_context(extract_context(carrier))
-            try:
-                with span(name, attributes, kind="server") as server_span:
-                    _answer_trace_id(context)
-                    try:
-                        async for response in behaviour(request, context):
-                            yield response
-                    except BaseException as error:
-                        _note_end(server_span, context, error)
-                        raise
-            finally:
-                detach_context(token)
+            with _server_span(method, carrier, context):
+                async for response in behaviour(request, context):
+                    yield response
         return streamed
 
     async def answered(request, context):
-        token = attach_context(extract_context(carrier))
-        try:
-            with span(name, attributes, kind="server") as server_span:
-                _answer_trace_id(context)
-                try:
-                    return await behaviour(request, context)
-                except BaseException as error:
-                    _note_end(server_span, context, error)
-                    raise
-        finally:
-            detach_context(token)
+        with _server_span(method, carrier, context):
+            return await behaviour(request, context)
     return answered
+
+
+@contextlib.contextmanager
+def _server_span(method: str, carrier: dict[str, str], context: grpc.aio.ServicerContext):
+    """The RPC's SERVER span, a child of the caller's context, with its trace id answered
+    as trailing metadata and the way it ended (a failure's status, or a cancel) noted."""
+    token = attach_context(extract_context(carrier))
+    try:
+        with span(method.lstrip("/"), _attributes(method), kind="server") as server_span:
+            _answer_trace_id(context)
+            try:
+                yield
+            except BaseException as error:
+                _note_end(server_span, context, error)
+                raise
+    finally:
+        detach_context(token)
 
 
 def _answer_trace_id(context: grpc.aio.ServicerContext) -> None:

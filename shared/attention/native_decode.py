@@ -19,16 +19,13 @@ cannot run those shapes), so every path this machine can execute is testable on 
 
 import ctypes
 import functools
-import logging
 import os
 from pathlib import Path
 
 import torch
 
 from shared.errors import ConfigurationError
-from shared.native.build import native_kernels_enabled, shared_library
-
-logger = logging.getLogger(__name__)
+from shared.native.build import load_library
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
 _POINTER_ARGS = 7
@@ -147,13 +144,4 @@ class NativePagedDecode:
 @functools.cache
 def load_native_decode() -> NativePagedDecode | None:
     """The kernel, built on first use; None when disabled (PDSERVE_NATIVE_KERNELS=0) or unbuildable."""
-    if not native_kernels_enabled():
-        return None
-    library_path = shared_library(SOURCE)
-    if library_path is None:
-        return None
-    try:
-        return NativePagedDecode(ctypes.CDLL(str(library_path)))
-    except (OSError, AttributeError) as error:
-        logger.warning("Loading %s failed (%s); decode attention falls back to torch", library_path, error)
-        return None
+    return load_library(SOURCE, NativePagedDecode, "decode attention falls back to torch")

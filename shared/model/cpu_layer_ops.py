@@ -10,15 +10,12 @@ or PDSERVE_NATIVE_KERNELS=0, and the model then uses the torch versions (layer_o
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from shared.model.rotary import RotaryTables
-from shared.native.build import native_kernels_enabled, shared_library
-
-logger = logging.getLogger(__name__)
+from shared.native.build import load_library
 
 SOURCE = Path(__file__).parent / "csrc" / "layer_ops.cpp"
 _SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -71,13 +68,4 @@ class CpuLayerOps:
 @functools.cache
 def load_cpu_layer_ops() -> CpuLayerOps | None:
     """The library, built on first use; None when disabled (PDSERVE_NATIVE_KERNELS=0) or unbuildable."""
-    if not native_kernels_enabled():
-        return None
-    library_path = shared_library(SOURCE)
-    if library_path is None:
-        return None
-    try:
-        return CpuLayerOps(ctypes.CDLL(str(library_path)))
-    except (OSError, AttributeError) as error:
-        logger.warning("Loading %s failed (%s); the model's norms and rotary use torch", library_path, error)
-        return None
+    return load_library(SOURCE, CpuLayerOps, "the model's norms and rotary use torch")

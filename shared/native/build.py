@@ -1,6 +1,7 @@
 """Compile a C++ source into a shared library once per machine and cache it.
 
-`shared_library(source)` is called by kernel loaders (shared/attention/native_decode.py). The
+`load_library(source, wrap, fallback)` is what kernel loaders call (shared/attention/native_decode.py,
+shared/model/cpu_layer_ops.py); `shared_library(source)` builds or finds the file. The
 library is built with the system C++ compiler (`$CXX`, else g++) for this CPU (-march=native)
 and cached under `<pdserve cache dir>/kernels/` keyed by the source text (and the headers beside
 it), the flags, the compiler
@@ -16,13 +17,16 @@ is used. A prebuilt library is found by the digest of its source, the headers be
 its flags, so one built from another version of the source is never loaded.
 """
 
+import ctypes
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from shared.cache_dir import pdserve_cache_dir
 from shared.native.targets import Target, cpu_flags, runnable_targets
@@ -43,6 +47,25 @@ COMPILE_FLAGS = compile_flags(("-march=native",))
 
 def native_kernels_enabled() -> bool:
     return os.environ.get(DISABLE_ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+Wrapper = TypeVar("Wrapper")
+
+
+def load_library(source: Path, wrap: Callable[[ctypes.CDLL], Wrapper], fallback: str) -> Wrapper | None:
+    """`wrap(the loaded library)` for `source`; None when native kernels are disabled
+    (PDSERVE_NATIVE_KERNELS=0) or the library cannot be built or loaded, logging that
+    `fallback` ("decode attention falls back to torch") happens instead."""
+    if not native_kernels_enabled():
+        return None
+    library_path = shared_library(source)
+    if library_path is None:
+        return None
+    try:
+        return wrap(ctypes.CDLL(str(library_path)))
+    except (OSError, AttributeError) as error:
+        logger.warning("Loading %s failed (%s); %s", library_path, error, fallback)
+        return None
 
 
 def shared_library(source: Path) -> Path | None:

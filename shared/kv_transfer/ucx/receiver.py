@@ -55,7 +55,7 @@ from shared.kv_transfer.ucx.header import (adapter_mismatch, as_numpy_bytes, che
 from shared.kv_transfer.ucx.inflight import keep_until_done
 from shared.kv_transfer.ucx.protocol import KVTransferError
 from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
-from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
+from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult, count_transfer
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -249,7 +249,8 @@ class KVReceiver:
         finally:
             self._end_flight(expected, generation)
             self._settle_staging(staging, receives)
-        result = self._record(header, time.perf_counter() - started)
+        result = count_transfer(self.counters, header.request_id, header.num_blocks, header.payload_bytes,
+                                time.perf_counter() - started, "received", logger)
         self._report(expected, result)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED))
         return True
@@ -375,14 +376,6 @@ class KVReceiver:
             expected.is_in_flight = False
             expected.endpoint = None
 
-    def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
-        result = TransferResult(header.request_id, header.payload_bytes, seconds)
-        self.counters.record(result)
-        logger.info(
-            "KV transfer %r received: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", result.request_id,
-            header.num_blocks, result.num_bytes, seconds * 1e3, result.bytes_per_second / 1e9,
-        )
-        return result
 
     def _fail_expected(self, request_id: str, error: KVTransferError) -> None:
         """Report a rejection to whoever waits on `request_id`, unless another transfer for it is running."""

@@ -36,7 +36,7 @@ from shared.kv_transfer.ucx.header import build_header, check_kv_cache, find_blo
 from shared.kv_transfer.ucx.inflight import keep_until_done
 from shared.kv_transfer.ucx.protocol import KVTransferError, KVTransferRejected
 from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
-from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult
+from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult, count_transfer
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -135,7 +135,8 @@ class KVSender:
         except BaseException:
             self.counters.record_failure()
             raise
-        return self._record(header, time.perf_counter() - started)
+        return count_transfer(self.counters, header.request_id, header.num_blocks, header.payload_bytes,
+                                time.perf_counter() - started, "sent", logger)
 
     async def close(self) -> None:
         """Close every idle connection (telling the receivers)."""
@@ -230,11 +231,3 @@ class KVSender:
             return KVTransferError("connection", f"request {request_id!r} to {address}: {error}")
         return error
 
-    def _record(self, header: pb.KVTransferHeader, seconds: float) -> TransferResult:
-        result = TransferResult(header.request_id, header.payload_bytes, seconds)
-        self.counters.record(result)
-        logger.info(
-            "KV transfer %r sent: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", result.request_id,
-            header.num_blocks, result.num_bytes, seconds * 1e3, result.bytes_per_second / 1e9,
-        )
-        return result

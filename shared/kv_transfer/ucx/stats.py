@@ -1,5 +1,6 @@
 """Per-transfer results and running counters, kept by KVSender and KVReceiver for metrics."""
 
+import logging
 from dataclasses import dataclass
 
 
@@ -32,3 +33,14 @@ class TransferCounters:
 
     def record_failure(self) -> None:
         self.num_failed += 1
+
+
+def count_transfer(counters: TransferCounters, request_id: str, num_blocks: int, num_bytes: int, seconds: float,
+                   verb: str, log: logging.Logger) -> TransferResult:
+    """One completed transfer on this side: counted, logged as `verb` ("sent", "received")
+    with its rate on the caller's logger, and returned."""
+    result = TransferResult(request_id, num_bytes, seconds)
+    counters.record(result)
+    log.info("KV transfer %r %s: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", request_id, verb, num_blocks,
+             num_bytes, seconds * 1e3, result.bytes_per_second / 1e9)
+    return result
