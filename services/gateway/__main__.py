@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from shared.errors import ConfigurationError
 from shared.logging_setup import configure_logging
+from shared.logging_setup.process_exit import exit_without_teardown
 from shared.tracing import shutdown_tracing
 
 from services.settings.flags import flag_name
@@ -56,4 +57,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # main() stopped the servers and exported the spans already

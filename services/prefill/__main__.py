@@ -1,5 +1,4 @@
-import sys
-
 from services.prefill import main
+from shared.logging_setup.process_exit import exit_without_teardown
 
-sys.exit(main())
+exit_without_teardown(main())  # main() stopped the server, engine and UCX already

@@ -6,6 +6,7 @@ UCX, and shut down cleanly on SIGTERM (exit 0, deregistered, prefix index droppe
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def processes(tmp_path, tiny_llama_folder, redis_server):
 def test_prefill_and_colocated_processes_serve_then_stop_cleanly(processes, tiny_llama_folder, redis_server):
     prompt = [3 + (i * 37) % 250 for i in range(40)]
     sampling = gen_pb.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    (prefill, prefill_ready, _), (colocated, colocated_ready, colocated_log) = processes["prefill"], processes["colocated"]
+    (prefill, prefill_ready, prefill_log), (colocated, colocated_ready, colocated_log) = (processes["prefill"],
+                                                                                         processes["colocated"])
     assert prefill_ready["role"] == "prefill" and prefill_ready["ucx_address"]  # peer reuse: it receives pulls
     assert colocated_ready["role"] == "colocated" and colocated_ready["ucx_address"]
 
@@ -125,4 +127,6 @@ def test_prefill_and_colocated_processes_serve_then_stop_cleanly(processes, tiny
     [expected] = offline.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     assert tokens == expected.token_ids
     assert (stop(prefill), stop(colocated)) == (0, 0), colocated_log.read_text()[-3000:]
+    for log_path in (prefill_log, colocated_log):  # exited without teardown, after its shutdown had run
+        assert re.search(r"(prefill|colocated) \S+ stopped\n", log_path.read_text()), log_path.read_text()[-3000:]
     assert asyncio.run(registered_roles(False)) == ([], set())

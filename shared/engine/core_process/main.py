@@ -22,6 +22,7 @@ from shared.executor.python_child import is_orphaned
 from shared.engine.engine_core import EngineCore
 from shared.isolation import describe_error
 from shared.logging_setup import configure_child_logging
+from shared.logging_setup.process_exit import exit_without_teardown
 from shared.tracing import configure_child_tracing, shutdown_tracing
 from shared.memory.idle_trim import HeapTrimmer
 
@@ -95,4 +96,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
