@@ -249,8 +249,7 @@ class KVReceiver:
         finally:
             self._end_flight(expected, generation)
             self._settle_staging(staging, receives)
-        result = count_transfer(self.counters, header.request_id, header.num_blocks, header.payload_bytes,
-                                time.perf_counter() - started, "received", logger)
+        result = count_transfer(self.counters, header, time.perf_counter() - started, "received", logger)
         self._report(expected, result)
         await send_message(endpoint, _ack(header.request_id, pb.KV_TRANSFER_STATUS_COMPLETED))
         return True
@@ -375,7 +374,6 @@ class KVReceiver:
         if expected.generation == generation:
             expected.is_in_flight = False
             expected.endpoint = None
-
 
     def _fail_expected(self, request_id: str, error: KVTransferError) -> None:
         """Report a rejection to whoever waits on `request_id`, unless another transfer for it is running."""

@@ -135,8 +135,7 @@ class KVSender:
         except BaseException:
             self.counters.record_failure()
             raise
-        return count_transfer(self.counters, header.request_id, header.num_blocks, header.payload_bytes,
-                                time.perf_counter() - started, "sent", logger)
+        return count_transfer(self.counters, header, time.perf_counter() - started, "sent", logger)
 
     async def close(self) -> None:
         """Close every idle connection (telling the receivers)."""
@@ -230,4 +229,3 @@ class KVSender:
         if isinstance(error, ucxx.exceptions.UCXError):
             return KVTransferError("connection", f"request {request_id!r} to {address}: {error}")
         return error
-

@@ -3,6 +3,8 @@
 import logging
 from dataclasses import dataclass
 
+from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
+
 
 @dataclass(frozen=True)
 class TransferResult:
@@ -35,12 +37,12 @@ class TransferCounters:
         self.num_failed += 1
 
 
-def count_transfer(counters: TransferCounters, request_id: str, num_blocks: int, num_bytes: int, seconds: float,
-                   verb: str, log: logging.Logger) -> TransferResult:
-    """One completed transfer on this side: counted, logged as `verb` ("sent", "received")
-    with its rate on the caller's logger, and returned."""
-    result = TransferResult(request_id, num_bytes, seconds)
+def count_transfer(counters: TransferCounters, header: pb.KVTransferHeader, seconds: float, verb: str,
+                   log: logging.Logger) -> TransferResult:
+    """One completed transfer of `header`'s payload on this side: counted, logged as `verb`
+    ("sent", "received") with its rate on the caller's logger, and returned."""
+    result = TransferResult(header.request_id, header.payload_bytes, seconds)
     counters.record(result)
-    log.info("KV transfer %r %s: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", request_id, verb, num_blocks,
-             num_bytes, seconds * 1e3, result.bytes_per_second / 1e9)
+    log.info("KV transfer %r %s: %d blocks, %d bytes in %.3f ms (%.2f GB/s)", result.request_id, verb,
+             header.num_blocks, result.num_bytes, seconds * 1e3, result.bytes_per_second / 1e9)
     return result
