@@ -45,9 +45,6 @@ class PrefillSim:
     def cached_tokens(self, request: SimRequest) -> int:
         return request.prefix_tokens if request.prefix_id in self.cached_prefixes else 0
 
-    def backlog_s(self, now: float) -> float:
-        return max(0.0, self.busy_until - now)
-
     def enqueue(self, request: SimRequest, now: float, profile: PerfProfile) -> int:
         """Queue the prompt; returns the tokens it found cached."""
         cached = self.cached_tokens(request)

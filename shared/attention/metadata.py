@@ -30,7 +30,3 @@ class AttentionMetadata:
     prefill_context_lens: list[int]
     # Each a (num_blocks,) int64 block table covering that sequence's context.
     prefill_block_tables: list[torch.Tensor]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(self.prefill_query_lens)

@@ -89,7 +89,3 @@ class PeerSends:
             logger.warning("peer send %s failed: %s", outcome.request_id, outcome.error,
                            extra={"request_id": outcome.request_id})
         return True
-
-    @property
-    def num_sending(self) -> int:
-        return len(self._held)

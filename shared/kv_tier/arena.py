@@ -411,8 +411,3 @@ class KVArena:
     @property
     def capacity_bytes(self) -> int:
         return self.geometry.num_slots * self.geometry.slot_bytes
-
-
-def slot_crc32(data: np.ndarray) -> int:
-    """The checksum arenas keep per slot (CRC-32 of its bytes)."""
-    return _crc32(data)

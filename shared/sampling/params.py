@@ -66,10 +66,6 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE_EPSILON
 
     @property
-    def is_seeded(self) -> bool:
-        return self.seed is not None
-
-    @property
     def uses_top_k(self) -> bool:
         return self.top_k > 0
 
