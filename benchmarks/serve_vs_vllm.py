@@ -10,8 +10,8 @@ Every server gets the same prompts and the same arrival times: random-token prom
 arrivals from --seed. The default sweep is 1, 2, 4, 6 and 8 req/s. Prints one table (output
 tok/s, TTFT and ITL p50/p99, ITL max, ok/failed per server, pdserve/vLLM ratios and issue 23's
 targets), then each server's SLO attainment per rate and its goodput (the highest rate at which
->= 90% of requests meet TTFT <= 1 s and TPOT <= 100 ms; --goodput-* flags; serve_goodput.py),
-and writes results.json (every request), summary.json and table.md into --out-dir.
+>= 90% of requests meet TTFT <= 1 s and TPOT <= 150 ms; --goodput-* flags; serve_goodput.py),
+and writes results.json (every request), summary.json, goodput.json and table.md into --out-dir.
 
 vLLM is never a pdserve dependency: it runs with the interpreter of its own virtualenv
 (`--vllm-python` or PDSERVE_VLLM_PYTHON; how to install it: docs/performance.md) on the HF
@@ -20,6 +20,7 @@ folder pdserve converts the model to.
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import time
@@ -35,7 +36,7 @@ from services.bench.report import write_result_json  # noqa: E402
 from services.bench.runner import LoadShape, RunResult  # noqa: E402
 from services.bench.sweep import run_sweep  # noqa: E402
 from services.bench.workload import WorkloadSpec, sweep_workloads  # noqa: E402
-from benchmarks.serve_goodput import GoodputSLO  # noqa: E402
+from benchmarks.serve_goodput import GoodputSLO, goodput_document  # noqa: E402
 from benchmarks.serve_servers import SERVERS, ServerOptions, ServerStartError, open_server  # noqa: E402
 from benchmarks.serve_vs_vllm_table import format_table  # noqa: E402
 from shared.errors import ConfigurationError  # noqa: E402
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the sweep (default 1 2 4 6 8 req/s)")
     parser.add_argument("--num-prompts", type=int, default=64, help="requests per rate (default 64)")
     parser.add_argument("--goodput-ttft-ms", type=float, default=1000.0, help="goodput's TTFT SLO (default 1000)")
-    parser.add_argument("--goodput-tpot-ms", type=float, default=100.0, help="goodput's TPOT SLO (default 100)")
+    parser.add_argument("--goodput-tpot-ms", type=float, default=150.0, help="goodput's TPOT SLO (default 150)")
     parser.add_argument("--goodput-attainment", type=float, default=0.9,
                         help="share of requests that must meet both SLOs (default 0.9)")
     return parser
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     all_runs = [run for runs in series.values() for run in runs]
     write_result_json(args.out_dir / "results.json", run_config(args), all_runs)
     write_result_json(args.out_dir / "summary.json", run_config(args), all_runs, with_requests=False)
+    (args.out_dir / "goodput.json").write_text(json.dumps(goodput_document(series, goodput_slo(args)), indent=1) + "\n")
     table = format_table(series, args.request_rate, goodput_slo(args))
     (args.out_dir / "table.md").write_text(table + "\n")
     print(table)

@@ -19,7 +19,7 @@ from services.bench.sweep import run_sweep
 from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_server, pdserve_stack_config,
                                       stop_process_group, vllm_argv, vllm_server, wait_until_http_ready)
 from benchmarks.serve_vs_vllm import parse_args
-from benchmarks.serve_goodput import GoodputSLO, attainment, goodput, goodput_lines
+from benchmarks.serve_goodput import GoodputSLO, attainment, goodput, goodput_document, goodput_lines
 from benchmarks.serve_vs_vllm_table import format_table, ratio, target_lines
 from tests.unit.bench_fakes import fake_run, fake_vllm_python  # noqa: F401 - fixture
 from services.launcher.cpu_plan import InstanceCpus, plan_instance_cpus
@@ -236,3 +236,24 @@ def test_goodput_lines_compare_pdserve_with_vllm_against_the_target():
     assert lines[2] == "- pdserve: goodput 2 req/s (but missed at 1 req/s); attainment per rate 1: 0%, 2: 100%"
     assert lines[3] == "- pdserve / vLLM goodput: 2.00x (target >= 1.3x: met)"
     assert "goodput" in format_table(series, [1, 2], slo)
+
+
+def test_goodput_slos_default_to_one_second_ttft_and_150_ms_tpot(monkeypatch):
+    monkeypatch.delenv("PDSERVE_VLLM_PYTHON", raising=False)
+    args = parse_args(["--servers", "pdserve"])
+    assert (args.goodput_ttft_ms, args.goodput_tpot_ms, args.goodput_attainment) == (1000, 150, 0.9)
+    assert GoodputSLO() == GoodputSLO(ttft_s=1.0, tpot_s=0.15, attainment=0.9)
+    # TPOT 125 ms: within the default SLO, not within 100 ms
+    run = fake_run("pdserve", 0.5, 0.125, rate=4)
+    assert goodput([run], GoodputSLO()) == 4 and goodput([run], GoodputSLO(tpot_s=0.1)) == 0
+    with pytest.raises(ConfigurationError, match="goodput-tpot-ms"):
+        parse_args(["--servers", "pdserve", "--goodput-tpot-ms", "0"])
+
+
+def test_goodput_document_holds_each_servers_goodput_and_attainment_per_rate():
+    series = {"vllm": [fake_run("vllm", 0.5, 0.05, rate=1), fake_run("vllm", 2.0, 0.05, rate=2)],
+              "pdserve": [fake_run("pdserve", 0.5, 0.125, rate=1), fake_run("pdserve", 0.5, 0.05, failed=1, rate=2)]}
+    assert goodput_document(series, GoodputSLO(tpot_s=0.125, attainment=0.5)) == {
+        "slo": {"ttft_ms": 1000.0, "tpot_ms": 125.0, "attainment": 0.5},
+        "servers": {"vllm": {"goodput_req_s": 1.0, "attainment_by_rate": {"1": 1.0, "2": 0.0}},
+                    "pdserve": {"goodput_req_s": 2.0, "attainment_by_rate": {"1": 1.0, "2": 2 / 3}}}}
