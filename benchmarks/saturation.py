@@ -60,6 +60,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    """serve_vs_vllm's workload with this run's lengths and seed (the burst sizes set the counts)."""
+    return WorkloadSpec(input_len=LengthRange(*args.input_len),
+                        output_len=LengthRange(args.output_len, args.output_len), seed=args.seed)
+
+
+def burst_loads(args: argparse.Namespace) -> list[LoadShape]:
+    """One load per burst size: every request sent at once (request rate inf)."""
+    return [LoadShape(math.inf, seed=args.seed) for _ in args.burst_size]
+
+
 def burst_workloads(spec: WorkloadSpec, tokenizer, burst_sizes: list[int], num_rounds: int) -> list[Workloads]:
     """Per round: (warm-up prompts, one prompt set per burst size), with prompt text for chat.
     Every prompt set is drawn with a seed of its own (sweep_workloads), so no burst is served
@@ -77,12 +88,11 @@ def run_round(round_index: int, args: argparse.Namespace, workloads: Workloads,
               results: dict[str, dict[int, list[RunResult]]], broken: set[str]) -> None:
     """Every server once, in --servers order, each through every burst size; a server that does
     not start is noted in `broken` and skipped in later rounds."""
-    loads = [LoadShape(math.inf, seed=args.seed) for _ in args.burst_size]
     for name in args.servers:
         if name in broken:
             continue
         try:
-            runs = run_server(name, args, workloads, server_options(args), loads,
+            runs = run_server(name, args, workloads, server_options(args), burst_loads(args),
                               args.out_dir / f"round-{round_index}" / f"server-{name}", BACKEND,
                               f"{name} round {round_index}")
         except ServerStartError as error:  # the other servers still run and are reported
@@ -111,9 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.machine import default_model_paths, print_machine
 
     print_machine(default_model_paths())
-    spec = WorkloadSpec(input_len=LengthRange(*args.input_len),
-                        output_len=LengthRange(args.output_len, args.output_len), seed=args.seed)
-    rounds = burst_workloads(spec, load_bench_tokenizer(args.model), args.burst_size, args.rounds)
+    rounds = burst_workloads(workload_spec(args), load_bench_tokenizer(args.model), args.burst_size, args.rounds)
     results: dict[str, dict[int, list[RunResult]]] = {}
     broken: set[str] = set()
     for round_index, workloads in enumerate(rounds):

@@ -10,7 +10,7 @@ import pytest
 from services.bench.datasets import LengthRange
 from services.bench.metrics import summarize
 from services.bench.workload import WorkloadSpec
-from benchmarks.saturation import burst_workloads, parse_args, run_round
+from benchmarks.saturation import burst_workloads, parse_args, run_round, workload_spec
 from benchmarks.saturation_report import format_saturation_table, median_over_rounds, num_refused
 from shared.errors import ConfigurationError
 from tests.unit.bench_fakes import fake_run, fake_vllm_python  # noqa: F401 - fixture
@@ -64,14 +64,14 @@ def test_a_round_sends_every_burst_as_streaming_chats(fake_vllm_python, tiny_lla
                                                       smollm2_tokenizer):  # noqa: F811
     python, bodies = fake_vllm_python
     args = fake_vllm_args(python, tiny_llama_folder, tmp_path)
-    spec = WorkloadSpec(input_len=LengthRange(16, 32), output_len=LengthRange(4, 4))
-    [workloads] = burst_workloads(spec, smollm2_tokenizer, args.burst_size, num_rounds=1)
+    [workloads] = burst_workloads(workload_spec(args), smollm2_tokenizer, args.burst_size, num_rounds=1)
     results, broken = {}, set()
     run_round(0, args, workloads, results, broken)
     assert broken == set() and list(results) == ["vllm"] and list(results["vllm"]) == [3, 5]
     for size in (3, 5):
         [run] = results["vllm"][size]
-        assert (run.summary.num_completed, run.summary.num_failed, run.summary.total_output_tokens) == (size, 0, 4 * size)
+        summary = run.summary
+        assert (summary.num_completed, summary.num_failed, summary.total_output_tokens) == (size, 0, 4 * size)
         assert math.isinf(run.load.request_rate) and run.label == "vllm round 0 rate inf"
     sent = [json.loads(line) for line in bodies.read_text().splitlines()]
     assert len(sent) == 2 + 3 + 5 and {body["path"] for body in sent} == {"/v1/chat/completions"}
