@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every server, interleaved (default 2)")
     args = parser.parse_args(argv)
     check_server_arguments(args)
-    if any(size < 1 for size in args.burst_size):
-        raise ConfigurationError("burst-size", f"every size must be >= 1, got {args.burst_size}")
+    if any(size < 1 for size in args.burst_size) or len(set(args.burst_size)) != len(args.burst_size):
+        raise ConfigurationError("burst-size", f"each size once and >= 1, got {args.burst_size}")
     if args.rounds < 1:
         raise ConfigurationError("rounds", f"must be >= 1, got {args.rounds}")
     return args
@@ -101,6 +101,7 @@ def run_round(round_index: int, args: argparse.Namespace, workloads: Workloads,
             continue
         by_size = results.setdefault(name, {size: [] for size in args.burst_size})
         for size, run in zip(args.burst_size, runs, strict=True):
+            run.label = f"{name} round {round_index} N={size}"  # every burst's rate is inf: name its size
             by_size[size].append(run)
 
 

@@ -29,7 +29,8 @@ def test_defaults_are_two_rounds_of_128_and_512_at_once(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("argv, field", [
-    (["--burst-size", "16", "0"], "burst-size"), (["--rounds", "0"], "rounds"),
+    (["--burst-size", "16", "0"], "burst-size"), (["--burst-size", "16", "16"], "burst-size"),
+    (["--rounds", "0"], "rounds"),
     (["--servers", "pdserve", "pdserve"], "servers"), (["--input-len", "9", "3"], "input-len"),
     (["--request-timeout", "-1"], "request-timeout")])
 def test_bad_flags_name_the_flag(argv, field):
@@ -72,7 +73,7 @@ def test_a_round_sends_every_burst_as_streaming_chats(fake_vllm_python, tiny_lla
         [run] = results["vllm"][size]
         summary = run.summary
         assert (summary.num_completed, summary.num_failed, summary.total_output_tokens) == (size, 0, 4 * size)
-        assert math.isinf(run.load.request_rate) and run.label == "vllm round 0 rate inf"
+        assert math.isinf(run.load.request_rate) and run.label == f"vllm round 0 N={size}"
     sent = [json.loads(line) for line in bodies.read_text().splitlines()]
     assert len(sent) == 2 + 3 + 5 and {body["path"] for body in sent} == {"/v1/chat/completions"}
     burst_texts = sorted(body["messages"][0]["content"] for body in sent[2:])
