@@ -30,7 +30,7 @@ define run_pytest
 	exit $$rc
 endef
 
-.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak bench-chaos bench-tracing gpu-check convert proto clean
+.PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-saturation bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak bench-chaos bench-tracing gpu-check convert proto clean
 
 help:
 	@echo "make setup          install everything (venv, deps, model, redis-server, docker-compose)"
@@ -43,6 +43,7 @@ help:
 	@echo "make demo           generate with the offline engine (no services)"
 	@echo "make bench          serving: colocated vs disaggregated stack, request-rate sweep (BENCH_ARGS=...)"
 	@echo "make bench-vllm-serve pdserve (make run's layout) vs vllm serve, same workload, back to back (BENCH_ARGS=..., PDSERVE_VLLM_PYTHON)"
+	@echo "make bench-saturation 128 and 512 streaming chats sent at once, pdserve vs vllm serve in interleaved rounds (BENCH_ARGS=..., PDSERVE_VLLM_PYTHON)"
 	@echo "make bench-offline  offline throughput vs transformers; BENCH_ARGS=--beside-hog, --compare-deterministic, --vllm-python PY"
 	@echo "make bench-step-overhead an engine step split: schedule, inputs, forward, sampling, update, detokenize (BENCH_ARGS=...)"
 	@echo "make bench-attention the C++ attention kernel: decode GB/s vs streaming, prompt rows (BENCH_ARGS=--baseline-source F)"
@@ -100,6 +101,9 @@ bench-tracing: setup
 
 bench-vllm-serve: setup
 	$(PYTHON) -m benchmarks.serve_vs_vllm $(BENCH_ARGS)
+
+bench-saturation: setup
+	$(PYTHON) -m benchmarks.saturation $(BENCH_ARGS)
 
 bench-offline: setup
 	$(PYTHON) -m benchmarks.offline $(BENCH_ARGS)

@@ -7,8 +7,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -16,15 +14,14 @@ import pytest
 
 from services.bench.clients import ClientOptions
 from services.bench.datasets import BenchPrompt
-from services.bench.metrics import summarize
-from services.bench.records import RequestRecord
-from services.bench.runner import LoadShape, RunResult
+from services.bench.runner import LoadShape
 from services.bench.sweep import run_sweep
 from benchmarks.serve_servers import (ServerOptions, ServerStartError, pdserve_server, pdserve_stack_config,
                                       stop_process_group, vllm_argv, vllm_server, wait_until_http_ready)
 from benchmarks.serve_vs_vllm import parse_args
-from benchmarks.serve_goodput import GoodputSLO, attainment, goodput, goodput_lines
+from benchmarks.serve_goodput import GoodputSLO, attainment, goodput, goodput_document, goodput_lines
 from benchmarks.serve_vs_vllm_table import format_table, ratio, target_lines
+from tests.unit.bench_fakes import fake_run, fake_vllm_python  # noqa: F401 - fixture
 from services.launcher.cpu_plan import InstanceCpus, plan_instance_cpus
 from shared.errors import ConfigurationError
 
@@ -52,7 +49,8 @@ def test_vllm_interpreter_comes_from_the_environment(monkeypatch, tmp_path):
 @pytest.mark.parametrize("argv, field", [
     (["--request-rate", "0"], "request-rate"), (["--request-rate", "inf", "-1"], "request-rate"),
     (["--num-prompts", "0"], "num-prompts"), (["--output-len", "0"], "output-len"),
-    (["--input-len", "9", "3"], "input-len"), (["--servers", "pdserve", "pdserve"], "servers")])
+    (["--input-len", "9", "3"], "input-len"), (["--servers", "pdserve", "pdserve"], "servers"),
+    (["--request-timeout", "0"], "request-timeout")])
 def test_bad_flags_name_the_flag(argv, field):
     with pytest.raises(ConfigurationError, match=field):
         parse_args(["--servers", "pdserve"] + argv if "--servers" not in argv else argv)
@@ -143,61 +141,10 @@ def test_stopping_a_process_group_reaps_its_leader():
     assert process.returncode == -signal.SIGTERM
 
 
-# ---- a fake `vllm serve` -----------------------------------------------------------------
+# ---- a fake `vllm serve` (tests/unit/bench_fakes.py) -------------------------------------
 
-FAKE_VLLM = textwrap.dedent('''
-    """Stands in for `python -m vllm.entrypoints.openai.api_server --model FOLDER --port P ...`."""
-    import http.server, json, os, sys
-
-    argv = sys.argv[1:]
-    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"], argv
-    port = int(argv[argv.index("--port") + 1])
-    bodies = os.environ["FAKE_VLLM_BODIES"]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self):
-            model = argv[argv.index("--model") + 1]
-            body = json.dumps({"data": [{"id": model}]}).encode() if self.path == "/v1/models" else b""
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with open(bodies, "a") as file:
-                file.write(json.dumps(request) + "\\n")
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            events = [{"choices": [{"text": "x"}]}] * request["max_tokens"]
-            events.append({"choices": [], "usage": {"completion_tokens": request["max_tokens"]}})
-            for event in events:
-                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\\n\\n")
-            self.wfile.write(b"data: [DONE]\\n\\n")
-
-        def log_message(self, *args):
-            pass
-
-    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-''')
-
-
-@pytest.fixture
-def fake_vllm_python(tmp_path, monkeypatch):
-    script = tmp_path / "fake_vllm.py"
-    script.write_text(FAKE_VLLM)
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
-    python.chmod(0o755)
-    monkeypatch.setenv("FAKE_VLLM_BODIES", str(tmp_path / "bodies.jsonl"))
-    return python, tmp_path / "bodies.jsonl"
-
-
-def test_vllm_server_starts_serves_the_workload_and_stops(fake_vllm_python, tiny_llama_folder, tmp_path):
+def test_vllm_server_starts_serves_the_workload_and_stops(fake_vllm_python,  # noqa: F811
+                                                           tiny_llama_folder, tmp_path):
     python, bodies = fake_vllm_python
     options = ServerOptions(model=str(tiny_llama_folder), vllm_python=python, ready_timeout_s=120)
     prompts = [BenchPrompt([5, 6, 7], 4), BenchPrompt([8, 9], 4)]
@@ -208,6 +155,7 @@ def test_vllm_server_starts_serves_the_workload_and_stops(fake_vllm_python, tiny
     assert run.summary.num_completed == 2 and run.summary.num_failed == 0
     assert run.summary.total_output_tokens == 8
     sent = [json.loads(line) for line in bodies.read_text().splitlines()]
+    assert {body["path"] for body in sent} == {"/v1/completions"}
     assert len(sent) == 3  # the warm-up, then the two prompts
     assert sorted(body["prompt"] for body in sent[1:]) == [[5, 6, 7], [8, 9]]
     assert all(body["ignore_eos"] is True and body["temperature"] == 0.0 and body["stream"] for body in sent)
@@ -228,24 +176,6 @@ def test_vllm_server_that_exits_is_reported_with_its_log(tmp_path, tiny_llama_fo
 
 
 # ---- the table ---------------------------------------------------------------------------
-
-def fake_run(label: str, ttft_s: float, gap_s: float, failed: int = 0, rate: float = 1.0,
-             duration_s: float = 1.0) -> RunResult:
-    """Two requests of 3 tokens, `gap_s` apart after `ttft_s`; `failed` more that failed; the
-    run took `duration_s`."""
-    records = []
-    for index in range(2):
-        record = RequestRecord(index, prompt_len=8, expected_output_len=3)
-        for position in range(3):
-            record.add_chunk(ttft_s + position * gap_s, 1)
-        record.end_s = ttft_s + 2 * gap_s
-        records.append(record)
-    for index in range(failed):
-        record = RequestRecord(2 + index, prompt_len=8, expected_output_len=3)
-        record.error, record.end_s = "HTTP 500", 0.1
-        records.append(record)
-    return RunResult(label, LoadShape(rate), records, summarize(records, duration_s=duration_s, percentiles=(50, 99, 100)))
-
 
 def test_table_has_every_server_and_the_ratios_to_vllm():
     # binary fractions, so the ratios land exactly on the targets
@@ -306,3 +236,24 @@ def test_goodput_lines_compare_pdserve_with_vllm_against_the_target():
     assert lines[2] == "- pdserve: goodput 2 req/s (but missed at 1 req/s); attainment per rate 1: 0%, 2: 100%"
     assert lines[3] == "- pdserve / vLLM goodput: 2.00x (target >= 1.3x: met)"
     assert "goodput" in format_table(series, [1, 2], slo)
+
+
+def test_goodput_slos_default_to_one_second_ttft_and_150_ms_tpot(monkeypatch):
+    monkeypatch.delenv("PDSERVE_VLLM_PYTHON", raising=False)
+    args = parse_args(["--servers", "pdserve"])
+    assert (args.goodput_ttft_ms, args.goodput_tpot_ms, args.goodput_attainment) == (1000, 150, 0.9)
+    assert GoodputSLO() == GoodputSLO(ttft_s=1.0, tpot_s=0.15, attainment=0.9)
+    # TPOT 125 ms: within the default SLO, not within 100 ms
+    run = fake_run("pdserve", 0.5, 0.125, rate=4)
+    assert goodput([run], GoodputSLO()) == 4 and goodput([run], GoodputSLO(tpot_s=0.1)) == 0
+    with pytest.raises(ConfigurationError, match="goodput-tpot-ms"):
+        parse_args(["--servers", "pdserve", "--goodput-tpot-ms", "0"])
+
+
+def test_goodput_document_holds_each_servers_goodput_and_attainment_per_rate():
+    series = {"vllm": [fake_run("vllm", 0.5, 0.05, rate=1), fake_run("vllm", 2.0, 0.05, rate=2)],
+              "pdserve": [fake_run("pdserve", 0.5, 0.125, rate=1), fake_run("pdserve", 0.5, 0.05, failed=1, rate=2)]}
+    assert goodput_document(series, GoodputSLO(tpot_s=0.125, attainment=0.5)) == {
+        "slo": {"ttft_ms": 1000.0, "tpot_ms": 125.0, "attainment": 0.5},
+        "servers": {"vllm": {"goodput_req_s": 1.0, "attainment_by_rate": {"1": 1.0, "2": 0.0}},
+                    "pdserve": {"goodput_req_s": 2.0, "attainment_by_rate": {"1": 1.0, "2": 2 / 3}}}}
