@@ -112,13 +112,12 @@ def test_a_burst_over_a_tiny_wait_limit_gets_429s_with_the_predicted_wait_as_ret
     _, http_address = tiny_wait_gateway
     with openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="unused", max_retries=0,
                        timeout=120) as client:
-        with Frozen(*engine_cores(stack.instances("prefill"))):
-            first = ThreadPoolExecutor(1)
-            admitted = first.submit(streamed_chat, client, 0)
-            stack.wait_for(lambda: waiting_first_token(http_address) == 1, 60, "the first request to be admitted")
-            outcomes = burst(client, 8)
-        outcomes.append(admitted.result(timeout=120))
-        first.shutdown()
+        with ThreadPoolExecutor(1) as first:
+            with Frozen(*engine_cores(stack.instances("prefill"))):
+                admitted = first.submit(streamed_chat, client, 0)
+                stack.wait_for(lambda: waiting_first_token(http_address) == 1, 60, "the first request to be admitted")
+                outcomes = burst(client, 8)
+            outcomes.append(admitted.result(timeout=120))
     refused = [outcome for outcome in outcomes if isinstance(outcome, openai.RateLimitError)]
     assert len(refused) == 8  # one prompt ahead: over 1 ms however fast the prompt rate
     for error in refused:

@@ -22,6 +22,7 @@ from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from tests.helpers.raw_http import assert_openai_error
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.gateway_fakes import Behaviour, FakeInstance
+from tests.unit.metrics_scrape import scrape, value
 from tests.unit.test_gateway_bad_input import apost
 from tests.unit.test_openai_http import http_gateway, model, run, wait_until, with_pair  # noqa: F401
 
@@ -264,14 +265,16 @@ def test_a_bad_max_queue_wait_is_refused_naming_the_setting():
 
 # ---- both front doors, on fakes --------------------------------------------------------------
 
-@pytest.mark.parametrize("limit, num_held, named", [
-    ({"max_queue_wait_s": 0.001}, 1, "(max_queue_wait_s)"),  # one held: the next has it ahead
-    ({"max_queue_wait_s": 0, "max_queued_per_instance": 2}, 2, "(max_queued_per_instance=2 per instance)"),
+@pytest.mark.parametrize("limit, num_held, named, reason", [
+    ({"max_queue_wait_s": 0.001}, 1, "(max_queue_wait_s)", PREDICTED_WAIT),  # one held: the next has it ahead
+    ({"max_queue_wait_s": 0, "max_queued_per_instance": 2}, 2, "(max_queued_per_instance=2 per instance)",
+     QUEUED_COUNT),
 ])
 def test_a_full_pool_sheds_with_429_and_resource_exhausted_and_reserves_nothing(redis_server, model, limit,
-                                                                                 num_held, named):
-    """Requests wait in a prefill that holds them; the next is shed on both front doors; once
-    the held ones are cancelled their reservations are given back and requests pass again."""
+                                                                                 num_held, named, reason):
+    """Requests wait in a prefill that holds them; the next is shed on both front doors and
+    counted by reason in the metrics; once the held ones are cancelled their reservations are
+    given back and requests pass again."""
     async def scenario():
         async with http_gateway(redis_server.url, model, **limit) as gate:
             p0, d0 = await with_pair(gate, prefill_behaviour=Behaviour(prefill_blocks=True))
@@ -293,6 +296,11 @@ def test_a_full_pool_sheds_with_429_and_resource_exhausted_and_reserves_nothing(
             assert named in refused.value.details()
             assert int(dict(refused.value.trailing_metadata())["retry-after"]) >= 1
             assert sum(name == "Reserve" for name, _ in d0.calls) == num_held  # the shed ones reserved nothing
+            samples = await asyncio.to_thread(scrape, gate.server.http_address)
+            assert value(samples, "pdserve:gateway_requests_shed_total", reason=reason) == 2
+            assert value(samples, "pdserve:gateway_requests_waiting_first_token") == num_held
+            assert value(samples, "pdserve:gateway_predicted_wait_seconds") > 0
+            assert value(samples, "pdserve:gateway_prompt_tokens_per_second") > 0
 
             for task in waiting:
                 task.cancel()
