@@ -15,10 +15,14 @@ class Deadline:
 
     def remaining(self, cap_s: float | None = None) -> float:
         """Seconds left (at most cap_s); DEADLINE_EXCEEDED once none are."""
-        left = self.expires_at - self.clock()
+        left = self.seconds_left()
         if left <= 0:
             raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
         return left if cap_s is None else min(left, cap_s)
+
+    def seconds_left(self) -> float:
+        """Seconds left; zero or less once it passed."""
+        return self.expires_at - self.clock()
 
     def has_passed(self) -> bool:
         return self.clock() >= self.expires_at

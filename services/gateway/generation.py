@@ -23,7 +23,7 @@ from shared.tracing import record_failure, span
 
 from services.gateway.admission import Admission, Ticket, prompt_pool
 from services.gateway.cluster_view import live_adapters
-from services.gateway.deadline import client_deadline
+from services.gateway.deadline import Deadline, client_deadline
 from services.gateway.errors import GatewayError, from_exception
 from services.gateway.limits import RequestLimits
 from services.gateway.metrics import GatewayMetrics
@@ -47,7 +47,7 @@ class GatewayState:
     limits: RequestLimits = RequestLimits()
     # LoRA adapters the gateway was told of (--lora-modules), served by instances or not yet.
     lora_modules: tuple[str, ...] = ()
-    admission: Admission = field(default_factory=Admission)  # load shedding (off by default here)
+    admission: Admission = field(default_factory=Admission)  # load shedding
 
 
 async def known_adapters(state: GatewayState) -> list[str]:
@@ -94,7 +94,7 @@ async def _traced_stream(state: GatewayState, model: ServedModel, relay: RelayCo
         logger.info("request %s received: %d prompt tokens, n=%d", request_id, len(prepared.prompt_token_ids),
                     prepared.n, extra={"request_id": request_id, "num_prompt_tokens": len(prepared.prompt_token_ids)})
         deadline = client_deadline(time_remaining, state.default_deadline_s)
-        ticket = await _admit(state, relay)
+        ticket = await _admit(state, relay, len(prepared.prompt_token_ids), deadline)
         stream = relay_request(relay, prepared, deadline)
         try:
             async with contextlib.aclosing(stream):
@@ -132,8 +132,8 @@ async def _traced_stream(state: GatewayState, model: ServedModel, relay: RelayCo
         raise answer from error
 
 
-async def _admit(state: GatewayState, relay: RelayContext) -> Ticket:
-    """A ticket for the request, or RESOURCE_EXHAUSTED when the prompt pool is full
-    (services.gateway.admission); the listing is the cluster view's cached one."""
-    num_instances, pool_waiting = prompt_pool(await relay.view.live()) if state.admission.is_enabled else (0, 0)
-    return state.admission.admit(num_instances, pool_waiting)
+async def _admit(state: GatewayState, relay: RelayContext, num_tokens: int, deadline: Deadline) -> Ticket:
+    """A ticket for the request, or RESOURCE_EXHAUSTED when its predicted wait for a first token
+    does not fit (services.gateway.admission); the listing is the cluster view's cached one."""
+    pool = prompt_pool(await relay.view.live())
+    return state.admission.admit(num_tokens, pool, deadline.seconds_left())

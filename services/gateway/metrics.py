@@ -27,7 +27,10 @@ from shared.metrics.families import FamilyMaker
 from shared.metrics.registry import new_registry
 from services.observability.metrics_server import MetricsServer
 
+from services.gateway.admission import SHED_REASONS
+
 if TYPE_CHECKING:
+    from services.gateway.admission import Admission
     from services.gateway.access import AccessControl
     from services.gateway.generation import GatewayState
 
@@ -67,12 +70,7 @@ class GatewayCollector(Collector):
                            stats.num_releases)
         yield make.counter("pdserve:gateway_lease_renewals", "Decode leases renewed while the prompt was queued "
                            "or running on a prefill instance.", stats.num_lease_renewals)
-        admission = self.state.admission
-        yield make.counter("pdserve:gateway_requests_shed", "Requests refused (RESOURCE_EXHAUSTED / 429) because "
-                           "the prompts waiting for a first token filled --max-queued-per-instance.",
-                           admission.num_shed)
-        yield make.gauge("pdserve:gateway_requests_waiting_first_token", "This gateway's admitted requests "
-                         "still waiting for their first token.", admission.num_waiting)
+        yield from _admission_families(make, self.state.admission)
         yield make.counter("pdserve:gateway_stall_probes", "Health probes of instances whose stream brought no "
                            "message for --stall-timeout-s.", stats.num_stall_probes)
         yield make.labelled_counter("pdserve:gateway_hung_instances", "Instances found hung (alive, not "
@@ -93,6 +91,23 @@ class GatewayCollector(Collector):
                             "HTTP requests carrying a field this server does not know (accepted, "
                             "ignored), by endpoint and field name.", ("endpoint", "field"),
                             stats.unknown_fields.rows())
+
+
+def _admission_families(make: FamilyMaker, admission: "Admission") -> Iterator:
+    """Load shedding (services.gateway.admission): requests shed by reason, this gateway's
+    requests waiting for a first token, the latest predicted wait and the measured prompt rate."""
+    yield make.labelled_counter("pdserve:gateway_requests_shed", "Requests refused (RESOURCE_EXHAUSTED / 429) by "
+                                "reason: predicted_wait (over --max-queue-wait-s or the request's deadline), "
+                                "queued_count (--max-queued-per-instance).", "reason",
+                                [(reason, admission.num_shed[reason]) for reason in SHED_REASONS])
+    yield make.gauge("pdserve:gateway_requests_waiting_first_token", "This gateway's admitted requests "
+                     "still waiting for their first token.", admission.num_waiting)
+    prediction = admission.last_prediction
+    yield make.gauge("pdserve:gateway_predicted_wait_seconds", "The predicted wait for a first token of the "
+                     "latest request, admitted or shed.", prediction.wait_s if prediction else 0.0)
+    yield make.gauge("pdserve:gateway_prompt_tokens_per_second", "Prompt tokens per second one busy prompt "
+                     "instance computes, as measured by this gateway (a prior until measured).",
+                     admission.rate.tokens_per_s())
 
 
 def _routing_family(make: FamilyMaker, routing: Counter) -> CounterMetricFamily:

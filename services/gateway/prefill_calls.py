@@ -6,6 +6,10 @@ decode instance probed (services.gateway.stall_watch): a hung decode instance is
 hung prefill instance is ReservationAbandoned when it was sending into a reservation (the
 caller starts over on a fresh one), else replaced like a failed one.
 
+A retry ranks the instances of a fresh listing: the prompt may have waited in a queue while
+instances left and joined, and one that joined meanwhile takes it rather than the request failing
+on the instances it first had.
+
 The events of each attempt are passed on as they come: the first token (as soon as the
 prefill instance sampled it) and the outcome. An attempt that fails after its first token is
 retried like any other; the caller keeps the first token it already relayed (a retry samples
@@ -43,9 +47,11 @@ async def stream_prefill(ctx: RelayContext, sub: SubRequest, candidates: list[Ca
     Without a reservation the prompt is only scored: no KV is sent anywhere. Raises
     DecodeLost when a failure turns out to be the decode instance's."""
     message = prefill_message(sub, reservation)
-    eligible = candidates if reservation is None else prefills_for(reservation.decode, candidates)
     failed: dict[str, str] = {}
     for attempt in range(1 + ctx.max_prefill_retries):
+        if attempt > 0:  # the prompt may have waited long: instances left and joined meanwhile
+            candidates = await ctx.view.candidates(sub.parent.hashes)
+        eligible = candidates if reservation is None else prefills_for(reservation.decode, candidates)
         choice = rank(eligible, "prefill", excluded=failed)
         if not choice.ranked:
             break

@@ -31,7 +31,6 @@ from services.rpc.malformed_requests import MalformedRequestInterceptor
 from services.settings.redis_client import redis_client
 from services.rpc.tracing_interceptors import server_interceptors
 from services.gateway.access_interceptor import AccessInterceptor
-from services.gateway.admission import Admission
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GATEWAY_SERVICE_NAME
@@ -62,7 +61,7 @@ class GatewayServer:
             settings.model, settings.served_model_name, settings.max_model_len))
         self.state = GatewayState(default_deadline_s=settings.default_deadline_s, limits=settings.limits,
                                   lora_modules=settings.lora_module_names,
-                                  admission=Admission(settings.max_queued_per_instance))
+                                  admission=settings.admission())
         self.access = access_control(settings)
         self.metrics = GatewayMetrics(self.state, self.access)
         self.state.metrics = self.metrics

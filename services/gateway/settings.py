@@ -23,9 +23,11 @@ from services.settings.service_settings import comma_separated
 from services.settings.flags import MANY_VALUES, add_config_flag, add_settings_flags
 from services.settings.flags import settings_from_args as load_from_args
 from services.observability.tracing_setup import TracingSettings
+from services.gateway.admission import DEFAULT_MAX_QUEUE_WAIT_S, Admission
 from services.gateway.limits import RequestLimits
 from services.gateway.placement import PlacementPolicy
 from services.gateway.placement_profile import load_profile, placement_policy
+from services.gateway.wait_prediction import DEFAULT_PROMPT_TOKENS_PER_S, profile_prompt_rate
 
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
@@ -35,9 +37,6 @@ DEFAULT_DEPLOYMENT = "default"
 # never closes a pooled connection at the moment a client reuses it.
 DEFAULT_HTTP_KEEP_ALIVE_S = 75.0
 MAX_PORT = 65535
-# Measured (docs/overload.md): beyond about this many prompts waiting per prefill instance, the
-# wait for a first token only grows.
-DEFAULT_MAX_QUEUED_PER_INSTANCE = 16
 
 
 def _setting(default, help_text: str, **constraints):
@@ -86,12 +85,16 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
         2, "the prefill pool is busy when every prefill instance that can feed the decode instance has at "
            "least this many prompts queued or running (heartbeats); 0 = never busy", ge=0)
     # Load shedding (services.gateway.admission).
+    max_queue_wait_s: float = _setting(
+        DEFAULT_MAX_QUEUE_WAIT_S, "shed a new request (RESOURCE_EXHAUSTED / HTTP 429 with Retry-After) when its "
+        "predicted wait for a first token (the prompts ahead of it on the best prefill, or colocated, instance "
+        "at their measured prompt tokens/s) is over this, or over its own deadline when sooner, seconds; "
+        "0 = never", ge=0)
     max_queued_per_instance: int = _setting(
-        DEFAULT_MAX_QUEUED_PER_INSTANCE, "shed new requests (RESOURCE_EXHAUSTED / HTTP 429 with Retry-After) while "
-        "the requests waiting for their first token reach this many per live prefill (or colocated) instance; "
-        "0 = never shed", ge=0)
+        0, "shed new requests too while the requests waiting for their first token reach this many per live "
+           "prefill (or colocated) instance; 0 = no count limit", ge=0)
     profile: str | None = _setting(None, "a `pdserve profile` JSON from which the unset local-prefill "
-                                         "thresholds are derived")
+                                         "thresholds are derived, and the prompt rate assumed until measured")
     ready_file: str | None = _setting(None, 'write {"grpc_address": ..., "http_address": ...} here once bound')
     http_host: str = _setting("127.0.0.1", "address the OpenAI-compatible HTTP API binds")
     http_port: int = _setting(DEFAULT_HTTP_PORT, "HTTP API port; 0 binds an ephemeral one, negative "
@@ -170,6 +173,11 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
         """Where prompts are prefilled (conditional disaggregation), thresholds resolved."""
         return placement_policy(self.local_prefill_max_tokens, self.local_prefill_busy_max_tokens,
                                 self.prefill_busy_backlog, self.profile)
+
+    def admission(self) -> Admission:
+        """Load shedding by these settings; the prompt rate assumed until measured from --profile."""
+        prior = profile_prompt_rate(load_profile(self.profile)) if self.profile else DEFAULT_PROMPT_TOKENS_PER_S
+        return Admission(self.max_queue_wait_s, self.max_queued_per_instance, prior)
 
 
 def _check_pair(settings: GatewaySettings, first: str, second: str) -> None:

@@ -1,18 +1,28 @@
-"""Load shedding with real processes: a gateway started with --max-queued-per-instance 1 on the
-shared stack (1 prefill + 1 decode). The prefill instance's engine core is frozen (its service
-still answers health checks and heartbeats, as a busy instance does), so a first request waits
-for its first token however fast the machine is; a second request is then refused at once, over HTTP
-with 429 and Retry-After, over gRPC with RESOURCE_EXHAUSTED and trailing metadata retry-after,
-each naming the limit. After the thaw the first request completes and every block is back."""
+"""Load shedding with real processes, on the shared stack (1 prefill + 1 decode instance).
+
+- Its gateway runs the defaults (admission by predicted wait, --max-queue-wait-s 120, no count
+  limit): a burst of 48 streaming chats, three times the old count limit of 16, all complete.
+- A second gateway with a tiny --max-queue-wait-s, the prefill instance's engine core frozen (its
+  service still answers health checks and heartbeats, as a busy instance does) so that the first
+  request admitted waits however fast the machine is: the rest of a burst are refused with 429,
+  each with a Retry-After of its message's predicted wait minus the limit; after the thaw every
+  admitted request completes.
+- A third gateway with --max-queued-per-instance 1 (the count limit, an option): one request
+  waits, the next is refused over HTTP with 429 and Retry-After, over gRPC with
+  RESOURCE_EXHAUSTED and trailing metadata retry-after, each naming the limit.
+After each, every block is back."""
 
 import json
+import math
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
 import grpc
+import openai
 import pytest
 
 from services.launcher.child import stop_children
@@ -22,6 +32,9 @@ from shared.pb.pdserve.v1 import generation_pb2 as gen
 from tests.helpers.freeze import Frozen, process_tree
 
 SHEDDING_GATEWAY = "gateway-shedding"
+WAIT_GATEWAY = "gateway-tiny-wait"
+TINY_WAIT_S = 0.001
+BURST = 48  # three times the old default count limit (16 per prefill instance)
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +42,25 @@ def stack(served_stack):
     return served_stack
 
 
-@pytest.fixture(scope="module")
-def shedding_gateway(stack):
-    """(gRPC address, HTTP address) of a second gateway with a limit of 1 waiting request per prefill instance."""
-    child = stack.stack.start_extra_gateway(SHEDDING_GATEWAY, ["--max-queued-per-instance", "1"])
+def extra_gateway(stack, name: str, flags: list[str]):
+    """(gRPC address, HTTP address) of another gateway on the stack with `flags`."""
+    child = stack.stack.start_extra_gateway(name, flags)
     try:
-        ready = stack.stack.ready_info[SHEDDING_GATEWAY]
-        yield stack.stack.addresses[SHEDDING_GATEWAY], ready["http_address"]
+        yield stack.stack.addresses[name], stack.stack.ready_info[name]["http_address"]
     finally:
         stop_children([child], 10.0)
+
+
+@pytest.fixture(scope="module")
+def shedding_gateway(stack):
+    """A gateway that sheds at 1 waiting request per prefill instance (the count limit)."""
+    yield from extra_gateway(stack, SHEDDING_GATEWAY, ["--max-queued-per-instance", "1"])
+
+
+@pytest.fixture(scope="module")
+def tiny_wait_gateway(stack):
+    """A gateway that admits a request only when nothing is ahead of it (the wait limit is 1 ms)."""
+    yield from extra_gateway(stack, WAIT_GATEWAY, ["--max-queue-wait-s", str(TINY_WAIT_S)])
 
 
 def engine_cores(instances) -> list[SimpleNamespace]:
@@ -60,6 +83,56 @@ def post_completion(http_address: str) -> tuple[int, dict, dict]:
             return reply.status, json.loads(reply.read()), dict(reply.headers)
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read()), {k.lower(): v for k, v in error.headers.items()}
+
+
+def streamed_chat(client: openai.OpenAI, index: int) -> str | openai.RateLimitError:
+    """One short streaming chat (4 tokens, greedy): its text, or the 429 it got."""
+    try:
+        stream = client.chat.completions.create(
+            model="", messages=[{"role": "user", "content": f"Count from {index} to {index + 9}."}],
+            max_tokens=4, temperature=0, stream=True)
+        return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    except openai.RateLimitError as error:
+        return error
+
+
+def burst(client: openai.OpenAI, num_requests: int) -> list[str | openai.RateLimitError]:
+    with ThreadPoolExecutor(num_requests) as pool:
+        return list(pool.map(lambda index: streamed_chat(client, index), range(num_requests)))
+
+
+def test_a_burst_three_times_the_old_count_limit_completes_on_the_default_settings(stack, client):
+    outcomes = burst(client, BURST)
+    refused = [outcome for outcome in outcomes if isinstance(outcome, openai.RateLimitError)]
+    assert not refused, refused[0].message
+    assert all(outcome for outcome in outcomes)  # every chat streamed its text
+
+
+def test_a_burst_over_a_tiny_wait_limit_gets_429s_with_the_predicted_wait_as_retry_after(stack, tiny_wait_gateway):
+    _, http_address = tiny_wait_gateway
+    with openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="unused", max_retries=0,
+                       timeout=120) as client:
+        with ThreadPoolExecutor(1) as first:
+            with Frozen(*engine_cores(stack.instances("prefill"))):
+                admitted = first.submit(streamed_chat, client, 0)
+                stack.wait_for(lambda: waiting_first_token(http_address) == 1, 60, "the first request to be admitted")
+                outcomes = burst(client, 8)
+            outcomes.append(admitted.result(timeout=120))
+    refused = [outcome for outcome in outcomes if isinstance(outcome, openai.RateLimitError)]
+    assert len(refused) == 8  # one prompt ahead: over 1 ms however fast the prompt rate
+    for error in refused:
+        predicted_s = float(re.search(r"predicted wait for a first token is ([0-9.]+) s", error.message).group(1))
+        assert "over the limit of 0.001 s (max_queue_wait_s)" in error.message
+        # Retry-After: when the queue ahead will have drained enough, the predicted wait minus the
+        # limit in whole seconds (at least 1); the message gives the wait to 0.1 s.
+        retry_after_s = int(error.response.headers["retry-after"])
+        assert f"retry after {retry_after_s} s" in error.message
+        over_s = (predicted_s - 0.05 - TINY_WAIT_S, predicted_s + 0.05 - TINY_WAIT_S)
+        assert max(1.0, over_s[0]) <= retry_after_s < max(1.0, over_s[1]) + 1
+    assert isinstance(outcomes[-1], str) and outcomes[-1]  # the admitted request completed
+    assert waiting_first_token(http_address) == 0
+    stack.wait_all_blocks_free()
+    stack.check_children_alive()
 
 
 def test_a_full_prefill_pool_sheds_with_429_and_resource_exhausted_and_frees_everything(stack, shedding_gateway):
