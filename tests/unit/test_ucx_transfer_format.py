@@ -218,6 +218,29 @@ def test_staging_pool_keeps_at_most_max_free_bytes():
     assert pool.memory_bytes == 2 << 20
 
 
+class UnwalkableDict(dict):
+    """A pool container that fails any walk over it, as a walk racing the UCX thread may."""
+
+    def values(self):
+        raise RuntimeError("OrderedDict mutated during iteration")
+
+    def items(self):
+        raise RuntimeError("OrderedDict mutated during iteration")
+
+
+def test_staging_pool_sizes_are_read_without_walking_its_buffers():
+    """The engine's status report reads the sizes on its own thread while the UCX thread changes
+    the pool: a read that walks the buffers raised "mutated during iteration" and killed a
+    prefill engine core under a 128-request burst."""
+    pool = StagingPool(max_free_bytes=3 << 20)
+    held = pool.acquire(2 << 20)
+    pool.release(pool.acquire(1 << 20))
+    pool._free, pool._in_use = UnwalkableDict(pool._free), UnwalkableDict(pool._in_use)
+    assert (pool.num_free_buffers, pool.free_bytes, pool.in_use_bytes, pool.memory_bytes) == (
+        1, 1 << 20, 2 << 20, 3 << 20)
+    assert held.numel() == 2 << 20
+
+
 class LoopbackEndpoint:
     """Stands in for a ucxx endpoint: each send is queued and lands in the next recv's buffer.
 

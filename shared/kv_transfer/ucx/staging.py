@@ -44,13 +44,18 @@ class StagingPool:
 
     `acquire(num_bytes)` returns a view of a free buffer of its class (or a new one);
     `release(view)` gives it back; `discard(view)` forgets it (UCX may still touch it).
-    Not thread-safe: use from one event loop.
+    Acquire, release and discard from one event loop. The sizes (`num_free_buffers`,
+    `free_bytes`, `in_use_bytes`, `memory_bytes`) may be read from any thread: they are counters
+    kept as the pool changes, never a walk over its buffers (the engine's status report reads
+    them while the UCX thread changes the pool; a walk raised "mutated during iteration").
     """
 
     def __init__(self, max_free_bytes: int = DEFAULT_MAX_FREE_BYTES):
         self.max_free_bytes = max_free_bytes
         self._free: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()  # id(buffer) -> (class, buffer)
         self._in_use: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(view) -> (view, buffer)
+        self._free_bytes = 0
+        self._in_use_bytes = 0
 
     def acquire(self, num_bytes: int) -> torch.Tensor:
         buffer = self._take_free(size_class(num_bytes))
@@ -58,17 +63,22 @@ class StagingPool:
             buffer = _new_buffer(size_class(num_bytes))
         view = buffer[:num_bytes]
         self._in_use[id(view)] = (view, buffer)
+        self._in_use_bytes += buffer.numel()
         return view
 
     def release(self, view: torch.Tensor) -> None:
         _, buffer = self._in_use.pop(id(view))
+        self._in_use_bytes -= buffer.numel()
         self._free[id(buffer)] = (buffer.numel(), buffer)
-        while self.free_bytes > self.max_free_bytes:
-            self._free.popitem(last=False)
+        self._free_bytes += buffer.numel()
+        while self._free_bytes > self.max_free_bytes:
+            _, (size, _) = self._free.popitem(last=False)
+            self._free_bytes -= size
 
     def discard(self, view: torch.Tensor) -> None:
         """Forget a buffer that must not be reused (e.g. a failed receive may still write to it)."""
-        self._in_use.pop(id(view))
+        _, buffer = self._in_use.pop(id(view))
+        self._in_use_bytes -= buffer.numel()
 
     @property
     def num_free_buffers(self) -> int:
@@ -76,11 +86,11 @@ class StagingPool:
 
     @property
     def free_bytes(self) -> int:
-        return sum(size for size, _ in self._free.values())
+        return self._free_bytes
 
     @property
     def in_use_bytes(self) -> int:
-        return sum(buffer.numel() for _, buffer in self._in_use.values())
+        return self._in_use_bytes
 
     @property
     def memory_bytes(self) -> int:
@@ -91,5 +101,6 @@ class StagingPool:
         for key, (size, buffer) in self._free.items():
             if size == class_bytes:
                 del self._free[key]
+                self._free_bytes -= size
                 return buffer
         return None
