@@ -12,6 +12,13 @@ of that role with the schedule's seeded generator, so a run is reproducible from
   again (outside the group); after `hold_s` the limit is lifted.
 Recovery is measured by the caller from the heal (the kill itself, SIGCONT, the lifted limit):
 until every instance is registered and both gateways answer a probe.
+
+Each fault is verified before it is healed (`Injected.verify()`, benchmarks.harness.fault_checks):
+a kill or SIGTERM by the victim's new pid (the old one gone) and its restart count, a SIGSTOP by
+state T for every process of the victim's tree, a network fault by its iptables rules' counters
+(and for the delayer kinds a packet held back or dropped), a memory limit by an OOM kill in the
+group or a process started inside it. Under `decoy` (the control run) the fault is aimed at the
+decoy while the checks still read the victim, so they fail.
 """
 
 import contextlib
@@ -24,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from benchmarks.harness import memory_cgroup, netfault
+from benchmarks.harness import fault_checks, memory_cgroup, netfault
+from benchmarks.harness.fault_checks import ProcessIdentity
+from benchmarks.harness.fault_evidence import Check, FaultEvidence
+from benchmarks.harness.misdirect import Decoy
 from benchmarks.harness.process_tree import descendants, parent_pids
 
 PROCESS_KINDS = (
@@ -55,6 +65,15 @@ class Injected:
     injected_at: float
     heal: Callable[[], None] = lambda: None
     notes: list[str] = field(default_factory=list)
+    checks: Callable[[], list[Check]] = lambda: []  # what proves it took effect; run before heal()
+
+    def verify(self) -> FaultEvidence:
+        """The fault's evidence, read from the victim (not from where the fault was aimed)."""
+        try:
+            checks = self.checks()
+        except Exception as error:  # noqa: BLE001 - a check that cannot run proves nothing
+            checks = [Check("verification", f"could not run: {error!r}", False)]
+        return FaultEvidence(self.kind, self.victim, checks)
 
 
 @dataclass
@@ -80,28 +99,55 @@ def tree_pids(pid: int) -> list[int]:
     return [pid] + descendants(pid, parent_pids())
 
 
-def inject(stack, kind: str, role: str, rng: random.Random, settings: FaultSettings, extra_injectors=None) -> Injected:
+def num_restarts(stack, name: str) -> int:
+    """The supervisor's restart count of the child `name`."""
+    return next((r.num_restarts for r in stack.supervisor.records() if r.name == name), 0)
+
+
+def inject(stack, kind: str, role: str, rng: random.Random, settings: FaultSettings, extra_injectors=None,
+           decoy: Decoy | None = None) -> Injected:
+    """`kind` on a victim of `role` drawn with `rng` (see `inject_into`)."""
     victim = rng.choice(victims(stack, role))
+    return inject_into(stack, kind, victim, rng, settings, extra_injectors, decoy)
+
+
+def inject_into(stack, kind: str, victim, rng: random.Random, settings: FaultSettings, extra_injectors=None,
+                decoy: Decoy | None = None) -> Injected:
+    """`kind` on `victim` (a stack child), aimed at `decoy` instead when one is given (the control
+    run: the fault lands elsewhere and its verification, which reads the victim, fails)."""
     now = time.monotonic()
-    if kind.startswith("kill -9"):
-        os.kill(victim.pid, signal.SIGKILL)
-        return Injected(kind, victim.name, now)
-    if kind.startswith("SIGTERM"):
-        os.kill(victim.pid, signal.SIGTERM)
-        return Injected(kind, victim.name, now)
-    if kind.startswith("SIGSTOP"):
-        return _stopped(kind, victim, now)
-    if kind.startswith("memory limit"):
-        return _memory_limited(kind, victim, settings.memory_ratio, now)
-    if kind.startswith("net "):
-        return _network_fault(stack, kind, victim, rng, now)
-    if extra_injectors and kind in extra_injectors:
-        return extra_injectors[kind](stack, kind, victim, rng, now)
-    raise ValueError(f"unknown fault kind {kind!r}")
+    aim = decoy.pid if decoy else victim.pid
+    if kind.startswith(("kill -9", "SIGTERM")):
+        signum = signal.SIGKILL if kind.startswith("kill -9") else signal.SIGTERM
+        injected = _signalled(stack, kind, victim, aim, signum, now)
+    elif kind.startswith("SIGSTOP"):
+        injected = _stopped(kind, victim, aim, now)
+    elif kind.startswith("memory limit"):
+        injected = _memory_limited(kind, victim, aim, settings.memory_ratio, now)
+    elif kind.startswith("net "):
+        injected = _network_fault(stack, kind, victim, rng, now, decoy)
+    elif extra_injectors and kind in extra_injectors:
+        injected = extra_injectors[kind](stack, kind, victim, rng, now)
+    else:
+        raise ValueError(f"unknown fault kind {kind!r}")
+    if decoy:
+        injected.notes.append(f"control run: aimed at {decoy.name}")
+    return injected
 
 
-def _stopped(kind: str, victim, now: float) -> Injected:
-    pids = tree_pids(victim.pid)
+def _signalled(stack, kind: str, victim, aim: int, signum: int, now: float) -> Injected:
+    """A kill -9 or SIGTERM, healed by the supervisor: verified by a new pid and a restart."""
+    old, restarts_before = ProcessIdentity.of(victim.pid), num_restarts(stack, victim.name)
+    os.kill(aim, signum)
+
+    def checks() -> list[Check]:
+        return [*fault_checks.replaced(victim.name, old, victim.pid),
+                fault_checks.restarted(victim.name, restarts_before, num_restarts(stack, victim.name))]
+    return Injected(kind, victim.name, now, checks=checks)
+
+
+def _stopped(kind: str, victim, aim: int, now: float) -> Injected:
+    pids = tree_pids(aim)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
@@ -110,24 +156,27 @@ def _stopped(kind: str, victim, now: float) -> Injected:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-    return Injected(kind, victim.name, now, heal, [f"{len(pids)} processes stopped"])
+    return Injected(kind, victim.name, now, heal, [f"{len(pids)} processes stopped"],
+                    checks=lambda: [fault_checks.stopped(victim.name, tree_pids(victim.pid))])
 
 
-def _memory_limited(kind: str, victim, ratio: float, now: float) -> Injected:
+def _memory_limited(kind: str, victim, aim: int, ratio: float, now: float) -> Injected:
     """The victim's tree into a memory cgroup limited to `ratio` x its engine core's working set
     (anonymous memory: what a restart allocates afresh); the engine core is then killed once, as
     an OOM kill would, so that its restart in place happens inside the group and is charged in
     full there (this kernel does not move the charges of pages already in use)."""
     parents = parent_pids()
-    engines = sorted(pid for pid, parent in parents.items() if parent == victim.pid)
+    engines = sorted(pid for pid, parent in parents.items() if parent == aim)
     working_set = sum(memory_cgroup.anonymous_bytes(pid) for pid in engines)
-    limit = memory_cgroup.limit_memory(tree_pids(victim.pid), int(ratio * working_set))
+    moved = tree_pids(aim)
+    limit = memory_cgroup.limit_memory(moved, int(ratio * working_set))
     for pid in engines:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     injected = Injected(kind, victim.name, now, notes=[
         f"limit {limit.limit_bytes / 2**20:.0f} MiB = {ratio:g} x the engine core's {working_set / 2**20:.0f} MiB; "
-        "engine core killed to restart inside"])
+        "engine core killed to restart inside"],
+        checks=lambda: [fault_checks.memory_pressed(limit, moved, tree_pids(victim.pid))])
 
     def heal() -> None:
         num_kills = limit.num_oom_kills()
@@ -138,9 +187,11 @@ def _memory_limited(kind: str, victim, ratio: float, now: float) -> Injected:
     return injected
 
 
-def _network_fault(stack, kind: str, victim, rng: random.Random, now: float) -> Injected:
+def _network_fault(stack, kind: str, victim, rng: random.Random, now: float, decoy: Decoy | None) -> Injected:
     _, _, net_kind, peer_role, params = next(fault for fault in NETWORK_FAULTS if fault[0] == kind)
     target = netfault.process_target(victim.name, victim.pid)
+    if decoy:
+        target = netfault.Target(decoy.name, (decoy.port,), (decoy.pid,))
     peer = None
     if peer_role == "redis":
         peer = netfault.port_target("redis", urlparse(stack.redis_url).port)
@@ -149,7 +200,12 @@ def _network_fault(stack, kind: str, victim, rng: random.Random, now: float) -> 
         peer = netfault.process_target(other.name, other.pid)
     fault = netfault.inject(net_kind, target, peer, seed=rng.randrange(10**6), **params)
     _delayers_at_normal_priority()
-    return Injected(kind, victim.name + (f"<->{peer.name}" if peer else ""), now, fault.heal, [fault.describe()])
+
+    def checks() -> list[Check]:
+        found = [fault_checks.rules_matched(fault)]
+        return found + ([fault_checks.delayer_acted(fault)] if net_kind in netfault.DELAYER_KINDS else [])
+    return Injected(kind, victim.name + (f"<->{peer.name}" if peer else ""), now, fault.heal, [fault.describe()],
+                    checks=checks)
 
 
 def _delayers_at_normal_priority() -> None:

@@ -81,6 +81,11 @@ class PoissonLoad:
         self._pool.shutdown(wait=True)
         return list(self._results)
 
+    def arrival_times(self) -> list[float]:
+        """When each request started (monotonic), of those started so far."""
+        with self._lock:
+            return [r.started_at for r in self._results if r.started_at]
+
     def num_in_flight(self) -> int:
         with self._lock:
             return sum(1 for r in self._results if r.ended_at == 0.0)

@@ -35,6 +35,7 @@ import grpc
 import redis.asyncio
 
 from benchmarks.fault_load import greedy_request, random_prompt
+from benchmarks.harness.fault_checks import ProcessIdentity
 from shared.cluster.keys import ClusterNamespace
 from shared.cluster.prefix_index import PrefixIndex
 from shared.kv_cache.block_hash import hash_full_blocks
@@ -59,6 +60,7 @@ class PullKill:
     probe_correct: bool
     probe_peer_tokens: int
     note: str = ""
+    killed: ProcessIdentity | None = None  # the victim's process as it was before the kill
 
 
 # ---- metrics ---------------------------------------------------------------------------------
@@ -169,23 +171,27 @@ def pick_pull(held: list[dict[str, int]], victim: str, pullers: list[str]) -> tu
     return best
 
 
-def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float = 60.0) -> PullKill:
-    """Steps 1-4 of the module's docstring, then the probe's outcome."""
+def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float = 60.0,
+                         aim_pid: int | None = None) -> PullKill:
+    """Steps 1-4 of the module's docstring, then the probe's outcome. `aim_pid`: the control
+    run's decoy, stopped and killed instead of the holder."""
     sends = peer_sends(stack)
     victim = max((child.name for child in stack.instances if child.role == "decode"), key=sends.__getitem__)
     victim_child = next(child for child in stack.instances if child.name == victim)
+    killed, aim = ProcessIdentity.of(victim_child.pid), aim_pid or victim_child.pid
     pullers = [child.name for child in stack.instances if child.role == "prefill"]
     other_decode = next(child for child in stack.instances if child.role == "decode" and child.name != victim)
     conversations = [prompt + result.token_ids for prompt, result in load.first_turns() if result.is_ok]
     held = holdings(stack, conversations, {victim, *pullers})
     pick = pick_pull(held, victim, pullers)
     if pick is None:
-        os.kill(victim_child.pid, signal.SIGKILL)
-        return PullKill(victim, False, False, False, 0, note="the victim held nothing a prefill lacked: no probe")
+        os.kill(aim, signal.SIGKILL)
+        return PullKill(victim, False, False, False, 0, note="the victim held nothing a prefill lacked: no probe",
+                        killed=killed)
     number, puller, num_local_blocks = pick
     prompt = conversations[number] + random_prompt(24, seed)
     source = (victim, held[number][victim], num_local_blocks)
-    os.kill(victim_child.pid, signal.SIGSTOP)
+    os.kill(aim, signal.SIGSTOP)
     probe: dict = {}
     thread = threading.Thread(target=_probe, args=(stack, puller, other_decode.name, source, prompt, probe),
                               daemon=True)
@@ -194,7 +200,7 @@ def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float 
         thread.start()
         in_flight = wait_until(lambda: pulls_in_flight(stack, puller) >= 1, timeout_s)
     finally:
-        os.kill(victim_child.pid, signal.SIGKILL)
+        os.kill(aim, signal.SIGKILL)
     thread.join(PEER_TIMEOUT_S + 120)
     expected = _cold_tokens(gateway_stub, prompt)
     tokens = probe.get("tokens")
@@ -204,7 +210,7 @@ def kill_holder_mid_pull(stack, gateway_stub, load, seed: int, timeout_s: float 
         note += f"; no pull was in flight within {timeout_s:.0f} s: killed anyway"
     return PullKill(victim, in_flight, "error" not in probe and tokens is not None, tokens == expected,
                     probe.get("peer_tokens", -1), note=note + (f"; probe error {probe['error']}"
-                                                             if "error" in probe else ""))
+                                                             if "error" in probe else ""), killed=killed)
 
 
 def _probe(stack, puller: str, decode: str, source: tuple[str, int, int], prompt: list[int], out: dict) -> None:

@@ -16,13 +16,19 @@ tier off so that peers are the only source of a prefix, under two-turn chats who
 pull the first turn's KV from the decode instance that generated it; it kills that holder while
 a pull waits on it and adds the pulls that happened and whether the pulled prompt came out
 right. `--scenario TEXT` (repeatable) runs only the scenarios whose name contains TEXT.
+
+Every fault is verified (benchmarks.harness.fault_evidence, shared with bench-chaos): a SIGSTOP
+by state T for every process of the victim's tree before SIGCONT, a kill or SIGTERM by the
+victim's new pid (the old one gone), its restart count and every instance registered again.
+The evidence is printed under each row; a fault not verified fails the run (exit status 3).
+`--control-misdirect` aims every fault at a decoy process instead: that run must fail.
 """
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
+import random
 import re
 import signal
 import tempfile
@@ -36,16 +42,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import grpc  # noqa: E402
-import redis.asyncio  # noqa: E402
 
-from benchmarks import fault_pull  # noqa: E402
+from benchmarks import chaos_faults, fault_pull  # noqa: E402
+from benchmarks.chaos_faults import num_restarts  # noqa: E402
+from benchmarks.chaos_stack import registered_ids  # noqa: E402
 from benchmarks.fault_chat_load import ChatLoad  # noqa: E402
 from benchmarks.fault_load import StreamingLoad, StreamResult, failures  # noqa: E402
-from benchmarks.freeze import Frozen  # noqa: E402
+from benchmarks.harness import fault_checks, fault_evidence, misdirect  # noqa: E402
+from benchmarks.harness.fault_evidence import FaultEvidence  # noqa: E402
+from benchmarks.harness.misdirect import Decoy  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402
 from services.launcher.supervisor import RestartPolicy  # noqa: E402
-from shared.cluster.instances import InstanceRegistry  # noqa: E402
-from shared.cluster.keys import ClusterNamespace  # noqa: E402
 from shared.model.default_model import resolve_model  # noqa: E402
 from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
 from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
@@ -66,6 +73,9 @@ SCENARIOS = (
     ("redis SIGSTOP 20s", "redis", signal.SIGSTOP),
 )
 HUNG_S = 20.0  # how long a SIGSTOP scenario's victim stays stopped
+# The fault kind (benchmarks.chaos_faults) that injects and verifies each scenario's signal.
+SIGNAL_KINDS = {signal.SIGKILL: "kill -9", signal.SIGTERM: "SIGTERM", signal.SIGSTOP: "SIGSTOP"}
+CONTROL_WAIT_S = 30.0  # a control run's wait for a restart that its misdirected kill never causes
 # Runs on its own stack (host tier off, chats); the victim is the holder the pulls used.
 PULL_SCENARIO = "holder kill -9 mid-pull"
 
@@ -83,6 +93,7 @@ class Row:
     num_pulls: int | None = None  # peer pulls served during the scenario (the pull scenario only)
     pulled_right: str = "-"  # the pull scenario: did the pull the kill hit end computed, and right
     note: str = ""
+    evidence: FaultEvidence | None = None  # what proved the fault took effect (None: the baseline)
 
 
 def parse_args() -> argparse.Namespace:
@@ -92,6 +103,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=64)
     add_engine_arguments(parser, "dtype")
     parser.add_argument("--scenario", action="append", help="run only scenarios containing this text")
+    parser.add_argument("--control-misdirect", action="store_true",
+                        help="a control run: every fault aimed at a decoy process no service uses; its "
+                             "verification must fail, and so must the run")
     return parser.parse_args()
 
 
@@ -107,23 +121,7 @@ def start_stack(dtype: str, instance_args: tuple[str, ...] = (), gateway_args: t
     return stack
 
 
-def registered_ids(stack: LocalStack) -> set[str]:
-    namespace = ClusterNamespace(stack.config.deployment, Path(stack.config.model).name)
-
-    async def read() -> set[str]:
-        async with redis.asyncio.Redis.from_url(stack.redis_url, socket_timeout=1) as client:
-            return await InstanceRegistry(client, namespace).live_instance_ids()
-    try:
-        return asyncio.run(read())
-    except (OSError, redis.RedisError):
-        return set()
-
-
-def num_restarts(stack: LocalStack, name: str) -> int:
-    return next((r.num_restarts for r in stack.supervisor.records() if r.name == name), 0)
-
-
-def wait_recovered(stack: LocalStack, victim: str, restarts_before: int, timeout_s: float = 300.0) -> float:
+def wait_recovered(stack: LocalStack, victim: str, restarts_before: int, timeout_s: float) -> float:
     """Seconds until the victim was restarted and every instance is registered."""
     started = time.monotonic()
     names = {child.name for child in stack.instances}
@@ -144,13 +142,27 @@ def wait_registered(stack: LocalStack, started: float, timeout_s: float = 300.0)
     return float("nan")
 
 
-def stop_for(stack: LocalStack, victim: str, seconds: float) -> float:
-    """SIGSTOP the victim's process tree for `seconds`, SIGCONT it; seconds from the stop until
-    every instance is registered again."""
+def inject_and_verify(stack: LocalStack, victim: str, signum: int, decoy: Decoy | None,
+                      restarts_before: int) -> tuple[float, FaultEvidence]:
+    """The scenario's signal (chaos_faults' fault kind for it), then (recovery s, its evidence).
+    SIGSTOP: the tree stays stopped for HUNG_S, verified before SIGCONT; recovery from the stop
+    until every instance is registered again. A kill or SIGTERM: recovery until the victim was
+    restarted and every instance is registered, then verified (a new pid, registered)."""
+    child = next(child for child in stack.children() if child.name == victim)
     started = time.monotonic()
-    with Frozen(next(child for child in stack.children() if child.name == victim)):
-        time.sleep(seconds)  # the fault's length (a benchmark's fixed duration, not a synchronization)
-    return wait_registered(stack, started)
+    injected = chaos_faults.inject_into(stack, SIGNAL_KINDS[signum], child, random.Random(0),
+                                        chaos_faults.FaultSettings(HUNG_S), decoy=decoy)
+    if signum == signal.SIGSTOP:
+        try:
+            time.sleep(HUNG_S)  # the fault's length (a benchmark's fixed duration, not a synchronization)
+            evidence = injected.verify()
+        finally:
+            injected.heal()
+        return wait_registered(stack, started), evidence
+    recovery_s = wait_recovered(stack, victim, restarts_before, CONTROL_WAIT_S if decoy else 300.0)
+    evidence = injected.verify()
+    evidence.checks.append(fault_checks.registered({c.name for c in stack.instances}, registered_ids(stack)))
+    return recovery_s, evidence
 
 
 def migrations(stack: LocalStack) -> int:
@@ -172,19 +184,17 @@ def window_latencies(results: list[StreamResult], start: float, end: float) -> t
     return p99_ms(ttfts), p99_ms(gaps)
 
 
-def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namespace, seed: int) -> Row:
+def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namespace, seed: int,
+                 decoy: Decoy | None = None) -> Row:
     name, victim, signum = scenario
     restarts_before, migrated_before = num_restarts(stack, victim), migrations(stack)
     with StreamingLoad(stub, args.num_requests, args.concurrency, prompt_tokens=(100, 300),
                        max_tokens=args.output_len, seed=seed, timeout_s=600) as load:
         load.wait_in_flight(min(4, args.concurrency), timeout_s=300)
         fault_at = time.monotonic()
-        recovery_s = 0.0
-        if signum == signal.SIGSTOP:
-            recovery_s = stop_for(stack, victim, HUNG_S)
-        elif victim is not None:
-            os.kill(next(child for child in stack.children() if child.name == victim).pid, signum)
-            recovery_s = wait_recovered(stack, victim, restarts_before)
+        recovery_s, evidence = 0.0, None
+        if victim is not None:
+            recovery_s, evidence = inject_and_verify(stack, victim, signum, decoy, restarts_before)
         results = load.results()
     window_end = fault_at + recovery_s if victim is not None else max(r.ended_at for r in results)
     ttft, itl = window_latencies(results, fault_at, window_end)
@@ -193,10 +203,10 @@ def run_scenario(stack: LocalStack, stub, scenario: tuple, args: argparse.Namesp
     notes = [f"longest gap in a stream {longest_gap:.1f} s"] if signum == signal.SIGSTOP else []
     notes += failures(results)[:3]
     return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s, ttft, itl,
-               fault_pull.stranded_blocks(stack), note="; ".join(notes))
+               fault_pull.stranded_blocks(stack), note="; ".join(notes), evidence=evidence)
 
 
-def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: int) -> Row:
+def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: int, decoy: Decoy | None = None) -> Row:
     """Two-turn chats; once a second turn has pulled from a decode instance, that holder is
     killed while a pull waits on it (benchmarks.fault_pull)."""
     migrated_before, sends_before = migrations(stack), fault_pull.peer_sends(stack)
@@ -207,8 +217,10 @@ def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: i
         sends_at_kill = fault_pull.peer_sends(stack)
         fault_at = time.monotonic()
         restarts_before = {name: num_restarts(stack, name) for name in sends_at_kill}
-        kill = fault_pull.kill_holder_mid_pull(stack, stub, load, seed)
-        recovery_s = wait_recovered(stack, kill.victim, restarts_before[kill.victim])
+        kill = fault_pull.kill_holder_mid_pull(stack, stub, load, seed, aim_pid=decoy.pid if decoy else None)
+        recovery_s = wait_recovered(stack, kill.victim, restarts_before[kill.victim],
+                                    CONTROL_WAIT_S if decoy else 300.0)
+        evidence = pull_kill_evidence(stack, kill, restarts_before[kill.victim])
         results = load.results()
     ttft, itl = window_latencies(results, fault_at, fault_at + recovery_s)
     num_ok = sum(result.is_ok for result in results)
@@ -222,7 +234,16 @@ def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: i
     notes += [kill.note] if kill.note else []
     right = pull_verdict(kill, args.dtype)
     return Row(PULL_SCENARIO, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, recovery_s,
-               ttft, itl, fault_pull.stranded_blocks(stack), num_pulls, right, "; ".join(notes))
+               ttft, itl, fault_pull.stranded_blocks(stack), num_pulls, right, "; ".join(notes), evidence)
+
+
+def pull_kill_evidence(stack: LocalStack, kill: "fault_pull.PullKill", restarts_before: int) -> FaultEvidence:
+    """The holder's kill, verified as chaos_faults verifies a kill -9: a new pid, a restart, registered."""
+    child = next(child for child in stack.instances if child.name == kill.victim)
+    return FaultEvidence("kill -9 mid-pull", kill.victim, [
+        *fault_checks.replaced(kill.victim, kill.killed, child.pid),
+        fault_checks.restarted(kill.victim, restarts_before, num_restarts(stack, kill.victim)),
+        fault_checks.registered({c.name for c in stack.instances}, registered_ids(stack))])
 
 
 def pull_verdict(kill: "fault_pull.PullKill", dtype: str) -> str:
@@ -236,13 +257,19 @@ def pull_verdict(kill: "fault_pull.PullKill", dtype: str) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = ["| fault | requests ok | failed | migrated | recovery s | TTFT p99 ms | ITL p99 ms | blocks stranded "
-             "| peer pulls | killed pull recomputed right |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r.scenario} | {r.num_ok} | {r.num_failed} | {r.num_migrated} | {r.recovery_s:.1f} | "
-              f"{r.ttft_p99_ms:.0f} | {r.itl_p99_ms:.0f} | {r.num_stranded} | "
+    lines = ["| fault | verified | requests ok | failed | migrated | recovery s | TTFT p99 ms | ITL p99 ms "
+             "| blocks stranded | peer pulls | killed pull recomputed right |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r.scenario} | {verified_cell(r.evidence)} | {r.num_ok} | {r.num_failed} | {r.num_migrated} | "
+              f"{r.recovery_s:.1f} | {r.ttft_p99_ms:.0f} | {r.itl_p99_ms:.0f} | {r.num_stranded} | "
               f"{'-' if r.num_pulls is None else r.num_pulls} | {r.pulled_right} |" for r in rows]
     return "\n".join(lines)
+
+
+def verified_cell(evidence: FaultEvidence | None) -> str:
+    if evidence is None:
+        return "-"
+    return "yes" if evidence.is_verified else "NO"
 
 
 def supervise_in_background(stack: LocalStack) -> threading.Event:
@@ -275,26 +302,43 @@ def main() -> None:
     if not selected:
         raise SystemExit(f"no scenario matches {args.scenario}; the scenarios: "
                          f"{[name for name, _, _ in SCENARIOS] + [PULL_SCENARIO]}")
+    with misdirect.decoy() if args.control_misdirect else contextlib.nullcontext() as decoy:
+        rows, run_dirs = run_selected(args, selected, decoy)
+    control = "; CONTROL RUN: every fault aimed at a decoy (--control-misdirect)" if decoy else ""
+    print(f"\n{args.num_requests} streaming requests per scenario at concurrency {args.concurrency}, "
+          f"{args.output_len} output tokens, {args.dtype}{control}; logs in "
+          f"{', '.join(str(d / 'logs') for d in run_dirs)}\n")
+    print(format_table(rows))
+    for row in rows:
+        if row.note:
+            print(f"\n{row.scenario}: {row.note}")
+    evidence = [row.evidence for row in rows if row.evidence is not None]
+    print("\nEvidence that each fault took effect:\n" + "\n".join(
+        line for found in evidence for line in found.lines()))
+    print(fault_evidence.summary(evidence))
+    raise SystemExit(fault_evidence.exit_status(evidence))
+
+
+def run_selected(args: argparse.Namespace, selected: list[str], decoy: Decoy | None) -> tuple[list[Row], list[Path]]:
     rows, run_dirs = [], []
     scenarios = [s for s in SCENARIOS if s[0] in selected]
     if scenarios:
         with running(start_stack(args.dtype), run_dirs) as (stack, stub):
             for seed, scenario in enumerate(scenarios, start=1):
-                rows.append(run_scenario(stack, stub, scenario, args, seed))
-                print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-                if rows[-1].note:
-                    print(f"  {rows[-1].note}", flush=True)
+                rows.append(run_scenario(stack, stub, scenario, args, seed, decoy))
+                print_row(rows[-1])
     if PULL_SCENARIO in selected:
         stack = start_stack(args.dtype, tuple(fault_pull.STACK_INSTANCE_ARGS), tuple(fault_pull.STACK_GATEWAY_ARGS))
         with running(stack, run_dirs) as (stack, stub):
-            rows.append(run_pull_scenario(stack, stub, args, len(SCENARIOS) + 1))
-            print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{args.num_requests} streaming requests per scenario at concurrency {args.concurrency}, "
-          f"{args.output_len} output tokens, {args.dtype}; logs in {', '.join(str(d / 'logs') for d in run_dirs)}\n")
-    print(format_table(rows))
-    for row in rows:
-        if row.note:
-            print(f"\n{row.scenario}: {row.note}")
+            rows.append(run_pull_scenario(stack, stub, args, len(SCENARIOS) + 1, decoy))
+            print_row(rows[-1])
+    return rows, run_dirs
+
+
+def print_row(row: Row) -> None:
+    print(format_table([row]).splitlines()[-1], flush=True)
+    for line in ([row.note] if row.note else []) + (row.evidence.lines() if row.evidence else []):
+        print(f"  {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Freezing instances (SIGSTOP of a process and its descendants: a hung host, as far as its peers
-can tell), for the fault benchmark and for tests that need a process alive but not running at
-a chosen moment, instead of hoping it is slow enough."""
+can tell), for tests that need a process alive but not running at a chosen moment, instead of
+hoping it is slow enough. The fault benchmarks stop a tree through benchmarks.chaos_faults,
+which also verifies the stop."""
 
 import contextlib
 import os

@@ -56,6 +56,10 @@ class MemoryLimit:
                     return int(value)
         return 0
 
+    def pids(self) -> list[int]:
+        """The processes in the group now (those moved in and those started inside)."""
+        return _pids(self.path)
+
     def peak_bytes(self) -> int:
         with contextlib.suppress(OSError, ValueError):
             return _read_int(self.path / ("memory.max_usage_in_bytes" if self.is_v1 else "memory.peak"))

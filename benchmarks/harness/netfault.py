@@ -63,6 +63,8 @@ when the fault starts; connections opened during the fault by the cgroup match.
 import atexit
 import itertools
 import os
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -72,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.harness import netfault_rules as rules
+from benchmarks.harness.netfault_queue import Stats as DelayerStats
 from benchmarks.harness.process_tree import descendants, parent_pids
 
 NetFaultError = rules.NetFaultError
@@ -118,6 +121,7 @@ class Fault:
     queue: int | None = None  # the delayer kinds' NFQUEUE number
     delayer_exit_code: int | None = None  # once healed: 0 when the delayer let go of all it held
     _tag: str = ""  # its iptables rules' comment
+    _delayer: subprocess.Popen | None = field(default=None, repr=False)
     _undo: list = field(default_factory=list, repr=False)
     _healed: bool = False
 
@@ -134,6 +138,18 @@ class Fault:
         """Packets the fault has caught so far (its rules' counters: queued, dropped or reset),
         for tests to wait on an observable event instead of a sleep."""
         return sum(rules.rule_packets(table, self._tag) for table in rules.IPTABLES) if self._tag else 0
+
+    def delayer_stats(self, timeout_s: float = 10.0) -> DelayerStats | None:
+        """What the delayer kinds' delayer did so far (packets queued, held past their arrival,
+        dropped); None for the rule kinds, once healed, or when it does not answer in time."""
+        delayer = self._delayer
+        if delayer is None or delayer.poll() is not None or not self.is_active:
+            return None
+        delayer.send_signal(signal.SIGUSR1)
+        if not select.select([delayer.stdout], [], [], timeout_s)[0]:
+            return None
+        line = delayer.stdout.readline()
+        return DelayerStats.parse(line) if line.startswith("stats ") else None
 
     def heal(self) -> None:
         with _lock:
@@ -249,6 +265,7 @@ def _inject_delayer(fault: Fault) -> None:
          *arguments], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                         os.environ.get("PYTHONPATH")]))})
+    fault._delayer = delayer
     fault._undo.append(lambda: _stop_delayer(fault, delayer, queue))
     if delayer.stdout.readline().strip() != "ready":
         raise rules.NetFaultError(f"the packet delayer for {fault.describe()} did not start "

@@ -10,8 +10,10 @@ gives each its verdict (accept or drop) when its time comes, out of order when t
 overtake each other. Each packet is delayed `delay_ms` plus a uniform draw in +-`jitter_ms`;
 `reorder_percent` of them go at once instead (they overtake the delayed ones); `loss_percent`
 are dropped; with `mbit` the packets also leave no faster than that rate (paced by their IP
-length). It prints "ready" once bound, and on SIGTERM or SIGINT releases every packet it still
-holds before it exits (its iptables rules have `--queue-bypass`: with nobody listening,
+length). It prints "ready" once bound; on SIGUSR1 it prints what it has done so far, one line
+`stats queued=N delayed=N dropped=N longest_hold_ms=X` (a delayed packet: one held past its
+arrival; the fault's verification reads it); on SIGTERM or SIGINT it releases every packet it
+still holds before it exits (its iptables rules have `--queue-bypass`: with nobody listening,
 packets pass untouched).
 
 The netlink messages are nfnetlink_queue's (linux/netfilter/nfnetlink_queue.h), built here
@@ -28,6 +30,7 @@ import socket
 import struct
 import sys
 import time
+from dataclasses import dataclass
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
@@ -149,12 +152,42 @@ class Schedule:
         return release
 
 
+@dataclass
+class Stats:
+    """What the delayer did so far (printed on SIGUSR1)."""
+
+    queued: int = 0
+    delayed: int = 0  # held past their arrival
+    dropped: int = 0
+    longest_hold_s: float = 0.0
+
+    def count(self, now: float, release: float | None) -> None:
+        self.queued += 1
+        if release is None:
+            self.dropped += 1
+        elif release > now:
+            self.delayed += 1
+            self.longest_hold_s = max(self.longest_hold_s, release - now)
+
+    @classmethod
+    def parse(cls, line: str) -> "Stats":
+        """The line `line()` printed."""
+        fields = dict(word.split("=", 1) for word in line.split()[1:])
+        return cls(int(fields["queued"]), int(fields["delayed"]), int(fields["dropped"]),
+                   float(fields["longest_hold_ms"]) / 1000)
+
+    def line(self) -> str:
+        return (f"stats queued={self.queued} delayed={self.delayed} dropped={self.dropped} "
+                f"longest_hold_ms={1000 * self.longest_hold_s:.1f}")
+
+
 def serve(queue: PacketQueue, schedule: Schedule) -> None:
     held: list[tuple[float, int, int]] = []  # (release time, arrival order, packet id)
     order = itertools.count()
-    stopping = []
+    stats, stopping, stats_asked = Stats(), [], []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: stats_asked.append(True))
     # A signal wakes the select below at once (Python retries a select a signal interrupted,
     # so without this a long hold would keep the packets until the next one arrived).
     wakeup, wakeup_writer = socket.socketpair()
@@ -170,12 +203,16 @@ def serve(queue: PacketQueue, schedule: Schedule) -> None:
         now = time.monotonic()
         for packet_id, num_bytes in queue.packets():
             release = schedule.release_time(now, num_bytes)
+            stats.count(now, release)
             if release is None:
                 queue.verdict(packet_id, accept=False)
             else:
                 heapq.heappush(held, (release, next(order), packet_id))
         while held and held[0][0] <= time.monotonic():
             queue.verdict(heapq.heappop(held)[2], accept=True)
+        while stats_asked:
+            stats_asked.pop()
+            print(stats.line(), flush=True)
     for _, _, packet_id in sorted(held):  # healed: what is still held goes now, in order
         queue.verdict(packet_id, accept=True)
 
