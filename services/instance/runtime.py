@@ -39,7 +39,7 @@ from services.instance.peer_handler import PeerHandler
 from services.instance.presence import ClusterPresence
 from services.instance.role import RoleHandlers
 from services.instance.servicer import InstanceServicer
-from services.instance.settings import InstanceSettings, lora_config, parse_lora_modules
+from services.instance.settings import OPENAI_OFF, InstanceSettings, lora_config, parse_lora_modules
 from services.instance.status import status_to_proto
 from services.observability.instance_metrics import InstanceMetrics
 from services.rpc.ready_file import write_ready_file
@@ -65,7 +65,9 @@ def advertised_host(settings: InstanceSettings) -> str:
 
 
 class InstanceRuntime:
-    def __init__(self, settings: InstanceSettings, build_handlers: Callable[["InstanceRuntime"], RoleHandlers]):
+    def __init__(self, settings: InstanceSettings, build_handlers: Callable[["InstanceRuntime"], RoleHandlers],
+                 load_openai_model: Callable | None = None):
+        """`load_openai_model`: the OpenAI door's ServedModel (None: read from the model folder)."""
         self.settings = settings
         self.role = settings.role
         self.instance_id = settings.instance_id or new_instance_id(settings.role)
@@ -78,6 +80,9 @@ class InstanceRuntime:
         self.metrics: InstanceMetrics | None = None
         self.grpc_address = ""
         self.metrics_address = ""  # "host:port" of /metrics, "" without --metrics-port
+        self.load_openai_model = load_openai_model
+        self.openai = None  # services.instance.openai_door.OpenAIDoor with --openai-port
+        self.openai_address = ""  # "host:port" of the OpenAI HTTP API, "" without --openai-port
         self.is_draining = False
         self._is_stopped = False
         # Set once the engine failed as a whole and the instance left routing.
@@ -115,11 +120,24 @@ class InstanceRuntime:
         self.handlers = handlers
         await self.server.set_serving(True)
         self.presence.start(self.info(), self.engine)
+        await self._open_openai_door()
         if self.settings.ready_file:
             write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role,
-                             self.metrics_address)
+                             self.metrics_address, self.openai_address)
         logger.info("%s %s serving on %s (KV receiver: %s, metrics: %s)", self.role, self.instance_id,
                     self.grpc_address, self.ucx_address or "none", self.metrics_address or "none")
+
+    async def _open_openai_door(self) -> None:
+        """With --openai-port: the OpenAI-compatible HTTP API (services.instance.openai_door)."""
+        if self.settings.openai_port == OPENAI_OFF:
+            return
+        from services.instance.openai_door import served_model, start_openai_door  # FastAPI: only when asked for
+        try:
+            self.openai = await start_openai_door(self, self.load_openai_model or (lambda: served_model(self.settings)))
+        except OSError as error:
+            raise ConfigurationError("openai_port", f"cannot listen on {self.settings.host}:"
+                                                    f"{self.settings.openai_port}: {error.strerror}") from error
+        self.openai_address = self.openai.http.address
 
     def _watch_engine_failure(self, loop: asyncio.AbstractEventLoop) -> None:
         def on_failure(error: BaseException) -> None:  # on the engine thread
@@ -256,6 +274,8 @@ class InstanceRuntime:
         self._is_stopped = True
         logger.info("%s %s shutting down", self.role, self.instance_id)
         await self.begin_draining()
+        if self.openai is not None:  # GET /health says 503 already; open responses get the grace
+            await self.openai.stop(self.settings.shutdown_grace_s)
         if self.presence is not None and self.engine is not None:
             await self.presence.mark_draining(self.info(), self.engine)
         await self._finish_accepted_work(self.settings.drain_timeout_s)
