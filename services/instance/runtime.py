@@ -3,7 +3,8 @@
 start():  gRPC server up (health NOT_SERVING) -> engine loaded -> metrics wired (and the
           /metrics listener up with --metrics-port) -> role handlers started (the KV
           receiver listens) -> health SERVING -> registered in Redis with heartbeats and
-          the prefix-index publisher -> ready file written.
+          the prefix-index publisher -> the OpenAI HTTP API up with --openai-port
+          (services.instance.openai_door) -> ready file written.
 engine failure (the step loop died: forward pass, worker, memory; or the engine-core process
           died): health NOT_SERVING and deregistered at once (what was in flight failed with
           EngineDeadError). An engine core in a child process is then restarted in place (the
@@ -11,7 +12,8 @@ engine failure (the step loop died: forward pass, worker, memory; or the engine-
           --max-engine-restarts within --engine-restart-window-s; past that (a crash loop), or
           for an engine thread, `failed` is set and the entry stops the instance and exits
           non-zero so a supervisor restarts it; it never stays registered answering 503s.
-stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> registered as DRAINING
+stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> the OpenAI HTTP API closed
+          (its open responses get --shutdown-grace-s) -> registered as DRAINING
           and prefix index dropped (gateways stop routing here; `pdserve status` shows it) ->
           accepted work finishes, up to --drain-timeout-s: running prefills, Decode calls for
           granted reservations (their RPCs are still accepted), running decodes -> deregistered

@@ -56,3 +56,26 @@ def test_the_named_prefill_instance_computes_a_pod_request_as_the_gateway_would(
     expected = complete(stack.stack.ready_info["gateway"]["http_address"], "gateway")
     assert got["choices"][0]["text"] == expected["choices"][0]["text"]
     assert got["usage"] == expected["usage"]
+
+
+def chat_stream(address: str, salt: str, headers: dict | None = None) -> str:
+    """The streamed chat completion's text, joined from its SSE chunks."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "stream": True, "cache_salt": salt}
+    request = urllib.request.Request(f"http://{address}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        lines = [line.decode().strip() for line in response]
+    events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return "".join(json.loads(event)["choices"][0]["delta"].get("content") or ""
+                   for event in events[:-1] if json.loads(event)["choices"])
+
+
+def test_a_streamed_chat_with_llm_ds_header_is_the_gateways(stack):
+    pod = stack.stack.ready_info["decode-0"]["openai_address"]
+    prefill = stack.stack.ready_info["prefill-0"]["grpc_address"]
+    routed_before = routed(pod)
+    got = chat_stream(pod, "pod-chat", {"x-prefiller-host-port": prefill})
+    assert routed(pod) == routed_before + 1
+    assert got and got == chat_stream(stack.stack.ready_info["gateway"]["http_address"], "gateway-chat")
