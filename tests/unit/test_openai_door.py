@@ -11,11 +11,13 @@ import dataclasses
 import json
 import socket
 import urllib.request
+from collections import Counter
 
 import pytest
 
 import services.decode
 import services.prefill
+from services.gateway.relay_context import HangTimeouts
 from services.gateway.served_model import ServedModel
 from services.gateway.server import GatewayServer
 from services.gateway.settings import GatewaySettings
@@ -138,14 +140,19 @@ def test_the_named_prefill_instance_computes_the_prompt_and_the_tokens_are_the_g
 def test_without_a_usable_prefill_endpoint_the_decode_instance_computes_the_prompt(
         redis_server, tiny_llama_folder, smollm2_tokenizer):  # noqa: F811
     async def scenario():
-        async with pod(tiny_llama_folder, redis_server.url, smollm2_tokenizer) as p:
+        async with pod(tiny_llama_folder, redis_server.url, smollm2_tokenizer) as p, silent_listener() as hung:
+            # A hung instance is given up sooner here than the relay's defaults (stall 5 s, probe 2 s).
+            p.decode.runtime.openai.state.relay.hang = HangTimeouts(control_call_s=10.0, stall_s=0.3,
+                                                                   health_probe_s=0.3)
             down, older = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
             await register_fake_prefill(p, down)  # registered, nothing listening: the prefill call fails
+            await register_fake_prefill(p, hung)  # registered, accepts connections, never answers
             await register_fake_prefill(p, older, kv_protocol_version=KV_PROTOCOL_VERSION + 1,
                                         pdserve_version="99.0")
-            cases = {None: None, "unknown": f"127.0.0.1:{free_port()}", "malformed": "no-port",
-                     "failed": down, "incompatible": older, "not_prefill": p.decode.runtime.grpc_address}
-            for seed, (outcome, endpoint) in enumerate(cases.items()):
+            cases = [(None, None), ("unknown", f"127.0.0.1:{free_port()}"), ("malformed", "no-port"),
+                     ("failed", down), ("failed", hung), ("incompatible", older),
+                     ("not_prefill", p.decode.runtime.grpc_address)]
+            for seed, (outcome, endpoint) in enumerate(cases):
                 prompt = prompt_ids(PROMPT_LENGTH, 10 + seed)
                 headers = {"x-gateway-prefill-endpoints": endpoint} if endpoint else {}
                 before = await p.computed()
@@ -153,8 +160,22 @@ def test_without_a_usable_prefill_endpoint_the_decode_instance_computes_the_prom
                 after = await p.computed()
                 assert (after[0] - before[0], after[1] - before[1]) == (0, PROMPT_LENGTH), outcome
                 assert tokens(got) == tokens(await complete(p.gateway.http_address, prompt)), outcome
-            assert p.outcomes == {outcome: 1 for outcome in cases if outcome}
+            assert p.outcomes == Counter(outcome for outcome, _ in cases if outcome)
     asyncio.run(scenario())
+
+
+@contextlib.asynccontextmanager
+async def silent_listener():
+    """"host:port" of a TCP server that accepts connections and never sends a byte."""
+    connections = []
+    server = await asyncio.start_server(lambda reader, writer: connections.append(writer), "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+        await server.wait_closed()
 
 
 def test_the_door_lists_the_model_and_answers_health_and_metrics(redis_server, tiny_llama_folder,
