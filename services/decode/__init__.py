@@ -1,7 +1,8 @@
 """The decode and colocated roles: `python -m services.decode [--role decode|colocated] [flags]`.
 
 decode:    Reserve / Decode / Release (KV arrives over UCX from prefill instances), PrefillLocally
-           (the prompt computed here: conditional disaggregation), GetStatus.
+           (the prompt computed here: conditional disaggregation), GetStatus; with --openai-port,
+           Generate too (the OpenAI door's requests that name no usable prefill instance).
 colocated: the same process also serves Generate and Prefill on its one engine: the same
            backend with a role flag, usable alone or as a prefill/decode peer of others.
 """
@@ -16,8 +17,9 @@ def build_handlers(runtime):
     from services.instance.role import RoleHandlers
     from services.decode.generate_handler import GenerateHandler
     from services.decode.handler import DecodeHandler
-    if runtime.role == "decode":
-        return RoleHandlers(decode=DecodeHandler(runtime))
+    if runtime.role == "decode":  # with an OpenAI door, Generate too: its prompts without a named prefill
+        return RoleHandlers(decode=DecodeHandler(runtime),
+                            generate=GenerateHandler(runtime) if runtime.settings.openai_port != -1 else None)
     from services.prefill.handler import PrefillHandler
     return RoleHandlers(prefill=PrefillHandler(runtime), decode=DecodeHandler(runtime),
                         generate=GenerateHandler(runtime))

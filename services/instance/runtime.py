@@ -3,7 +3,8 @@
 start():  gRPC server up (health NOT_SERVING) -> engine loaded -> metrics wired (and the
           /metrics listener up with --metrics-port) -> role handlers started (the KV
           receiver listens) -> health SERVING -> registered in Redis with heartbeats and
-          the prefix-index publisher -> ready file written.
+          the prefix-index publisher -> the OpenAI HTTP API up with --openai-port
+          (services.instance.openai_door) -> ready file written.
 engine failure (the step loop died: forward pass, worker, memory; or the engine-core process
           died): health NOT_SERVING and deregistered at once (what was in flight failed with
           EngineDeadError). An engine core in a child process is then restarted in place (the
@@ -11,7 +12,8 @@ engine failure (the step loop died: forward pass, worker, memory; or the engine-
           --max-engine-restarts within --engine-restart-window-s; past that (a crash loop), or
           for an engine thread, `failed` is set and the entry stops the instance and exits
           non-zero so a supervisor restarts it; it never stays registered answering 503s.
-stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> registered as DRAINING
+stop():   draining (new requests UNAVAILABLE, health NOT_SERVING) -> the OpenAI HTTP API closed
+          (its open responses get --shutdown-grace-s) -> registered as DRAINING
           and prefix index dropped (gateways stop routing here; `pdserve status` shows it) ->
           accepted work finishes, up to --drain-timeout-s: running prefills, Decode calls for
           granted reservations (their RPCs are still accepted), running decodes -> deregistered
@@ -39,7 +41,7 @@ from services.instance.peer_handler import PeerHandler
 from services.instance.presence import ClusterPresence
 from services.instance.role import RoleHandlers
 from services.instance.servicer import InstanceServicer
-from services.instance.settings import InstanceSettings, lora_config, parse_lora_modules
+from services.instance.settings import OPENAI_OFF, InstanceSettings, lora_config, parse_lora_modules
 from services.instance.status import status_to_proto
 from services.observability.instance_metrics import InstanceMetrics
 from services.rpc.ready_file import write_ready_file
@@ -65,7 +67,9 @@ def advertised_host(settings: InstanceSettings) -> str:
 
 
 class InstanceRuntime:
-    def __init__(self, settings: InstanceSettings, build_handlers: Callable[["InstanceRuntime"], RoleHandlers]):
+    def __init__(self, settings: InstanceSettings, build_handlers: Callable[["InstanceRuntime"], RoleHandlers],
+                 load_openai_model: Callable | None = None):
+        """`load_openai_model`: the OpenAI door's ServedModel (None: read from the model folder)."""
         self.settings = settings
         self.role = settings.role
         self.instance_id = settings.instance_id or new_instance_id(settings.role)
@@ -78,6 +82,9 @@ class InstanceRuntime:
         self.metrics: InstanceMetrics | None = None
         self.grpc_address = ""
         self.metrics_address = ""  # "host:port" of /metrics, "" without --metrics-port
+        self.load_openai_model = load_openai_model
+        self.openai = None  # services.instance.openai_door.OpenAIDoor with --openai-port
+        self.openai_address = ""  # "host:port" of the OpenAI HTTP API, "" without --openai-port
         self.is_draining = False
         self._is_stopped = False
         # Set once the engine failed as a whole and the instance left routing.
@@ -115,11 +122,24 @@ class InstanceRuntime:
         self.handlers = handlers
         await self.server.set_serving(True)
         self.presence.start(self.info(), self.engine)
+        await self._open_openai_door()
         if self.settings.ready_file:
             write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role,
-                             self.metrics_address)
+                             self.metrics_address, self.openai_address)
         logger.info("%s %s serving on %s (KV receiver: %s, metrics: %s)", self.role, self.instance_id,
                     self.grpc_address, self.ucx_address or "none", self.metrics_address or "none")
+
+    async def _open_openai_door(self) -> None:
+        """With --openai-port: the OpenAI-compatible HTTP API (services.instance.openai_door)."""
+        if self.settings.openai_port == OPENAI_OFF:
+            return
+        from services.instance.openai_door import served_model, start_openai_door  # FastAPI: only when asked for
+        try:
+            self.openai = await start_openai_door(self, self.load_openai_model or (lambda: served_model(self.settings)))
+        except OSError as error:
+            raise ConfigurationError("openai_port", f"cannot listen on {self.settings.host}:"
+                                                    f"{self.settings.openai_port}: {error.strerror}") from error
+        self.openai_address = self.openai.http.address
 
     def _watch_engine_failure(self, loop: asyncio.AbstractEventLoop) -> None:
         def on_failure(error: BaseException) -> None:  # on the engine thread
@@ -256,6 +276,8 @@ class InstanceRuntime:
         self._is_stopped = True
         logger.info("%s %s shutting down", self.role, self.instance_id)
         await self.begin_draining()
+        if self.openai is not None:  # GET /health says 503 already; open responses get the grace
+            await self.openai.stop(self.settings.shutdown_grace_s)
         if self.presence is not None and self.engine is not None:
             await self.presence.mark_draining(self.info(), self.engine)
         await self._finish_accepted_work(self.settings.drain_timeout_s)

@@ -11,7 +11,8 @@ Default gRPC ports (used by `make run`; tests pass 0 for an ephemeral port and r
 bound address from `--ready-file`): prefill 50052, decode 50053, colocated 50054. The UCX
 receiver port defaults to 0 (ephemeral); its address is registered in Redis. The Prometheus
 `/metrics` listener is off unless --metrics-port is given (0 = a free one, announced in the
-log and the ready file).
+log and the ready file). Nor is the OpenAI-compatible HTTP API of a decode or colocated
+instance (--openai-port: services.instance.openai_door).
 """
 
 import dataclasses
@@ -39,6 +40,7 @@ DEFAULT_GRPC_PORTS = {"prefill": 50052, "decode": 50053, "colocated": 50054}
 ENGINE_CORE_PLACES = ("process", "thread")
 ROLE_DEFAULT_PORT = -1  # grpc_port sentinel: the role's documented default
 MAX_PORT = 65535
+OPENAI_OFF = -1  # openai_port: no OpenAI HTTP API
 
 
 def _setting(default, help_text: str, **constraints):
@@ -59,6 +61,10 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
     ucx_host: str = _setting("127.0.0.1", "host advertised for the UCX KV receiver")
     ucx_port: int = _setting(0, "UCX KV receiver port (0 = ephemeral)", ge=0, le=MAX_PORT)
     metrics_port: int = _setting(-1, "Prometheus /metrics port on --host (0 = a free one; -1 = none)", ge=-1, le=MAX_PORT)
+    openai_port: int = _setting(-1, "decode and colocated roles: serve the OpenAI-compatible HTTP API here too, "
+                                    "on this port on --host, for a pod behind a Gateway API Inference Extension "
+                                    "gateway; an x-gateway-prefill-endpoints header names the prefill instance "
+                                    "(docs/kubernetes.md) (0 = a free one; -1 = off)", ge=-1, le=MAX_PORT)
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis holding the cluster state")
     deployment: str = _setting("default", "deployment name; namespaces the Redis keys")
     instance_id: str = _setting("", "instance id in Redis ('' = generated from role and a random suffix)")
@@ -151,6 +157,8 @@ class InstanceSettings(TracingSettings, RedisClientSettings):
             raise ConfigurationError("tls_cert_file", "tls_cert_file and tls_key_file go together")
         if self.tls_ca_file and not self.tls_cert_file:
             raise ConfigurationError("tls_ca_file", "needs tls_cert_file and tls_key_file")
+        if self.openai_port != OPENAI_OFF and self.role == "prefill":
+            raise ConfigurationError("openai_port", "a prefill instance serves no OpenAI API (decode and colocated do)")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ConfigurationError("heartbeat_ttl_s", f"must exceed heartbeat_interval_s "
                                                         f"({self.heartbeat_interval_s}), got {self.heartbeat_ttl_s}")

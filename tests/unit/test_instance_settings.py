@@ -116,7 +116,8 @@ def test_ready_file_is_the_json_a_launcher_reads(tmp_path):
     path = tmp_path / "sub" / "ready.json"
     write_ready_file(str(path), "127.0.0.1:5", "127.0.0.1:6", "decode-1", "decode")
     assert json.loads(path.read_text()) == {"grpc_address": "127.0.0.1:5", "ucx_address": "127.0.0.1:6",
-                                            "instance_id": "decode-1", "role": "decode", "metrics_address": ""}
+                                            "instance_id": "decode-1", "role": "decode", "metrics_address": "",
+                                            "openai_address": ""}
     assert [p.name for p in path.parent.iterdir()] == ["ready.json"]
 
 
@@ -173,3 +174,13 @@ def test_the_prompt_chunk_per_step_is_small_on_decode_instances_by_default():
     assert InstanceSettings().max_local_prefill_tokens == 256
     with pytest.raises(ConfigurationError, match="^max_prefill_chunk_tokens"):
         InstanceSettings(max_prefill_chunk_tokens=-2)
+
+
+def test_the_openai_port_is_off_by_default_and_a_decode_or_colocated_setting(capsys, monkeypatch):
+    assert parse_settings("x", DECODE_ROLES, []).openai_port == -1
+    monkeypatch.setenv("PDSERVE_OPENAI_PORT", "8000")
+    assert parse_settings("x", DECODE_ROLES, []).openai_port == 8000
+    assert parse_settings("x", DECODE_ROLES, ["--role", "colocated", "--openai-port", "0"]).openai_port == 0
+    with pytest.raises(SystemExit):
+        parse_settings("x", ("prefill",), [])
+    assert "--openai-port: a prefill instance serves no OpenAI API" in capsys.readouterr().err

@@ -3,7 +3,9 @@
 `build_app(state, health)` is called once by GatewayServer, with the same GatewayState the
 gRPC servicer uses (so both doors share the model, the relay and its counters). Routes:
 `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-`GET /metrics` (the gateway's Prometheus metrics, services.gateway.metrics).
+`GET /metrics` (the gateway's Prometheus metrics, services.gateway.metrics). `openai_app`
+serves the generation routes alone; an instance's OpenAI door (services.instance.openai_door)
+builds on it with endpoints over its own StreamOpener.
 """
 
 import time
@@ -27,7 +29,7 @@ from services.gateway.http.access_middleware import AccessMiddleware
 from services.gateway.http.body_limit import BodyLimit
 from services.gateway.http.error_handlers import install_error_handlers
 from services.gateway.http.errors import from_invalid_request, gateway_error_response
-from services.gateway.http.flow import respond
+from services.gateway.http.flow import StreamOpener, respond
 from services.gateway.http.logprobs import TokenTexts
 from services.gateway.http.prompt_tokens import echoed, tokenized
 from services.gateway.http.schemas import ChatCompletionRequest, CompletionRequest, LoRAAdapterBody
@@ -42,10 +44,13 @@ OWNER = "pdserve"
 class OpenAIEndpoints:
     """The route handlers; each turns every failure into OpenAI's error shape."""
 
-    def __init__(self, state: GatewayState, health: GatewayHealth, tool_options: ToolOptions):
+    def __init__(self, state: GatewayState, health: GatewayHealth, tool_options: ToolOptions,
+                 streams: StreamOpener | None = None):
+        """`streams`: what prompts are generated through (None: the gateway's relay)."""
         self.state = state
         self.health = health
         self.tool_options = tool_options
+        self.streams = streams
         self.created = int(time.time())
 
     async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
@@ -64,7 +69,7 @@ class OpenAIEndpoints:
             internal.include_usage, internal.continuous_usage, sum(map(len, token_ids)),
             num_logprobs=body.logprobs, echo=echoed(internal.messages, token_ids, model) if body.echo else None,
             is_echo_only=internal.is_echo_only, num_prompt_logprobs=body.prompt_logprobs)
-        return await respond(request, self.state, internal, builder)
+        return await respond(request, self.state, internal, builder, self.streams)
 
     async def create_chat_completion(self, body: ChatCompletionRequest, request: Request) -> Response:
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -81,7 +86,7 @@ class OpenAIEndpoints:
                               TokenTexts(model.tokenizer), internal.include_usage, internal.continuous_usage,
                               sum(map(len, token_ids)), num_top_logprobs=num_top_logprobs,
                               num_prompt_logprobs=body.prompt_logprobs, tools=internal.tools)
-        return await respond(request, self.state, internal, builder)
+        return await respond(request, self.state, internal, builder, self.streams)
 
     async def list_models(self) -> Response:
         """The base model, then every LoRA adapter with its `parent` (as vLLM lists them)."""
@@ -138,17 +143,23 @@ def _error_response(error: InvalidRequestError | GatewayError) -> Response:
 def build_app(state: GatewayState, health: GatewayHealth, access: AccessControl | None = None,
               tool_options: ToolOptions = ToolOptions()) -> FastAPI:
     endpoints = OpenAIEndpoints(state, health, tool_options)
-    app = FastAPI(title="pdserve gateway", summary="OpenAI-compatible API of the pdserve gateway")
+    app = openai_app(endpoints, access, "pdserve gateway", "OpenAI-compatible API of the pdserve gateway")
+    app.add_api_route("/v1/load_lora_adapter", endpoints.load_lora_adapter, methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", endpoints.unload_lora_adapter, methods=["POST"])
+    app.add_api_route("/metrics", endpoints.export_metrics, methods=["GET"])
+    return app
+
+
+def openai_app(endpoints: OpenAIEndpoints, access: AccessControl | None, title: str, summary: str) -> FastAPI:
+    """The generation routes (completions, chat completions, models, health) and the middleware."""
+    app = FastAPI(title=title, summary=summary)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=state.limits.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=endpoints.state.limits.max_request_bytes)
     app.add_middleware(AccessMiddleware, access=access or AccessControl())
     if tracing_is_enabled():  # outermost: a refused request is traced too
         app.add_middleware(TracingMiddleware)
     app.add_api_route("/v1/completions", endpoints.create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", endpoints.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])
-    app.add_api_route("/v1/load_lora_adapter", endpoints.load_lora_adapter, methods=["POST"])
-    app.add_api_route("/v1/unload_lora_adapter", endpoints.unload_lora_adapter, methods=["POST"])
     app.add_api_route("/health", endpoints.check_health, methods=["GET"])
-    app.add_api_route("/metrics", endpoints.export_metrics, methods=["GET"])
     return app

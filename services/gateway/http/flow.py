@@ -9,13 +9,13 @@ it watches the connection: a client that disconnects cancels the request.
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from shared.pb.pdserve.v1 import gateway_pb2
+from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 
 from services.gateway.errors import GatewayError
 from services.gateway.fanout import merge_streams
@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away" (never seen by it)
+# What a request's prompts are generated through: (HTTP request, one GenerateRequest per prompt,
+# is_prompt_only) -> their merged, tagged stream. The gateway's relays them over the cluster
+# (gateway_streams); an instance's OpenAI door has its own (services.instance.pod_streams).
+StreamOpener = Callable[[Request, list[gateway_pb2.GenerateRequest], bool], AsyncIterator[Tagged]]
 
 
 class ClientDisconnected(Exception):
@@ -36,8 +40,9 @@ class ClientDisconnected(Exception):
 
 
 async def respond(request: Request, state: GatewayState, internal: InternalRequest,
-                  builder: ResponseBuilder) -> Response:
-    stream = open_stream(state, internal.messages, internal.is_echo_only)
+                  builder: ResponseBuilder, streams: StreamOpener | None = None) -> Response:
+    """`streams`: the gateway's (gateway_streams) when None."""
+    stream = (streams or gateway_streams(state))(request, internal.messages, internal.is_echo_only)
     is_handed_over = False
     try:
         if not internal.stream:
@@ -55,16 +60,24 @@ async def respond(request: Request, state: GatewayState, internal: InternalReque
             await stream.aclose()
 
 
+def gateway_streams(state: GatewayState) -> StreamOpener:
+    """The gateway's StreamOpener: open_stream (the HTTP request's headers play no part)."""
+    return lambda request, messages, is_prompt_only: open_stream(state, messages, is_prompt_only)
+
+
 def open_stream(state: GatewayState, messages: list[gateway_pb2.GenerateRequest],
                 is_prompt_only: bool = False) -> AsyncIterator[Tagged]:
     """One relay stream per prompt, merged; items are (prompt index, message)."""
-    streams = [_tagged(state, index, message, is_prompt_only) for index, message in enumerate(messages)]
-    return streams[0] if len(streams) == 1 else merge_streams(streams)
+    return merge_tagged([generate_stream(state, message, is_prompt_only=is_prompt_only) for message in messages])
 
 
-async def _tagged(state: GatewayState, prompt_index: int, message: gateway_pb2.GenerateRequest,
-                  is_prompt_only: bool) -> AsyncIterator[Tagged]:
-    stream = generate_stream(state, message, is_prompt_only=is_prompt_only)
+def merge_tagged(streams: list[AsyncIterator[generation_pb2.GenerateResponse]]) -> AsyncIterator[Tagged]:
+    """The prompts' streams (in prompt order) merged as their messages arrive, each tagged."""
+    tagged = [_tagged(index, stream) for index, stream in enumerate(streams)]
+    return tagged[0] if len(tagged) == 1 else merge_streams(tagged)
+
+
+async def _tagged(prompt_index: int, stream: AsyncIterator[generation_pb2.GenerateResponse]) -> AsyncIterator[Tagged]:
     async with contextlib.aclosing(stream):
         async for response in stream:
             yield prompt_index, response
