@@ -24,7 +24,7 @@ class CacheConfig:
     # Overrides the memory budget when set (tests use tiny pools).
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
-    # "sha256" (default) or "blake2b" for the chained block hashes.
+    # "sha256" (default), "blake2b" or "sha256_cbor" (vLLM's scheme) for the chained block hashes.
     prefix_hash_algo: str = "sha256"
 
 

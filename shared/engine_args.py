@@ -78,7 +78,8 @@ class EngineArgs:
     block_size: int = _arg(16, "tokens per KV block (registered in Redis: gateways pair only instances that agree)",
                            gt=0)
     prefix_hash_algo: Literal[SUPPORTED_HASH_ALGOS] = _arg(
-        "sha256", "prefix-cache block hash: sha256 or blake2b (registered in Redis: gateways hash prompts the "
+        "sha256", "prefix-cache block hash: sha256, blake2b or sha256_cbor (vLLM's, which indexers outside "
+                  "pdserve reproduce; seeded by PYTHONHASHSEED) (registered in Redis: gateways hash prompts the "
                   "same way)")
     max_model_len: int = _arg(0, "longest sequence (0 = the model's limit)", ge=0)
     max_num_seqs: int = _arg(128, "most sequences running (or reserved) at once", gt=0)
