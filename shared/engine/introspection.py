@@ -34,7 +34,12 @@ def engine_load(core: EngineCore) -> EngineLoad:
     num_prefilling = sum(1 for request in scheduler.running
                          if request.num_output_tokens <= request.num_resumed_output_tokens)
     return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.waiting_for_remote_kv),
-                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)), num_prefilling)
+                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)), num_prefilling,
+                      _adapter_names(scheduler.running), _adapter_names(scheduler.waiting))
+
+
+def _adapter_names(requests) -> tuple[str, ...]:
+    return tuple(sorted({request.lora_request.lora_name for request in requests if request.lora_request}))
 
 
 def engine_status(core: EngineCore) -> EngineStatus:
