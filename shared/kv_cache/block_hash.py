@@ -12,8 +12,8 @@ instance holds a prompt. Both get the same hashes only with the same HashRecipe.
 
 The algorithm decides how one block is hashed, and which extra keys it gets. "sha256" and
 "blake2b" hash pdserve's own byte layout with the model id, salt and adapter key in every
-block. "sha256_cbor" is vLLM's scheme (shared.kv_cache.vllm_block_hash), with vLLM's keys: the
-adapter key in every block, the salt in the first block only, and no model id, so that an
+block. "sha256_cbor" is vLLM's scheme (shared.kv_cache.vllm_block_hash), with vLLM's tagged keys:
+the adapter key in every block, the salt in the first block only, and no model id, so that an
 indexer outside pdserve can reproduce the hashes from the token ids (docs/kubernetes.md).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequestError
-from shared.kv_cache.vllm_block_hash import hash_block_sha256_cbor
+from shared.kv_cache.vllm_block_hash import LORA_TAG, SALT_TAG, hash_block_sha256_cbor
 
 BlockHash = bytes
 
@@ -71,18 +71,20 @@ def prompt_block_hashes(token_ids: Sequence[int], recipe: HashRecipe, cache_salt
 
 def block_extra_keys(recipe: HashRecipe, block_index: int, cache_salt: str | None = None,
                      adapter_key: str | None = None) -> tuple[str, ...]:
-    """The extra keys block `block_index` of a prompt is hashed with (KV events carry them)."""
+    """The extra keys block `block_index` of a prompt is hashed with, untagged (as KV events
+    carry them)."""
     keys, first_block_keys = _extra_keys(recipe, cache_salt, adapter_key)
-    return keys + first_block_keys if block_index == 0 else keys
+    keys = keys + first_block_keys if block_index == 0 else keys
+    return tuple(key[1] for key in keys) if recipe.algo in VLLM_HASH_ALGOS else keys
 
 
-def _extra_keys(recipe: HashRecipe, cache_salt: str | None,
-                adapter_key: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(keys of every block, keys the first block adds), in the algorithm's order."""
+def _extra_keys(recipe: HashRecipe, cache_salt: str | None, adapter_key: str | None) -> tuple[tuple, tuple]:
+    """(keys of every block, keys the first block adds), in the algorithm's order and form."""
+    if recipe.algo in VLLM_HASH_ALGOS:
+        return (((LORA_TAG, adapter_key),) if adapter_key else (),
+                ((SALT_TAG, cache_salt),) if cache_salt else ())
     salt = (cache_salt,) if cache_salt else ()
     adapter = (adapter_key,) if adapter_key else ()
-    if recipe.algo in VLLM_HASH_ALGOS:
-        return adapter, salt
     return (recipe.model_id,) + salt + adapter, ()
 
 

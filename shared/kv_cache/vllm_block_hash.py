@@ -3,11 +3,11 @@ indexer, a GAIE endpoint picker) can compute the hashes an engine announces in i
 
 A block's hash is SHA-256 over the canonical CBOR encoding of the array
 (parent hash, block token ids, extra keys): the parent is the previous block's 32-byte digest,
-or for the first block the seed digest (`none_hash`); the extra keys are an array of strings, or
-CBOR null when the block has none. The seed is SHA-256 over the canonical CBOR of the
-`PYTHONHASHSEED` string, as vLLM derives its NONE_HASH. vLLM draws 32 random bytes when the
-variable is unset, which nobody else can reproduce; pdserve's gateways and engines must agree,
-so an unset variable counts as the empty string here (docs/kubernetes.md).
+or for the first block the seed digest (`none_hash`); the extra keys are an array of tagged
+keys, each an array of its tag and value ("lora", then the adapter key; "cache_salt", then the
+salt), or CBOR null when the block has none. The seed digest is SHA-256 over the canonical CBOR
+of the `PYTHONHASHSEED` string, or of "vllm-none-hash" when the variable is unset, as vLLM
+(0.32) derives its NONE_HASH for a cryptographic hash (docs/kubernetes.md).
 """
 
 import hashlib
@@ -18,6 +18,8 @@ from functools import cache
 import cbor2
 
 SEED_VARIABLE = "PYTHONHASHSEED"
+DEFAULT_SEED = "vllm-none-hash"
+LORA_TAG, SALT_TAG = "lora", "cache_salt"
 
 
 def sha256_cbor(value: object) -> bytes:
@@ -31,9 +33,10 @@ def none_hash(seed: str) -> bytes:
 
 
 def process_seed() -> str:
-    return os.environ.get(SEED_VARIABLE, "")
+    return os.environ.get(SEED_VARIABLE, DEFAULT_SEED)
 
 
-def hash_block_sha256_cbor(parent_hash: bytes | None, token_ids: Sequence[int], extra_keys: Sequence[str]) -> bytes:
+def hash_block_sha256_cbor(parent_hash: bytes | None, token_ids: Sequence[int],
+                           extra_keys: Sequence[tuple[str, str]]) -> bytes:
     parent = parent_hash if parent_hash is not None else none_hash(process_seed())
     return sha256_cbor((parent, tuple(token_ids), tuple(extra_keys) if extra_keys else None))

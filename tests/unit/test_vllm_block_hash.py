@@ -31,15 +31,17 @@ def test_the_first_block_chains_on_the_seed_digest_known_bytes(seed_zero):
     assert hash_block(None, [1, 2, 1000], (), "sha256_cbor") == sha256(payload)
 
 
-def test_extra_keys_are_an_array_of_text_known_bytes(seed_zero):
+def test_extra_keys_are_an_array_of_tagged_keys_known_bytes(seed_zero):
     parent = bytes(range(32))
-    payload = b"\x83\x58\x20" + parent + b"\x82\x05\x06" + b"\x81\x63abc"
-    assert hash_block(parent, [5, 6], ("abc",), "sha256_cbor") == sha256(payload)
+    # array(1) [array(2) ["lora", "abc"]]
+    payload = b"\x83\x58\x20" + parent + b"\x82\x05\x06" + b"\x81\x82\x64lora\x63abc"
+    assert hash_block(parent, [5, 6], (("lora", "abc"),), "sha256_cbor") == sha256(payload)
 
 
-def test_an_unset_seed_hashes_as_the_empty_string(monkeypatch):
+def test_an_unset_seed_is_vllms_default_seed(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    payload = b"\x83\x58\x20" + sha256(b"\x60") + b"\x81\x07\xf6"
+    seed = b"\x6e" + b"vllm-none-hash"  # text string of length 14
+    payload = b"\x83\x58\x20" + sha256(seed) + b"\x81\x07\xf6"
     assert hash_block(None, [7], (), "sha256_cbor") == sha256(payload)
 
 
@@ -55,8 +57,8 @@ def test_the_adapter_key_goes_in_every_block_and_the_salt_in_the_first_only(seed
     tokens = list(range(32))
     recipe = HashRecipe("m", 16, "sha256_cbor")
     hashes = prompt_block_hashes(tokens, recipe, cache_salt="tenant", adapter_key="lora:a:k")
-    first = vllm_hash(seed_zero, tokens[:16], ("lora:a:k", "tenant"))
-    assert hashes == [first, vllm_hash(first, tokens[16:], ("lora:a:k",))]
+    first = vllm_hash(seed_zero, tokens[:16], (("lora", "lora:a:k"), ("cache_salt", "tenant")))
+    assert hashes == [first, vllm_hash(first, tokens[16:], (("lora", "lora:a:k"),))]
     assert block_extra_keys(recipe, 0, "tenant", "lora:a:k") == ("lora:a:k", "tenant")
     assert block_extra_keys(recipe, 1, "tenant", "lora:a:k") == ("lora:a:k",)
 
