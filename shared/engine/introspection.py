@@ -55,7 +55,8 @@ def engine_status(core: EngineCore) -> EngineStatus:
                                      tuple(spec.accepted_per_position)),
         kv_transfer=core.connector.stats() if core.connector is not None else KVConnectorStats(),
         memory=engine_memory(core),
-        kv_tiers=core.tiers.manager.stats() if core.tiers.manager is not None else ())
+        kv_tiers=core.tiers.manager.stats() if core.tiers.manager is not None else (),
+        num_kv_events_dropped=core.kv_events.num_dropped if core.kv_events is not None else 0)
 
 
 def engine_memory(core: EngineCore) -> EngineMemory:

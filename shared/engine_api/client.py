@@ -164,6 +164,8 @@ class EngineStatus:
     memory: EngineMemory = field(default_factory=EngineMemory)
     # The KV tiers below the pool (host, file), as this instance uses them.
     kv_tiers: tuple[KVTierStats, ...] = ()
+    # KV-cache events (and batches of them) dropped before they were sent (shared.kv_events).
+    num_kv_events_dropped: int = 0
 
 
 @dataclass(frozen=True)

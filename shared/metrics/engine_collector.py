@@ -77,6 +77,8 @@ class EngineCollector(Collector):
         yield make.counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                            stats.num_prefix_cache_hits)
         yield make.counter("vllm:num_preemptions", "Requests preempted (to be recomputed).", stats.num_preemptions)
+        yield make.counter("pdserve:kv_events_dropped", "KV-cache events (or batches of them) dropped before "
+                           "they were published (--kv-events-endpoint; a full queue).", stats.num_kv_events_dropped)
         yield make.counter("pdserve:prompt_tokens_computed", "Prompt tokens this engine computed "
                            "(recomputation after preemption included).", stats.num_prompt_tokens_computed)
         yield make.counter("pdserve:engine_steps", "Engine steps that ran a batch.", stats.num_steps)
