@@ -74,6 +74,8 @@ class KVCacheManager:
             loaded = self.lower_tier.load(request, hits, max_blocks) if self.lower_tier is not None else []
             if not loaded:
                 break
+            if self.pool.kv_event_log is not None:  # loaded into the pool's prefix cache
+                self._record_stored(request, list(range(len(hits), len(hits) + len(loaded))))
             hits += loaded
         return hits
 
@@ -117,22 +119,17 @@ class KVCacheManager:
             self._record_stored(request, newly_cached)
 
     def _record_stored(self, request: Request, indices: list[int]) -> None:
-        """One BlockStored per run of consecutive newly cached blocks of `request`."""
-        runs = [[indices[0]]]
-        for index in indices[1:]:
-            if index == runs[-1][-1] + 1:
-                runs[-1].append(index)
-            else:
-                runs.append([index])
+        """KV events: one BlockStored per run of consecutive blocks of `request` that the prefix
+        cache just gained (their parent, tokens, adapter and extra keys)."""
         lora = request.lora_request
-        for run in runs:
+        for run in _consecutive_runs(indices):
             keys = [block_extra_keys(self.hash_recipe, index, request.cache_salt, request.adapter_key) or None
                     for index in run]
+            parent = request.block_hashes[run[0] - 1] if run[0] else None
+            tokens = request.all_token_ids[run[0] * self.block_size:(run[-1] + 1) * self.block_size]
             self.pool.kv_event_log.stored(
-                [request.block_hashes[index] for index in run], request.block_hashes[run[0] - 1] if run[0] else None,
-                request.all_token_ids[run[0] * self.block_size:(run[-1] + 1) * self.block_size], self.block_size,
-                MEDIUM_POOL, lora.lora_int_id if lora else None, lora.lora_name if lora else None,
-                keys if any(keys) else None)
+                [request.block_hashes[index] for index in run], parent, tokens, self.block_size, MEDIUM_POOL,
+                lora.lora_int_id if lora else None, lora.lora_name if lora else None, keys if any(keys) else None)
 
     def free(self, request: Request) -> None:
         blocks = self._blocks.pop(request.request_id, [])
@@ -147,3 +144,14 @@ class KVCacheManager:
         parent_blocks = self._blocks.get(parent.request_id, [])
         num_shareable = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
         return parent_blocks[:num_shareable]
+
+
+def _consecutive_runs(indices: list[int]) -> list[list[int]]:
+    """[0, 1, 3] -> [[0, 1], [3]]."""
+    runs = [[indices[0]]]
+    for index in indices[1:]:
+        if index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs

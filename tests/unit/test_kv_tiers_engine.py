@@ -143,7 +143,8 @@ def test_a_tier_that_cannot_be_made_is_refused_naming_the_setting(tiny_llama_fol
 
 def test_kv_events_name_the_tier_each_block_enters_and_leaves(tiny_llama_folder, tmp_path):
     """With KV events on (shared.kv_events), the host tier's stores and removals come with medium
-    CPU and the file tier's with DISK, each stored block with its tokens."""
+    CPU and the file tier's with DISK, each stored block with its tokens; blocks loaded back
+    into the pool are stored there again (GPU) as a chain."""
     from shared.kv_events.log import KVEventLog
     from shared.kv_events.wire import TYPES, external_hash
     block_bytes = 2 * 2 * 16 * 2 * 16 * 4
@@ -160,3 +161,8 @@ def test_kv_events_name_the_tier_each_block_enters_and_leaves(tiny_llama_folder,
     for index, digest in enumerate(hashes_of_a(llm)):
         assert stored[("CPU", external_hash(digest))] == PROMPT_A[16 * index:16 * (index + 1)]
         assert ("DISK", external_hash(digest)) in stored and ("CPU", external_hash(digest)) in removed
+    llm.generate([PROMPT_A], GREEDY)  # its 4 full blocks come back from the tiers
+    loaded = [event for event in log.drain() if isinstance(event, TYPES["array"].block_stored)
+              and event.medium == "GPU" and event.parent_block_hash is None]
+    assert loaded[0].block_hashes == [external_hash(digest) for digest in hashes_of_a(llm)]
+    assert loaded[0].token_ids == PROMPT_A[:64]
