@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from shared.core.scheduler_config import SchedulerConfig
 from shared.guided.limits import GuidedLimits
+from shared.kv_events.config import KVEventsConfig
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_transfer.types import KVTransferConfig
 from shared.lora.config import LoRAConfig
@@ -24,7 +25,7 @@ class CacheConfig:
     # Overrides the memory budget when set (tests use tiny pools).
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
-    # "sha256" (default) or "blake2b" for the chained block hashes.
+    # "sha256" (default), "blake2b" or "sha256_cbor" (vLLM's scheme) for the chained block hashes.
     prefix_hash_algo: str = "sha256"
 
 
@@ -60,3 +61,5 @@ class EngineConfig:
     kv_tier: KVTierConfig | None = None
     # LoRA adapters served beside the base model (shared.lora).
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    # Publish KV-cache events in vLLM's wire format on a ZeroMQ socket (None: none; shared.kv_events).
+    kv_events: KVEventsConfig | None = None

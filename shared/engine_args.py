@@ -26,6 +26,8 @@ from shared.core.scheduler_config import SchedulerConfig
 from shared.errors import ConfigurationError
 from shared.guided.limits import GuidedLimits
 from shared.kv_cache.block_hash import SUPPORTED_HASH_ALGOS
+from shared.kv_events.config import KVEventsConfig
+from shared.kv_events.wire import WIRE_FORMATS
 from shared.kv_tier.config import KVTierConfig
 from shared.kv_transfer.types import KVTransferConfig
 from shared.lora.config import LoRAConfig
@@ -78,7 +80,8 @@ class EngineArgs:
     block_size: int = _arg(16, "tokens per KV block (registered in Redis: gateways pair only instances that agree)",
                            gt=0)
     prefix_hash_algo: Literal[SUPPORTED_HASH_ALGOS] = _arg(
-        "sha256", "prefix-cache block hash: sha256 or blake2b (registered in Redis: gateways hash prompts the "
+        "sha256", "prefix-cache block hash: sha256, blake2b or sha256_cbor (vLLM's, which indexers outside "
+                  "pdserve reproduce; seeded by PYTHONHASHSEED) (registered in Redis: gateways hash prompts the "
                   "same way)")
     max_model_len: int = _arg(0, "longest sequence (0 = the model's limit)", ge=0)
     max_num_seqs: int = _arg(128, "most sequences running (or reserved) at once", gt=0)
@@ -109,6 +112,13 @@ class EngineArgs:
     tensor_parallel_size: int = _arg(1, "ranks sharing each layer (worker processes; must divide the attention "
                                         "and KV heads)")
     pipeline_parallel_size: int = _arg(1, "pipeline stages (worker processes)")
+    kv_events_endpoint: str = _arg("", "publish KV-cache events (vLLM's format) on a ZeroMQ PUB socket here, e.g. "
+                                       "tcp://*:5557 ('' = none; `pdserve up` gives instance k port +k)")
+    kv_events_topic: str = _arg("", "first frame of every KV-event message (llm-d reads kv@<pod>@<model>)")
+    kv_events_format: Literal[WIRE_FORMATS] = _arg("array", "KV-event layout: array (vLLM up to 0.10, llm-d) or map "
+                                                            "(vLLM 0.11 and later)")
+    kv_events_rank: int = _arg(0, "the KV-event batches' data_parallel_rank (`pdserve up`: the instance's start "
+                                  "order)", ge=0)
     # LLM(...) keywords only (see the module docstring).
     enable_prefix_caching: bool = _offline(True, "reuse the KV blocks of earlier prompts' prefixes")
     enable_chunked_prefill: bool = _offline(True, "split long prompts across steps")
@@ -174,7 +184,13 @@ class EngineArgs:
             max_model_len=self.max_model_len or None, num_threads=self.num_threads or None, seed=self.seed,
             deterministic=self.deterministic, cache=self._cache_config(), scheduler=self._scheduler_config(),
             speculative=self._speculative_config(), parallel=self._parallel_config(), guided=self._guided_limits(),
-            kv_transfer=self.kv_transfer, kv_tier=self.kv_tier, lora=lora)
+            kv_transfer=self.kv_transfer, kv_tier=self.kv_tier, lora=lora, kv_events=self._kv_events_config())
+
+    def _kv_events_config(self) -> KVEventsConfig | None:
+        if not self.kv_events_endpoint:
+            return None
+        return KVEventsConfig(self.kv_events_endpoint, self.kv_events_topic, self.kv_events_rank,
+                              wire_format=self.kv_events_format)
 
     def _cache_config(self) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, kv_cache_memory_bytes=int(self.kv_cache_memory_gb * GIB),

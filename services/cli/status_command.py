@@ -100,10 +100,11 @@ def print_table(namespace, instances, leases) -> None:
     print(f"deployment {namespace.deployment}, model {namespace.model}: {len(instances)} live instances"
           + (f" ({num_draining} draining)" if num_draining else ""))
     header = ("INSTANCE", "ROLE", "STATE", "GRPC", "UCX", "QUEUE", "RUNNING", "FREE/TOTAL BLOCKS", "CACHE",
-              "VERSION")
+              "VERSION", "KV EVENTS")
     rows = [(info.instance_id, info.role, info.state, info.grpc_address, info.ucx_address or "-",
              str(load.queue_depth), str(load.num_running_requests),
-             f"{load.num_free_blocks}/{load.num_total_blocks}", _cache_summary(info.cache), _version_summary(info))
+             f"{load.num_free_blocks}/{load.num_total_blocks}", _cache_summary(info.cache), _version_summary(info),
+             info.kv_events_endpoint or "-")
             for info, load in instances]
     _print_rows(header, rows)
     print(f"\n{len(leases)} block leases")

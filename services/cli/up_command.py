@@ -24,11 +24,14 @@ CpuList = Annotated[tuple[int, ...] | None, NoDecode]
 # (their types, checks and descriptions), read from the instances' own variables (PDSERVE_MODEL, ...;
 # PDSERVE_UP_GPU_MEMORY_UTILIZATION, as before); passed on when they differ from the engine's default.
 ENGINE_SETTINGS = ("model", "dtype", "device", "gpu_memory_utilization", "num_threads", "deterministic",
-                   "tensor_parallel_size", "pipeline_parallel_size")
+                   "tensor_parallel_size", "pipeline_parallel_size", "kv_events_endpoint", "kv_events_topic",
+                   "kv_events_format")
 # model, dtype, num_threads and deterministic go through StackConfig (the launcher passes them on);
 # these two groups as instance flags, before and after the --instance-arg ones.
 PARALLEL_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size")
 DEVICE_SETTINGS = ("device", "gpu_memory_utilization")
+# kv_events_endpoint goes through StackConfig (instance k gets its port plus k); these as flags.
+KV_EVENTS_SETTINGS = ("kv_events_topic", "kv_events_format")
 
 
 class UpSettings(ServiceSettings):
@@ -159,7 +162,7 @@ def config_from_args(args: argparse.Namespace):
     lora_args = ["--lora-modules", *settings.lora_modules] if settings.lora_modules else []
     extra_args = {"gateway": lora_args + args.gateway_args,
                   "instance": (passed_on_flags(engine, PARALLEL_SETTINGS) + lora_args + args.instance_args
-                               + passed_on_flags(engine, DEVICE_SETTINGS)),
+                               + passed_on_flags(engine, DEVICE_SETTINGS) + passed_on_flags(engine, KV_EVENTS_SETTINGS)),
                   "prefill": args.prefill_args, "decode": args.decode_args,
                   "colocated": args.decode_args}
     return StackConfig(
@@ -172,6 +175,7 @@ def config_from_args(args: argparse.Namespace):
         cpu_layout=settings.cpu_layout,
         otlp_traces_endpoint=settings.otlp_traces_endpoint,
         otlp_traces_sample_ratio=settings.otlp_traces_sample_ratio,
+        kv_events_endpoint=engine.kv_events_endpoint,
     )
 
 

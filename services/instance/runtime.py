@@ -210,7 +210,8 @@ class InstanceRuntime:
                             self.presence.namespace.model, cache=self.engine.info.cache,
                             kv_tier_id=self.engine.info.kv_tier_id,
                             lora_adapters=tuple(sorted(self.adapters.registered().items())),
-                            state=DRAINING if self.is_draining else SERVING)
+                            state=DRAINING if self.is_draining else SERVING,
+                            kv_events_endpoint=self.settings.engine.kv_events_endpoint)
 
     def _load_lora_modules(self) -> None:
         """The --lora-modules adapters, checked before the model loads (a bad one stops the start)."""

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 from shared.hosts import is_wildcard
+from shared.kv_events.config import offset_endpoint_port
 
 from services.launcher.config import StackConfig
 
@@ -32,10 +33,20 @@ def tracing_argv(config: StackConfig) -> list[str]:
             f"--otlp-traces-sample-ratio={config.otlp_traces_sample_ratio}"]
 
 
+def kv_events_argv(config: StackConfig, instance_index: int) -> list[str]:
+    """Instance `instance_index` (start order) publishes KV events on the stack's port plus its
+    index, with that index as its batches' rank (as vLLM offsets by data-parallel rank)."""
+    if not config.kv_events_endpoint:
+        return []
+    return [f"--kv-events-endpoint={offset_endpoint_port(config.kv_events_endpoint, instance_index)}",
+            f"--kv-events-rank={instance_index}"]
+
+
 def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
-                  ready_file: Path, num_threads: int | None = None) -> list[str]:
+                  ready_file: Path, num_threads: int | None = None, instance_index: int = 0) -> list[str]:
     """`python -m services.prefill|services.decode ...` for one engine instance (ports 0,
-    /metrics included); `num_threads` (the launcher's CPU plan) else the config's."""
+    /metrics included); `num_threads` (the launcher's CPU plan) else the config's;
+    `instance_index`: its place in the stack's start order (its KV-event port)."""
     argv = [config.python, "-m", module_of(config, role)]
     if role != "prefill":
         argv += ["--role", role]
@@ -51,6 +62,7 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
         argv += ["--num-threads", str(num_threads)]
     if config.deterministic:
         argv.append("--deterministic")
+    argv += kv_events_argv(config, instance_index)
     return argv + tracing_argv(config) + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
 
 

@@ -69,6 +69,9 @@ class StackConfig:
     # Every child exports OpenTelemetry traces here (--otlp-traces-endpoint; '' = off).
     otlp_traces_endpoint: str = ""
     otlp_traces_sample_ratio: float = 1.0
+    # Instance k (in start order, from 0) publishes KV-cache events here with the port plus k
+    # (--kv-events-endpoint; '' = none).
+    kv_events_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:

@@ -42,6 +42,8 @@ class LocalStack:
         (self.run_dir / "ready").mkdir(parents=True, exist_ok=True)
         self.redis: RedisChild | None = None
         self.instances: list[ChildProcess] = []
+        # Instances started so far (restarts excluded): the next one's index, never reused.
+        self.num_instances_started = 0
         self.gateway: ChildProcess | None = None
         # Ready-file JSON and bound gRPC address of every service child, by name.
         self.ready_info: dict[str, dict] = {}
@@ -91,7 +93,9 @@ class LocalStack:
         for name, role in names_and_roles:
             ready_file = self._ready_file(name)
             placement = self._placement(name, role, len(self.instances) + len(names_and_roles))
-            argv = instance_argv(self.config, name, role, self.redis_url, ready_file, placement.num_threads)
+            argv = instance_argv(self.config, name, role, self.redis_url, ready_file, placement.num_threads,
+                                 self.num_instances_started)
+            self.num_instances_started += 1
             children.append(self._spawn(name, role, argv, ready_file, placement))
         self.instances.extend(children)
         for child in children:

@@ -91,7 +91,9 @@ class InstanceMetrics:
     def __init__(self, runtime, model_name: str):
         self.labels = {"model_name": model_name, "role": runtime.role, "instance_id": runtime.instance_id}
         self.registry = new_registry()
-        self.registry.register(EngineCollector(runtime.engine.latest_status, self.labels, runtime.peer_tier_stats))
+        lora = runtime.settings.role_engine_args().create_engine_config().lora
+        self.registry.register(EngineCollector(runtime.engine.latest_status, self.labels, runtime.peer_tier_stats,
+                                               max_loras=lora.max_loras if lora.enable_lora else 0))
         self.registry.register(RoleCollector(runtime, self.labels))
         self.registry.register(InstanceMemory(runtime).collector(self.labels))
         self.tracker = RequestLatencyTracker(self.registry, self.labels)

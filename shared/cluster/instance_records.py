@@ -50,6 +50,8 @@ class InstanceInfo:
     lora_adapters: tuple[tuple[str, str], ...] = ()
     # SERVING or DRAINING; records of older releases carry none and read as SERVING.
     state: str = SERVING
+    # Where it publishes KV-cache events (--kv-events-endpoint; "": it does not).
+    kv_events_endpoint: str = ""
 
     @property
     def is_draining(self) -> bool:
@@ -76,6 +78,8 @@ class InstanceInfo:
         if (isinstance(self.kv_protocol_version, bool) or not isinstance(self.kv_protocol_version, int)
                 or self.kv_protocol_version < 0):
             raise InvalidRequestError("kv_protocol_version", f"must be an int >= 0, got {self.kv_protocol_version!r}")
+        if not isinstance(self.kv_events_endpoint, str):
+            raise InvalidRequestError("kv_events_endpoint", f"must be a string, got {self.kv_events_endpoint!r}")
         if self.state not in STATES:
             raise InvalidRequestError("state", f"must be one of {STATES}, got {self.state!r}")
 
@@ -113,7 +117,8 @@ class InstanceLoad:
 
 _COUNT_FIELDS = tuple(f for f in fields(InstanceLoad) if f.name != "resident_lora_adapters")
 _NEWER_COUNT_FIELDS = ("num_prefilling",)  # may be absent from the records of older instances
-_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters", "state")
+_OPTIONAL_FIELDS = ("cache", "kv_tier_id", "pdserve_version", "kv_protocol_version", "lora_adapters", "state",
+                    "kv_events_endpoint")
 _IDENTITY_FIELDS = tuple(f.name for f in fields(InstanceInfo) if f.name not in _OPTIONAL_FIELDS)
 
 
@@ -130,6 +135,8 @@ def encode_instance(info: InstanceInfo, load: InstanceLoad) -> dict[str, str]:
         encoded.update(encode_cache_settings(info.cache))
     encoded["lora_adapters"] = json.dumps(dict(info.lora_adapters), sort_keys=True)
     encoded["state"] = info.state
+    if info.kv_events_endpoint:
+        encoded["kv_events_endpoint"] = info.kv_events_endpoint
     return encoded
 
 
@@ -141,7 +148,8 @@ def decode_instance(hash_fields: dict[str, str]) -> tuple[InstanceInfo, Instance
                         pdserve_version=hash_fields.get("pdserve_version", ""),
                         kv_protocol_version=int(hash_fields.get("kv_protocol_version", UNREGISTERED_PROTOCOL)),
                         lora_adapters=tuple(sorted((str(name), str(key)) for name, key in adapters.items())),
-                        state=hash_fields.get("state", SERVING))
+                        state=hash_fields.get("state", SERVING),
+                        kv_events_endpoint=hash_fields.get("kv_events_endpoint", ""))
     resident = json.loads(hash_fields.get("resident_lora_adapters", "[]"))  # absent from older records
     counts = {f.name: int(hash_fields[f.name]) for f in _COUNT_FIELDS if f.name not in _NEWER_COUNT_FIELDS}
     # An instance of an older release reports no num_prefilling: count all its running

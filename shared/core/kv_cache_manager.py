@@ -12,9 +12,10 @@ import logging
 from typing import Protocol
 
 from shared.core.request import Request
-from shared.kv_cache.block_hash import HashRecipe, prompt_block_hashes
+from shared.kv_cache.block_hash import HashRecipe, block_extra_keys, prompt_block_hashes
 from shared.kv_cache.block_pool import BlockPool, KVBlock
 from shared.kv_cache.blocks import blocks_for_tokens
+from shared.kv_events.wire import MEDIUM_POOL
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class KVCacheManager:
             loaded = self.lower_tier.load(request, hits, max_blocks) if self.lower_tier is not None else []
             if not loaded:
                 break
+            if self.pool.kv_event_log is not None:  # loaded into the pool's prefix cache
+                self._record_stored(request, list(range(len(hits), len(hits) + len(loaded))))
             hits += loaded
         return hits
 
@@ -105,11 +108,28 @@ class KVCacheManager:
             return
         self.update_block_hashes(request)
         blocks = self._blocks[request.request_id]
+        newly_cached = []
         for index in range(first, num_full):
             start = index * self.block_size
             tokens = tuple(request.all_token_ids[start:start + self.block_size])
-            self.pool.cache(blocks[index], request.block_hashes[index], tokens)
+            if self.pool.cache(blocks[index], request.block_hashes[index], tokens):
+                newly_cached.append(index)
         self._num_cached_blocks[request.request_id] = num_full
+        if newly_cached and self.pool.kv_event_log is not None:
+            self._record_stored(request, newly_cached)
+
+    def _record_stored(self, request: Request, indices: list[int]) -> None:
+        """KV events: one BlockStored per run of consecutive blocks of `request` that the prefix
+        cache just gained (their parent, tokens, adapter and extra keys)."""
+        lora = request.lora_request
+        for run in _consecutive_runs(indices):
+            keys = [block_extra_keys(self.hash_recipe, index, request.cache_salt, request.adapter_key) or None
+                    for index in run]
+            parent = request.block_hashes[run[0] - 1] if run[0] else None
+            tokens = request.all_token_ids[run[0] * self.block_size:(run[-1] + 1) * self.block_size]
+            self.pool.kv_event_log.stored(
+                [request.block_hashes[index] for index in run], parent, tokens, self.block_size, MEDIUM_POOL,
+                lora.lora_int_id if lora else None, lora.lora_name if lora else None, keys if any(keys) else None)
 
     def free(self, request: Request) -> None:
         blocks = self._blocks.pop(request.request_id, [])
@@ -124,3 +144,14 @@ class KVCacheManager:
         parent_blocks = self._blocks.get(parent.request_id, [])
         num_shareable = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
         return parent_blocks[:num_shareable]
+
+
+def _consecutive_runs(indices: list[int]) -> list[list[int]]:
+    """[0, 1, 3] -> [[0, 1], [3]]."""
+    runs = [[indices[0]]]
+    for index in indices[1:]:
+        if index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs

@@ -31,6 +31,7 @@ from shared.engine_api.outputs import SampledLogprobs
 from shared.errors import InvalidRequestError
 from shared.executor.base import Executor, ModelRunnerOutput
 from shared.kv_cache.block_pool import BlockPool
+from shared.kv_events.stream import KVEventStream
 from shared.kv_tier.attach import TierHooks
 from shared.kv_transfer.base import KVConnector
 from shared.kv_transfer.factory import create_connector
@@ -58,6 +59,10 @@ class EngineCore:
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         self.block_pool = BlockPool(layout.num_blocks)
+        # KV-cache events for indexers outside pdserve (shared.kv_events; None when off).
+        self.kv_events = KVEventStream(config.kv_events) if config.kv_events is not None else None
+        if self.kv_events is not None:
+            self.block_pool.kv_event_log = self.kv_events.log
         self.kv_manager = KVCacheManager(self.block_pool, layout.block_size, config.cache.enable_prefix_caching,
                                          config.cache.prefix_hash_algo, model_key)
         self.connector: KVConnector | None = None
@@ -102,6 +107,8 @@ class EngineCore:
         if self.connector is not None:
             self.connector.shutdown()
         self.tiers.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.executor.shutdown()
 
     def new_request_id(self) -> str:
@@ -323,6 +330,13 @@ class EngineCore:
     # ---- one step ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        """One engine step (`_step`), then its KV-cache events to the publisher (when on)."""
+        outputs = self._step()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+        return outputs
+
+    def _step(self) -> list[EngineCoreOutput]:
         """One engine step. A request whose own computation fails (guided mask, sampling,
         logprobs, speculation) finishes alone with finish reason "error"; only a failure of
         the step as a whole (the forward pass) raises. Transfers the KV connector finished

@@ -34,7 +34,12 @@ def engine_load(core: EngineCore) -> EngineLoad:
     num_prefilling = sum(1 for request in scheduler.running
                          if request.num_output_tokens <= request.num_resumed_output_tokens)
     return EngineLoad(len(scheduler.waiting), len(scheduler.running), len(scheduler.waiting_for_remote_kv),
-                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)), num_prefilling)
+                      pool.num_free_blocks, pool.num_blocks, tuple(sorted(resident)), num_prefilling,
+                      _adapter_names(scheduler.running), _adapter_names(scheduler.waiting))
+
+
+def _adapter_names(requests) -> tuple[str, ...]:
+    return tuple(sorted({request.lora_request.lora_name for request in requests if request.lora_request}))
 
 
 def engine_status(core: EngineCore) -> EngineStatus:
@@ -50,7 +55,8 @@ def engine_status(core: EngineCore) -> EngineStatus:
                                      tuple(spec.accepted_per_position)),
         kv_transfer=core.connector.stats() if core.connector is not None else KVConnectorStats(),
         memory=engine_memory(core),
-        kv_tiers=core.tiers.manager.stats() if core.tiers.manager is not None else ())
+        kv_tiers=core.tiers.manager.stats() if core.tiers.manager is not None else (),
+        num_kv_events_dropped=core.kv_events.num_dropped if core.kv_events is not None else 0)
 
 
 def engine_memory(core: EngineCore) -> EngineMemory:

@@ -124,6 +124,10 @@ class EngineLoad:
     # num_waiting, the prompts a gateway's admission limit counts. A colocated instance's other
     # running requests are decoding and do not count.
     num_prefilling: int = 0
+    # Names of the LoRA adapters of the running and of the waiting requests, sorted (GAIE's
+    # vllm:lora_requests_info labels).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,8 @@ class EngineStatus:
     memory: EngineMemory = field(default_factory=EngineMemory)
     # The KV tiers below the pool (host, file), as this instance uses them.
     kv_tiers: tuple[KVTierStats, ...] = ()
+    # KV-cache events (and batches of them) dropped before they were sent (shared.kv_events).
+    num_kv_events_dropped: int = 0
 
 
 @dataclass(frozen=True)

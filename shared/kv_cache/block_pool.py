@@ -12,6 +12,10 @@ Every store into and eviction from the prefix cache is recorded as an event for 
 mirrors the cache (the prefix publisher, through the engine API). Nobody may drain them (an
 offline engine): past `max_pending_events` they are dropped and `events_overflowed` says the
 next reader needs a snapshot of every cached hash instead.
+
+`kv_event_log`, when set (an engine publishing KV events, shared.kv_events), also hears of
+every removal (BlockRemoved) and of a reset (AllBlocksCleared); the KV cache manager records
+the stores, since it knows each block's parent and extra keys.
 """
 
 from collections import OrderedDict
@@ -19,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.kv_cache.block_hash import BlockHash
+from shared.kv_events.log import KVEventLog
+from shared.kv_events.wire import MEDIUM_POOL
 
 
 @dataclass
@@ -62,6 +68,7 @@ class BlockPool:
         self._cached: dict[BlockHash, KVBlock] = {}
         self._events = PrefixCacheEvents()
         self.on_evict: Callable[[list[EvictedBlock]], None] | None = None
+        self.kv_event_log: KVEventLog | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -117,14 +124,16 @@ class BlockPool:
             return None
         return block
 
-    def cache(self, block: KVBlock, block_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
-        """Register a full, computed block under its hash (first writer wins)."""
+    def cache(self, block: KVBlock, block_hash: BlockHash, token_ids: tuple[int, ...]) -> bool:
+        """Register a full, computed block under its hash (first writer wins); False when the
+        block or the hash was registered already."""
         if block.block_hash is not None or block_hash in self._cached:
-            return
+            return False
         block.block_hash = block_hash
         block.token_ids = token_ids
         self._cached[block_hash] = block
         self._record(self._events.stored, block_hash)
+        return True
 
     def drain_events(self) -> PrefixCacheEvents:
         """The events since the last drain; clears `events_overflowed` (the caller that saw it
@@ -148,11 +157,15 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         for block in list(self._cached.values()):
             self._evict(block)
+        if self.kv_event_log is not None:
+            self.kv_event_log.cleared()
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
         del self._cached[block.block_hash]
         self._record(self._events.evicted, block.block_hash)
+        if self.kv_event_log is not None:
+            self.kv_event_log.removed([block.block_hash], MEDIUM_POOL)
         block.block_hash = None
         block.token_ids = None

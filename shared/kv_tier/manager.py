@@ -28,6 +28,7 @@ from shared.core.request import Request
 from shared.errors import ConfigurationError
 from shared.kv_cache.block_pool import BlockPool, EvictedBlock, KVBlock
 from shared.kv_cache.layout import KVCacheLayout
+from shared.kv_events.wire import MEDIUM_BY_TIER
 from shared.kv_tier.arena import ArenaGeometry, KVArena
 from shared.kv_tier.block_copy import copy_block_to_slot, copy_slot_to_block
 from shared.kv_tier.config import DEFAULT_COMPUTE_SECONDS_PER_TOKEN, DEFAULT_LOAD_SECONDS_PER_BLOCK, KVTierConfig
@@ -126,6 +127,8 @@ class KVTierManager:
         self._record(self._events.stored, result.stored)
         if len(self.levels) == 1:
             self._record(self._events.removed, result.evicted)
+        self._log_stored(top, result.stored, {block_hash: tokens for _, block_hash, tokens in blocks})
+        self._log_removed(top, result.evicted)
 
     def _demote(self, block_hash: bytes, token_ids: tuple[int, ...], data, crc: int) -> None:
         """A block the host tier pushes out moves down to the file tier (same bytes, same CRC)."""
@@ -138,6 +141,8 @@ class KVTierManager:
         lower.counters.num_stores += len(result.stored)
         lower.counters.num_evictions += len(result.evicted)
         self._record(self._events.removed, result.evicted)
+        self._log_stored(lower, result.stored, {block_hash: token_ids})
+        self._log_removed(lower, result.evicted)
 
     # ---- loads -----------------------------------------------------------------------------
 
@@ -238,6 +243,7 @@ class KVTierManager:
             self._record_load(level, num_copied, num_corrupt, time.perf_counter() - started)
             if num_corrupt:
                 self._record(self._events.removed, [hashes[first + num_copied]])
+                self._log_removed(level, [hashes[first + num_copied]])
             if num_copied < count:
                 return first + num_copied
         return min(len(hashes), sum(count for _, _, count in runs))
@@ -263,6 +269,18 @@ class KVTierManager:
             self._events = TierEvents(overflowed=True)
             return
         events.extend(block_hashes)
+
+    def _log_stored(self, level: _Level, block_hashes, tokens_of: dict[bytes, tuple[int, ...]]) -> None:
+        """KV events (when the engine publishes them): one BlockStored per block, without a
+        parent (a tier holds blocks, not chains)."""
+        log = self.pool.kv_event_log
+        if log is not None:
+            for block_hash in block_hashes:
+                log.stored([block_hash], None, tokens_of[block_hash], self.block_size, MEDIUM_BY_TIER[level.name])
+
+    def _log_removed(self, level: _Level, block_hashes) -> None:
+        if self.pool.kv_event_log is not None and block_hashes:
+            self.pool.kv_event_log.removed(block_hashes, MEDIUM_BY_TIER[level.name])
 
     def drain_events(self) -> TierEvents:
         events, self._events = self._events, TierEvents()

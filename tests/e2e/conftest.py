@@ -48,12 +48,14 @@ def smollm2_folder() -> Path:
 @pytest.fixture(scope="session")
 def served_stack(smollm2_folder, tmp_path_factory) -> Iterator[StackHarness]:
     """One bf16 stack (Redis, gateway with tool_choice "auto" on, one prefill and one decode
-    instance with 256 blocks each, the decode one serving the OpenAI API too: --openai-port)
-    shared by the modules that only send requests and check that every block comes back; it
-    starts on first use and stops at the end of the session. Modules that kill processes,
-    change flags or count cache hits start their own."""
-    yield from running_stack(smollm2_folder, "bfloat16", num_prefill=1, num_decode=1,
-                             run_dir=tmp_path_factory.mktemp("served_stack"),
+    instance with 256 blocks each, publishing KV events on ipc://<run dir>/kv-events (the decode
+    instance's suffixed _dp1), the decode one serving the OpenAI API too: --openai-port) shared
+    by the modules that only send requests and check that every block comes back; it starts on
+    first use and stops at the end of the session. Modules that kill processes, change flags or
+    count cache hits start their own."""
+    run_dir = tmp_path_factory.mktemp("served_stack")
+    yield from running_stack(smollm2_folder, "bfloat16", num_prefill=1, num_decode=1, run_dir=run_dir,
+                             kv_events_endpoint=f"ipc://{run_dir}/kv-events",
                              extra_args={"instance": ["--num-blocks", "256"], "decode": ["--openai-port", "0"],
                                          "gateway": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]})
 

@@ -214,9 +214,11 @@ POOL_ONLY_GATEWAY_ARGS = ["--local-prefill-max-tokens", "0", "--local-prefill-bu
 
 def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_decode: int = 2,
                       extra_args: dict[str, list[str]] | None = None,
-                      run_dir: Path | None = None, otlp_traces_endpoint: str = "") -> StackConfig:
+                      run_dir: Path | None = None, otlp_traces_endpoint: str = "",
+                      kv_events_endpoint: str = "") -> StackConfig:
     """Loopback, ephemeral ports, one torch thread per instance; tracing to
-    `otlp_traces_endpoint` when given (as `pdserve up --otlp-traces-endpoint` passes it on)."""
+    `otlp_traces_endpoint` when given (as `pdserve up --otlp-traces-endpoint` passes it on); KV
+    events on `kv_events_endpoint` (instance k's suffixed by k) when given."""
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="pdserve-stack-"))
     extra_args = dict(extra_args or {})
     extra_args["gateway"] = [*POOL_ONLY_GATEWAY_ARGS, *extra_args.get("gateway", [])]
@@ -224,6 +226,7 @@ def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_
         num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
         num_threads=1, gateway_port=0, gateway_http_port=0, run_dir=run_dir, ready_timeout_s=300.0,
         stop_grace_s=10.0, extra_args=extra_args, otlp_traces_endpoint=otlp_traces_endpoint,
+        kv_events_endpoint=kv_events_endpoint,
         env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
              "PDSERVE_KV_HOST_TIER_DIR": str(run_dir / "kv-tier"), "PDSERVE_KV_HOST_TIER_GB": TEST_HOST_TIER_GB},
     )

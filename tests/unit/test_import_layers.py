@@ -90,7 +90,7 @@ def test_a_new_unlisted_shared_package_must_be_placed_in_a_tier(tmp_path):
 # Modules of the packages the services contract names piecemeal that services may import.
 PUBLIC_TO_SERVICES = {
     "shared.core": {"scheduler_config"},
-    "shared.kv_cache": {"block_hash", "blocks"},
+    "shared.kv_cache": {"block_hash", "blocks", "vllm_block_hash"},
     "shared.kv_transfer.ucx": {"protocol", "env", "lifecycle"},
 }
 

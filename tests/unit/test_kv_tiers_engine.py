@@ -139,3 +139,30 @@ def test_a_tier_that_cannot_be_made_is_refused_naming_the_setting(tiny_llama_fol
     blocker.write_text("")
     with pytest.raises(ConfigurationError, match="kv_host_tier_gb"):
         tiered_llm(tiny_llama_folder, tmp_path, host_dir=str(blocker / "tier"))
+
+
+def test_kv_events_name_the_tier_each_block_enters_and_leaves(tiny_llama_folder, tmp_path):
+    """With KV events on (shared.kv_events), the host tier's stores and removals come with medium
+    CPU and the file tier's with DISK, each stored block with its tokens; blocks loaded back
+    into the pool are stored there again (GPU) as a chain."""
+    from shared.kv_events.log import KVEventLog
+    from shared.kv_events.wire import TYPES, external_hash
+    block_bytes = 2 * 2 * 16 * 2 * 16 * 4
+    llm = tiered_llm(tiny_llama_folder, tmp_path, host_bytes=6 * block_bytes, file_bytes=64 << 20,
+                     file_dir=str(tmp_path / "file"))
+    log = llm.engine.core.block_pool.kv_event_log = KVEventLog(TYPES["array"])
+    llm.generate([PROMPT_A], GREEDY)
+    evict_prompt_a(llm)
+    events = log.drain()
+    stored = {(event.medium, event.block_hashes[0]): event.token_ids for event in events
+              if isinstance(event, TYPES["array"].block_stored) and event.medium != "GPU"}
+    removed = {(event.medium, h) for event in events if isinstance(event, TYPES["array"].block_removed)
+               for h in event.block_hashes}
+    for index, digest in enumerate(hashes_of_a(llm)):
+        assert stored[("CPU", external_hash(digest))] == PROMPT_A[16 * index:16 * (index + 1)]
+        assert ("DISK", external_hash(digest)) in stored and ("CPU", external_hash(digest)) in removed
+    llm.generate([PROMPT_A], GREEDY)  # its 4 full blocks come back from the tiers
+    loaded = [event for event in log.drain() if isinstance(event, TYPES["array"].block_stored)
+              and event.medium == "GPU" and event.parent_block_hash is None]
+    assert loaded[0].block_hashes == [external_hash(digest) for digest in hashes_of_a(llm)]
+    assert loaded[0].token_ids == PROMPT_A[:64]

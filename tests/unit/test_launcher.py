@@ -185,3 +185,21 @@ def test_up_defaults_match_make_run():
 def test_serve_forwards_the_remaining_args(role, module, argv):
     args = build_parser().parse_args(["serve", role, "--port", "0"])
     assert service_argv(args.role, args.service_args) == (module, argv)
+
+
+def test_instance_k_in_start_order_publishes_kv_events_on_the_port_plus_k(tmp_path):
+    stack = LocalStack(fake_config(tmp_path, kv_events_endpoint="tcp://*:5557"))
+    stack.start()
+    try:
+        flags = [[arg for arg in child.argv if arg.startswith("--kv-events-")] for child in stack.instances]
+        assert flags == [[f"--kv-events-endpoint=tcp://*:{5557 + k}", f"--kv-events-rank={k}"] for k in range(3)]
+    finally:
+        stack.stop()
+
+
+def test_up_passes_the_kv_events_settings_on():
+    args = build_parser().parse_args(["up", "--kv-events-endpoint", "tcp://*:6000", "--kv-events-topic", "kv",
+                                      "--kv-events-format", "map"])
+    config = config_from_args(args)
+    assert config.kv_events_endpoint == "tcp://*:6000"
+    assert config.extra_args["instance"][-2:] == ["--kv-events-topic=kv", "--kv-events-format=map"]

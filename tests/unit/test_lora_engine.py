@@ -136,6 +136,20 @@ def test_the_engine_reports_the_adapters_its_model_runner_holds_in_memory(tiny_l
     assert engine_load(llm.engine.core).resident_lora_adapters == ("all-r8-rslora", "mlp-r16-layer1")
 
 
+def test_the_engine_reports_the_adapters_of_its_running_and_waiting_requests(tiny_llama_folder, adapters):
+    """GAIE's vllm:lora_requests_info labels (max_num_seqs=1: one runs, the others wait)."""
+    from shared.engine.introspection import engine_load
+    llm = make_llm(tiny_llama_folder, max_num_seqs=1)
+    for name in ("mlp-r16-layer1", "attn-r4"):
+        llm.engine.add_request(PROMPTS[1], GREEDY, lora_request=adapters[name])
+    llm.engine.add_request(PROMPTS[1], GREEDY)  # the base model names no adapter
+    load = engine_load(llm.engine.core)
+    assert (load.running_lora_adapters, load.waiting_lora_adapters) == ((), ("attn-r4", "mlp-r16-layer1"))
+    llm.engine.step()
+    load = engine_load(llm.engine.core)
+    assert (load.running_lora_adapters, load.waiting_lora_adapters) == (("mlp-r16-layer1",), ("attn-r4",))
+
+
 def test_block_hashes_depend_on_the_adapter():
     recipe = HashRecipe("model", 4)
     token_ids = list(range(12))

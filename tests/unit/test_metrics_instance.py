@@ -56,6 +56,9 @@ def test_colocated_metrics_count_exactly_the_requests_served(redis_server, tiny_
             assert value(samples, "vllm:request_generation_tokens_sum") == 10
             assert value(samples, "vllm:num_requests_running") == value(samples, "vllm:num_requests_waiting") == 0
             assert value(samples, "vllm:kv_cache_usage_perc") == 0.0
+            assert labels_of(samples, "vllm:lora_requests_info") == [
+                {"model_name": "tiny", "role": "colocated", "instance_id": "colo-1", "max_lora": "0",
+                 "running_lora_adapters": "", "waiting_lora_adapters": ""}]
             assert value(samples, "vllm:num_preemptions_total") == 0
             assert value(samples, "vllm:spec_decode_num_drafts_total") == 0  # no speculative decoding
             assert value(samples, "pdserve:kv_transfer_bytes_total", direction="sent") == 0

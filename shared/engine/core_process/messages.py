@@ -24,7 +24,7 @@ from shared.lora.request import LoRARequest
 from shared.memory.idle_trim import TrimPolicy
 from shared.sampling.params import SamplingParams
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 class ProtocolError(RuntimeError):
