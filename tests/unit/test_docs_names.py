@@ -46,6 +46,9 @@ NOT_IN_THE_REPO = {
     "torch_shm_manager": "torch's helper binary",
     "posix_fallocate": "the libc call the file tier uses through os",
     "adapter_model.safetensors": "a file of a peft adapter folder",
+    "ZmqEventPublisher": "vLLM's KV-event publisher, whose wire format pdserve's follows",
+    "vllm.distributed.kv_events.KVEventBatch": "vLLM's KV-event batch class",
+    "hash_block_tokens": "vLLM's block hash function, which sha256_cbor reproduces",
 }
 
 
