@@ -163,6 +163,53 @@ def test_invalid_grpc_requests_are_invalid_argument_or_not_found(stack, request)
     assert time.monotonic() - started < MAX_ANSWER_S
 
 
+# ---- The ten rejections that named no field (issue 37), each with the message it gets now ----
+
+NOT_UTF8 = "<not-utf8>"
+
+
+def with_invalid_utf8(message) -> bytes:
+    data = message.SerializeToString()
+    return data.replace(NOT_UTF8.encode(), b"\xff" * len(NOT_UTF8))
+
+
+@pytest.mark.parametrize("method, grpc_request, field", [
+    ("Generate", gw.GenerateRequest(text=NOT_UTF8), "text"),
+    ("Generate", gw.GenerateRequest(text="Hi", model=NOT_UTF8), "model"),
+    ("Generate", gw.GenerateRequest(text="Hi", request_id=NOT_UTF8), "request_id"),
+    ("Generate", gw.GenerateRequest(text="Hi", sampling=gen.SamplingParams(stop=["a", NOT_UTF8])), "sampling.stop[1]"),
+    ("Generate", gw.GenerateRequest(chat=gw.ChatMessages(messages=[
+        gw.ChatMessage(role="user", content=content) for content in ("a", "b", NOT_UTF8)])), "chat.messages[2].content"),
+    ("Tokenize", gw.TokenizeRequest(text=NOT_UTF8), "text"),
+])
+def test_invalid_utf8_in_a_grpc_string_field_names_the_field(stack, method, grpc_request, field):
+    channel = stack.channel(stack.stack.gateway_address)
+    path, data = f"/pdserve.v1.Gateway/{method}", with_invalid_utf8(grpc_request)
+    with pytest.raises(grpc.RpcError) as refused:
+        if method == "Generate":
+            list(channel.unary_stream(path)(data, timeout=MAX_ANSWER_S))
+        else:
+            channel.unary_unary(path)(data, timeout=MAX_ANSWER_S)
+    assert (refused.value.code(), refused.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, f"{field}: not valid UTF-8 text")
+
+
+@pytest.mark.parametrize("raw_fields, param, message", [
+    ('"max_tokens": ' + "9" * 5000, "max_tokens", "max_tokens: integer has more than 4300 digits"),
+    ('"guided_json": ' + "[" * 5000 + "]" * 5000, "guided_json", "guided_json: nested deeper than 512 levels"),
+    ('"guided_json": {"not": {}}', "guided_json",
+     'guided_json: no value satisfies this schema: "not": {} refuses every value'),
+    ('"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}',
+     "response_format.json_schema.schema",
+     'response_format.json_schema.schema: no value satisfies this schema: "not": {} refuses every value'),
+])
+def test_numbers_depths_and_schemas_past_the_limits_are_400_naming_the_field(stack, raw_fields, param, message):
+    body = ('{"prompt": "Hello", ' + raw_fields + "}").encode()
+    status, reply, _ = post(stack.stack.ready_info["gateway"]["http_address"], "/v1/completions", body)
+    assert_openai_error(status, reply, 400, param)
+    assert reply["error"]["message"] == message
+
+
 def test_the_stack_still_serves_after_the_corpus(stack):
     request = gw.GenerateRequest(text="Hello", sampling=gen.SamplingParams(max_tokens=2, temperature=0))
     replies = list(stack.gateway.Generate(request, timeout=120))
