@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import generation_pb2 as gen
+from shared.memory.process import resident_bytes
 from tests.helpers.raw_http import assert_openai_error, post
 
 MAX_ANSWER_S = 30.0
+MAX_GATEWAY_GROWTH_BYTES = 50 << 20
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 VOCAB_SIZE = 49152
@@ -32,6 +34,11 @@ def stack(served_stack):
     yield served_stack
     served_stack.wait_all_blocks_free()
     served_stack.check_children_alive()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gateway_rss_before_the_corpus(stack) -> int:
+    return resident_bytes(stack.stack.gateway.pid)
 
 
 def with_surrogate(text: str, surrogate: str) -> str:
@@ -214,3 +221,11 @@ def test_the_stack_still_serves_after_the_corpus(stack):
     request = gw.GenerateRequest(text="Hello", sampling=gen.SamplingParams(max_tokens=2, temperature=0))
     replies = list(stack.gateway.Generate(request, timeout=120))
     assert replies[-1].usage.completion_tokens == 2
+
+
+def test_the_gateway_gives_back_what_the_corpus_left_once_idle(stack, gateway_rss_before_the_corpus):
+    """Its idle heap trim (services.gateway.heap_trim, every 10 s at most) returns the memory the
+    refused bodies left free in the heaps: within 50 MiB of where the corpus started."""
+    pid = stack.stack.gateway.pid
+    stack.wait_for(lambda: resident_bytes(pid) - gateway_rss_before_the_corpus < MAX_GATEWAY_GROWTH_BYTES, 120,
+                   f"the gateway's RSS within 50 MiB of {gateway_rss_before_the_corpus >> 20} MiB")
