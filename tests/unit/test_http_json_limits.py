@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 
-from services.gateway.http.json_limits import MAX_JSON_DEPTH, parse_limit_error
+from services.gateway.http.json_limits import MAX_JSON_DEPTH, MAX_SCAN_BYTES, parse_limit_error
 from tests.helpers.raw_http import assert_openai_error, post
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.test_openai_http import http_gateway, model, run  # noqa: F401 - fixtures
@@ -50,6 +50,12 @@ def test_nesting_too_deep_names_its_field_and_the_depth():
 
 def test_a_body_nested_as_deep_as_the_stated_limit_parses():
     json.loads(body(guided_json="[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH))
+
+
+def test_past_the_scanned_bytes_the_limit_is_named_without_a_field():
+    data = body(prompt='"' + "x" * MAX_SCAN_BYTES + '"', max_tokens=HUGE_INTEGER)
+    error = parse_limit_error(parse_error(data), data)
+    assert (error.param, error.message) == (None, f"the request body: integer has more than {DIGITS} digits")
 
 
 def test_other_failures_are_not_called_a_limit():

@@ -5,8 +5,9 @@ turns both into "There was an error parsing the body"): an integer with more dig
 `int()` converts (4300 by default, sys.get_int_max_str_digits) and nesting deeper than the
 interpreter's recursion limit lets it go (RecursionError). `parse_limit_error(cause, body)`
 returns the message for such a failure, e.g. "max_tokens: integer has more than 4300 digits"
-or "guided_json: nested deeper than 512 levels", found by one scan of the body's tokens; None
-for any other failure.
+or "guided_json: nested deeper than 512 levels", the field found by one scan of the tokens of
+the body's first MAX_SCAN_BYTES (the scan's cost is bounded; past them the message names only
+the limit); None for any other failure.
 """
 
 import re
@@ -15,6 +16,7 @@ import sys
 from services.gateway.http.errors import OpenAIError, bad_request
 
 MAX_JSON_DEPTH = 512  # every body nesting at most this deep parses; deeper ones may be refused
+MAX_SCAN_BYTES = 1 << 20
 # A string, a bracket, or a run of digits that is a whole integer (not part of a float).
 _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|(?<![\d.eE+-])-?\d+(?![\d.eE])', re.DOTALL)
 _INT_DIGITS_ERROR = "integer string conversion"
@@ -48,7 +50,7 @@ def _field_where(body: bytes, is_it) -> str | None:
     """The top-level key under which the first token for which `is_it(token, depth)` holds
     lies (the body is a JSON object; the last string met at depth 1 is the current key)."""
     depth, key = 0, None
-    for match in _TOKENS.finditer(body):
+    for match in _TOKENS.finditer(body[:MAX_SCAN_BYTES]):
         token = match.group()
         if token in (b"[", b"{"):
             depth += 1
