@@ -6,8 +6,9 @@ Request bodies parsed, refused and dropped (a 10 MB schema, a 1 MB prompt, JSON 
 deep) leave their memory free but resident in glibc's heaps, fragmented across the threads'
 arenas: the bad-input corpus left the gateway ~200 MiB larger than it started
 (docs/bad_input.md). `trim_heap_forever` looks once a `look_interval_s`; the gateway counts
-as idle in a look when it used less than `IDLE_CPU_FRACTION` of that interval's CPU (either
-door, any request, refused or not, costs CPU; what the trim itself costs is not counted).
+as idle in a look when its event loop's thread used less than `IDLE_CPU_FRACTION` of that
+interval's CPU (every request, at either door, refused or not, passes through the loop; other
+threads' CPU, e.g. gRPC's pollers, is not counted, nor is what the trim itself costs).
 Before trimming it collects Python's garbage cycles (an exception's traceback holds the
 frames that held the request).
 """
@@ -38,7 +39,7 @@ def is_idle(cpu_seconds: float, interval_s: float) -> bool:
 
 
 async def trim_heap_forever(trimmer: HeapTrimmer, look_interval_s: float = LOOK_INTERVAL_S,
-                            cpu_clock: Callable[[], float] = time.process_time,
+                            cpu_clock: Callable[[], float] = time.thread_time,
                             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
     last_cpu = cpu_clock()
     while True:

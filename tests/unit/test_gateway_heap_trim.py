@@ -1,8 +1,9 @@
 """The gateway gives the memory that requests leave free in the heaps back to the kernel
-(services.gateway.heap_trim): a look each second, idle when the gateway used under 2 % of that
-second's CPU, the instances' trim policy (shared.memory.idle_trim) deciding; after large bad
-requests it trims once idle, and stays within 50 MiB of where it started (in this process the
-test's own memory blurs the figure: tests/e2e/test_bad_input_fuzz.py checks the gateway process)."""
+(services.gateway.heap_trim): a look each second, idle when the gateway's event loop used
+under 2 % of that second's CPU, the instances' trim policy (shared.memory.idle_trim)
+deciding; after large bad requests it trims once idle, and stays within 50 MiB of where it
+started (in this process the test's own memory blurs the figure:
+tests/e2e/test_bad_input_fuzz.py checks the gateway process)."""
 
 import asyncio
 import gc
