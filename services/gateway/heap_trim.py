@@ -4,8 +4,8 @@ set has grown by a set amount).
 
 Request bodies parsed, refused and dropped (a 10 MB schema, a 1 MB prompt, JSON nested 5,000
 deep) leave their memory free but resident in glibc's heaps, fragmented across the threads'
-arenas: the bad-input corpus left the gateway ~200 MiB larger than it started
-(docs/bad_input.md). `trim_heap_forever` looks once a `look_interval_s`; the gateway counts
+arenas: the bad-input corpus left the gateway 85 MiB larger than it started, for good
+(docs/bad_input.md; issue 37 saw 200). `trim_heap_forever` looks once a `look_interval_s`; the gateway counts
 as idle in a look when its event loop's thread used less than `IDLE_CPU_FRACTION` of that
 interval's CPU (every request, at either door, refused or not, passes through the loop; other
 threads' CPU, e.g. gRPC's pollers, is not counted, nor is what the trim itself costs).
