@@ -34,6 +34,7 @@ from services.gateway.access_interceptor import AccessInterceptor
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
 from services.gateway.health import GATEWAY_SERVICE_NAME
+from services.gateway.heap_trim import gateway_heap_trimmer, trim_heap_forever
 from services.gateway.http.app import build_app
 from services.gateway.http.server import HttpFrontDoor
 from services.gateway.http.tool_choice import ToolOptions
@@ -86,6 +87,8 @@ class GatewayServer:
         self.redis: redis.asyncio.Redis | None = None
         self.channels = InstanceChannels(instance_channel_credentials(settings))
         self._garbage_collector: asyncio.Task | None = None
+        self.heap_trimmer = gateway_heap_trimmer(settings.idle_trim_interval_s)
+        self._heap_trim: asyncio.Task | None = None
 
     async def start(self) -> str:
         """Bind and start serving (not yet ready); returns "host:port"."""
@@ -101,6 +104,7 @@ class GatewayServer:
             self.metrics_address = self.metrics.server.start(self.settings.host, self.settings.metrics_port)
         if self.settings.ready_file:
             write_ready_file(Path(self.settings.ready_file), self.address, self.http_address, self.metrics_address)
+        self._heap_trim = asyncio.create_task(trim_heap_forever(self.heap_trimmer))
         logger.info("gateway listening on %s", self.address)
         return self.address
 
@@ -124,8 +128,9 @@ class GatewayServer:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         await self.health.shut_down()  # GET /health and the health service: NOT_SERVING first
-        if self._garbage_collector is not None:
-            self._garbage_collector.cancel()
+        for task in (self._garbage_collector, self._heap_trim):
+            if task is not None:
+                task.cancel()
         if self.http is not None:
             await asyncio.gather(self.grpc.stop(grace_s), self.http.stop(grace_s))
         else:

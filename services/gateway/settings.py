@@ -111,6 +111,9 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
                                      "(the HTTP API serves /metrics anyway)", ge=-1, le=MAX_PORT)
     drain_timeout_s: float = _setting(20.0, "on SIGTERM, seconds open calls and streams get to finish "
                                             "while new ones are refused", ge=0)
+    idle_trim_interval_s: float = _setting(10.0, "return free heap memory to the OS when the gateway idles "
+                                                 "after work, at most this often (0 = never; "
+                                                 "services.gateway.heap_trim)", ge=0)
     log_level: str = _setting("INFO", "Python logging level")
     log_format: Literal[LOG_FORMATS] = _setting("text", "log lines as text or one JSON object each")
     # services.rpc.malformed_requests

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import xgrammar as xgr
 
 from shared.errors import InvalidRequestError
-from shared.guided.bitmask import allows_no_token
+from shared.guided.bitmask import allows_no_token, allows_only
 from shared.guided.params import GuidedDecodingParams
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ MAX_MESSAGE_CHARS = 500
 # JSON outputs use fixed separators (", " and ": "), no free whitespace: a sampled model cannot
 # then wander into endless blank lines, and outputs stay short.
 JSON_ANY_WHITESPACE = False
+JSON_KINDS = ("json_schema", "json_object")
 # XGrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:123: " (and sometimes a
 # failed check's condition); users get the rest.
 _ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
@@ -99,9 +100,9 @@ class GrammarCache:
             message = xgrammar_message(error)
             logger.info("refused %s: %s", guided.field_name, message)
             raise InvalidRequestError(guided.field_name, message[:MAX_MESSAGE_CHARS]) from None
-        if allows_nothing(compiled, self.vocab_size):
-            raise InvalidRequestError(guided.field_name, "matches no output at all (no token can ever be "
-                                                         "generated); check the constraint")
+        problem = why_useless(compiled, guided.kind, self.tokenizer_info)
+        if problem is not None:
+            raise InvalidRequestError(guided.field_name, problem)
         return compiled
 
     def _compile_kind(self, kind: str, text: str, guided: GuidedDecodingParams) -> xgr.CompiledGrammar:
@@ -118,13 +119,23 @@ class GrammarCache:
         return self._compiler.compile_grammar(text)
 
 
-def allows_nothing(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
-    """True when the grammar allows no first token, not even the end (`root ::= root`,
-    the regex `[^\\s\\S]`): no request could ever produce anything under it."""
+def why_useless(compiled: xgr.CompiledGrammar, kind: str, info: xgr.TokenizerInfo) -> str | None:
+    """Why no request could get useful output under the grammar, judged by its first step."""
+    bitmask = first_token_bitmask(compiled, info.vocab_size)
+    if allows_no_token(bitmask, info.vocab_size):
+        return "matches no output at all (no token can ever be generated); check the constraint"
+    if kind in JSON_KINDS and allows_only(bitmask, info.stop_token_ids):
+        return "no value satisfies this schema: it matches only the empty output, which is no JSON value"
+    return None
+
+
+def first_token_bitmask(compiled: xgr.CompiledGrammar, vocab_size: int):
+    """The tokens the grammar allows first (`root ::= root` and the regex `[^\\s\\S]` allow
+    none; a grammar matching only "" allows only the stop tokens)."""
     matcher = xgr.GrammarMatcher(compiled)
     bitmask = xgr.allocate_token_bitmask(1, vocab_size)
     matcher.fill_next_token_bitmask(bitmask, 0)
-    return allows_no_token(bitmask[0], vocab_size)
+    return bitmask[0]
 
 
 def choice_grammar(choices: Sequence[str]) -> str:

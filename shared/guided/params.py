@@ -1,15 +1,18 @@
 """What a request's output must look like: one JSON schema, JSON object, regex, choice or grammar.
 
 Front doors build a `GuidedDecodingParams` (gRPC `GuidedDecoding`, the offline API) and put it in
-`SamplingParams.guided`. Construction checks only the shape (exactly one kind set, right types);
-whether the schema, regex or grammar itself is valid is XGrammar's call, made when the engine
-compiles it at admission (`shared.guided.compiler.GrammarCache`).
+`SamplingParams.guided`. Construction checks the shape (exactly one kind set, right types) and
+refuses a JSON schema that no value satisfies (`{"not": {}}`, `false`...:
+shared.guided.unsatisfiable); whether the schema, regex or grammar is otherwise valid is
+XGrammar's call, made when the engine compiles it at admission
+(`shared.guided.compiler.GrammarCache`).
 """
 
 import json
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequestError
+from shared.guided.unsatisfiable import why_unsatisfiable
 
 GUIDED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
@@ -63,10 +66,22 @@ class GuidedDecodingParams:
 def _check_json_schema(schema: object) -> None:
     if isinstance(schema, dict):
         _require_json_text("guided.json_schema", schema)
-        return
-    if not isinstance(schema, str) or not schema.strip():
+    elif not isinstance(schema, str) or not schema.strip():
         raise InvalidRequestError(
             "guided.json_schema", f"must be a non-empty JSON string or a dict, got {schema!r:.80}")
+    reason = why_unsatisfiable(_decoded(schema))
+    if reason is not None:
+        raise InvalidRequestError("guided.json_schema", f"no value satisfies this schema: {reason}")
+
+
+def _decoded(schema: str | dict) -> object:
+    """The schema as JSON values; text that is not JSON is left to XGrammar to refuse."""
+    if isinstance(schema, dict):
+        return schema
+    try:
+        return json.loads(schema)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _require_json_text(field: str, value: object) -> None:

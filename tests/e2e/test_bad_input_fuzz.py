@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import generation_pb2 as gen
+from shared.memory.process import resident_bytes
 from tests.helpers.raw_http import assert_openai_error, post
 
 MAX_ANSWER_S = 30.0
+MAX_GATEWAY_GROWTH_BYTES = 50 << 20
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 VOCAB_SIZE = 49152
@@ -32,6 +34,11 @@ def stack(served_stack):
     yield served_stack
     served_stack.wait_all_blocks_free()
     served_stack.check_children_alive()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gateway_rss_before_the_corpus(stack) -> int:
+    return resident_bytes(stack.stack.gateway.pid)
 
 
 def with_surrogate(text: str, surrogate: str) -> str:
@@ -163,7 +170,62 @@ def test_invalid_grpc_requests_are_invalid_argument_or_not_found(stack, request)
     assert time.monotonic() - started < MAX_ANSWER_S
 
 
+# ---- The ten rejections that named no field (issue 37), each with the message it gets now ----
+
+NOT_UTF8 = "<not-utf8>"
+
+
+def with_invalid_utf8(message) -> bytes:
+    data = message.SerializeToString()
+    return data.replace(NOT_UTF8.encode(), b"\xff" * len(NOT_UTF8))
+
+
+@pytest.mark.parametrize("method, grpc_request, field", [
+    ("Generate", gw.GenerateRequest(text=NOT_UTF8), "text"),
+    ("Generate", gw.GenerateRequest(text="Hi", model=NOT_UTF8), "model"),
+    ("Generate", gw.GenerateRequest(text="Hi", request_id=NOT_UTF8), "request_id"),
+    ("Generate", gw.GenerateRequest(text="Hi", sampling=gen.SamplingParams(stop=["a", NOT_UTF8])), "sampling.stop[1]"),
+    ("Generate", gw.GenerateRequest(chat=gw.ChatMessages(messages=[
+        gw.ChatMessage(role="user", content=content) for content in ("a", "b", NOT_UTF8)])), "chat.messages[2].content"),
+    ("Tokenize", gw.TokenizeRequest(text=NOT_UTF8), "text"),
+])
+def test_invalid_utf8_in_a_grpc_string_field_names_the_field(stack, method, grpc_request, field):
+    channel = stack.channel(stack.stack.gateway_address)
+    path, data = f"/pdserve.v1.Gateway/{method}", with_invalid_utf8(grpc_request)
+    with pytest.raises(grpc.RpcError) as refused:
+        if method == "Generate":
+            list(channel.unary_stream(path)(data, timeout=MAX_ANSWER_S))
+        else:
+            channel.unary_unary(path)(data, timeout=MAX_ANSWER_S)
+    assert (refused.value.code(), refused.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, f"{field}: not valid UTF-8 text")
+
+
+@pytest.mark.parametrize("raw_fields, param, message", [
+    ('"max_tokens": ' + "9" * 5000, "max_tokens", "max_tokens: integer has more than 4300 digits"),
+    ('"guided_json": ' + "[" * 5000 + "]" * 5000, "guided_json", "guided_json: nested deeper than 512 levels"),
+    ('"guided_json": {"not": {}}', "guided_json",
+     'guided_json: no value satisfies this schema: "not": {} refuses every value'),
+    ('"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}',
+     "response_format.json_schema.schema",
+     'response_format.json_schema.schema: no value satisfies this schema: "not": {} refuses every value'),
+])
+def test_numbers_depths_and_schemas_past_the_limits_are_400_naming_the_field(stack, raw_fields, param, message):
+    body = ('{"prompt": "Hello", ' + raw_fields + "}").encode()
+    status, reply, _ = post(stack.stack.ready_info["gateway"]["http_address"], "/v1/completions", body)
+    assert_openai_error(status, reply, 400, param)
+    assert reply["error"]["message"] == message
+
+
 def test_the_stack_still_serves_after_the_corpus(stack):
     request = gw.GenerateRequest(text="Hello", sampling=gen.SamplingParams(max_tokens=2, temperature=0))
     replies = list(stack.gateway.Generate(request, timeout=120))
     assert replies[-1].usage.completion_tokens == 2
+
+
+def test_the_gateway_gives_back_what_the_corpus_left_once_idle(stack, gateway_rss_before_the_corpus):
+    """Its idle heap trim (services.gateway.heap_trim, every 10 s at most) returns the memory the
+    refused bodies left free in the heaps: within 50 MiB of where the corpus started."""
+    pid = stack.stack.gateway.pid
+    stack.wait_for(lambda: resident_bytes(pid) - gateway_rss_before_the_corpus < MAX_GATEWAY_GROWTH_BYTES, 120,
+                   f"the gateway's RSS within 50 MiB of {gateway_rss_before_the_corpus >> 20} MiB")

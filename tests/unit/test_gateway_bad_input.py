@@ -79,6 +79,23 @@ def test_grpc_limits_are_invalid_argument_naming_the_field_never_resource_exhaus
     run(scenario)
 
 
+def test_a_grpc_schema_no_value_satisfies_is_invalid_argument_before_any_instance_call(redis_server, model):
+    request = gw.GenerateRequest(text="hi", sampling=gen.SamplingParams(
+        max_tokens=2, guided=gen.GuidedDecoding(json_schema='{"not": {}}')))
+
+    async def scenario():
+        async with http_gateway(redis_server.url, model) as gate:
+            p0, d0 = await with_pair(gate)
+            async with grpc.aio.insecure_channel(gate.server.address) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await gateway_pb2_grpc.GatewayStub(channel).Generate(request).read()
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details() == ('guided.json_schema: no value satisfies this schema: '
+                                              '"not": {} refuses every value')
+            assert p0.calls == [] and d0.calls == []
+    run(scenario)
+
+
 def test_a_body_over_max_request_bytes_is_413(redis_server, model):
     async def scenario():
         async with http_gateway(redis_server.url, model, max_request_bytes=10_000) as gate:

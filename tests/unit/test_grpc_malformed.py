@@ -1,5 +1,6 @@
 """Malformed gRPC input, sent as raw HTTP/2 frames to the gateway and to an instance's
-server: undecodable or invalid-UTF-8 protobuf is INVALID_ARGUMENT, a call with no message is
+server: undecodable protobuf is INVALID_ARGUMENT, invalid UTF-8 in a string field too, naming
+the field, a call with no message is
 INVALID_ARGUMENT at once, a message that never arrives whole is DEADLINE_EXCEEDED after the
 server's read timeout (not the client's deadline), and none of it logs an error. An
 instance's error message is bounded, so an engine error embedding a huge schema keeps its
@@ -39,11 +40,12 @@ def test_the_gateway_refuses_malformed_calls_with_a_status_and_no_error_log(redi
     async def scenario():
         async with http_gateway(redis_server.url, model, request_read_timeout_s=1.0) as gate:
             address = gate.server.address
-            for data in (grpc_frame(b"\xff\xff\xff"), grpc_frame(TEXT_FIELD_TAG + b"\x02\xff\xfe"), None,
-                         grpc_frame(b"abc", declared_length=100)):
+            for data in (grpc_frame(b"\xff\xff\xff"), None, grpc_frame(b"abc", declared_length=100)):
                 reply = await call(address, GENERATE, data)
                 assert reply.status == INVALID_ARGUMENT, (data, reply)
                 assert reply.message.startswith("request: ")
+            reply = await call(address, GENERATE, grpc_frame(TEXT_FIELD_TAG + b"\x02\xff\xfe"))
+            assert (reply.status, reply.message) == (INVALID_ARGUMENT, "text: not valid UTF-8 text")
             reply = await call(address, LIST_MODELS, grpc_frame(b"\xff"))
             assert reply.status == INVALID_ARGUMENT
             stalled = await call(address, GENERATE, grpc_frame(valid[:3], declared_length=len(valid)), end_stream=False)
@@ -64,6 +66,9 @@ def test_an_instance_refuses_undecodable_requests_with_invalid_argument():
             assert reply.status == INVALID_ARGUMENT, reply
             reply = await call(address, "/pdserve.v1.Instance/Decode", None)
             assert reply.status == INVALID_ARGUMENT, reply
+            not_utf8 = pb.ReserveRequest(request_id="r", cache_salt="@@").SerializeToString().replace(b"@@", b"\xc3(")
+            reply = await call(address, "/pdserve.v1.Instance/Reserve", grpc_frame(not_utf8))
+            assert (reply.status, reply.message) == (INVALID_ARGUMENT, "cache_salt: not valid UTF-8 text")
         finally:
             await server.stop(0)
     asyncio.run(scenario())

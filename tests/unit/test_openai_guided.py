@@ -118,6 +118,13 @@ SHAPE_ERRORS = [  # (endpoint, fields, param, message): refused by the gateway i
      "structured_outputs.structural_tag", "structured_outputs.structural_tag: is not supported by this server"),
     ("chat", dict(extra_body={"guided_choice": "yes"}), "guided_choice",
      "guided_choice: Input should be a valid list (at guided_choice)"),
+    ("completions", dict(extra_body={"guided_json": {"not": {}}}), "guided_json",
+     'guided_json: no value satisfies this schema: "not": {} refuses every value'),
+    ("chat", dict(extra_body={"guided_json": "false"}), "guided_json",
+     "guided_json: no value satisfies this schema: the schema false accepts no value"),
+    ("chat", dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
+     "response_format.json_schema.schema",
+     'response_format.json_schema.schema: no value satisfies this schema: "not": {} refuses every value'),
 ]
 
 

@@ -1,7 +1,8 @@
 """Every HTTP error in OpenAI's shape, whatever raises it.
 
 `install_error_handlers(app)` covers the endpoints' body validation (400 naming the field),
-the framework's own errors (404 unknown route, 405 wrong method, 400 unparsable body) and
+the framework's own errors (404 unknown route, 405 wrong method, 400 unparsable body, naming
+the field and the limit when valid JSON was over the parser's limits) and
 any unhandled exception (500 with a fixed message; the traceback goes to the log, never to
 the client).
 """
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from services.gateway.http.errors import OpenAIError, from_http_status, from_validation_errors
+from services.gateway.http.json_limits import parse_limit_error
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,9 @@ async def _on_bad_body(request: Request, error: RequestValidationError) -> Respo
 
 
 async def _on_http_exception(request: Request, error: HTTPException) -> Response:
+    over_a_limit = parse_limit_error(error.__cause__, getattr(request, "_body", None))  # starlette's read body
+    if error.status_code == 400 and over_a_limit is not None:
+        return over_a_limit.response()
     message = error.detail if isinstance(error.detail, str) else str(error.detail)
     if error.status_code == 404:
         message = f"no route {request.method} {request.url.path}"
