@@ -24,6 +24,8 @@ from services.launcher.child import ChildProcess
 from services.launcher.errors import StackAborted, StackError
 
 POLL_INTERVAL_S = 0.1
+# Longest one registry read waits for Redis (then: not registered yet, asked again).
+REDIS_TIMEOUT_S = 2.0
 
 
 def grpc_address_of(ready: dict, default_host: str = "127.0.0.1") -> str:
@@ -87,7 +89,8 @@ def registered_namespace(ready: dict) -> ClusterNamespace | None:
 async def _live_instance_ids(redis_url: str, namespace: ClusterNamespace) -> set[str]:
     """The ids listed live; none while Redis does not answer (it may be restarting)."""
     try:
-        async with redis.asyncio.Redis.from_url(redis_url) as client:
+        async with redis.asyncio.Redis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                                                socket_connect_timeout=REDIS_TIMEOUT_S) as client:
             return await InstanceRegistry(client, namespace).live_instance_ids()
     except (redis.RedisError, OSError):
         return set()
