@@ -125,7 +125,7 @@ class InstanceRuntime:
         await self._open_openai_door()
         if self.settings.ready_file:
             write_ready_file(self.settings.ready_file, self.grpc_address, self.ucx_address, self.instance_id, self.role,
-                             self.metrics_address, self.openai_address)
+                             self.metrics_address, self.openai_address, self.presence.namespace)
         logger.info("%s %s serving on %s (KV receiver: %s, metrics: %s)", self.role, self.instance_id,
                     self.grpc_address, self.ucx_address or "none", self.metrics_address or "none")
 

@@ -13,7 +13,7 @@ from services.launcher.config import StackConfig
 from services.launcher.cpu_plan import InstanceCpus, cpus_for_new_instance, plan_instance_cpus
 from services.launcher.errors import StackError
 from services.launcher.ports import find_free_port
-from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_serving
+from services.launcher.readiness import grpc_address_of, wait_until_ready, wait_until_registered, wait_until_serving
 from services.launcher.redis_child import RedisChild
 from services.launcher.supervision_board import publish_records
 from services.launcher.supervisor import Supervisor
@@ -68,12 +68,17 @@ class LocalStack:
         return self.addresses["gateway"]
 
     def start(self, should_abort: Callable[[], bool] = _never) -> None:
-        """Start everything and wait until every service is SERVING; on failure stop all."""
+        """Start Redis, then the instances and the gateway side by side (the gateway loads its
+        tokenizer while the instances load the model); return once every instance is SERVING
+        and registered in Redis and the gateway SERVING, so that the gateway's first listing,
+        made by the first request, has every instance. On failure stop all."""
         deadline = time.monotonic() + self.config.ready_timeout_s
         try:
             self._start_redis(should_abort)
-            self.start_instances(self.config.instance_roles(), deadline, should_abort)
-            self._start_gateway(deadline, should_abort)
+            instances = self._spawn_instances(self.config.instance_roles())
+            self._spawn_gateway()
+            self._await_instances(instances, deadline, should_abort)
+            self._await_serving(self.gateway, deadline, should_abort)
         except BaseException:
             self.stop()
             raise
@@ -88,7 +93,12 @@ class LocalStack:
 
     def start_instances(self, names_and_roles: list[tuple[str, str]], deadline: float,
                         should_abort: Callable[[], bool] = _never) -> list[ChildProcess]:
-        """Launch these instances together, then wait until each one is SERVING."""
+        """Launch these instances together, then wait until each one is SERVING and registered."""
+        children = self._spawn_instances(names_and_roles)
+        self._await_instances(children, deadline, should_abort)
+        return children
+
+    def _spawn_instances(self, names_and_roles: list[tuple[str, str]]) -> list[ChildProcess]:
         children = []
         for name, role in names_and_roles:
             ready_file = self._ready_file(name)
@@ -98,9 +108,14 @@ class LocalStack:
             self.num_instances_started += 1
             children.append(self._spawn(name, role, argv, ready_file, placement))
         self.instances.extend(children)
+        return children
+
+    def _await_instances(self, children: list[ChildProcess], deadline: float,
+                         should_abort: Callable[[], bool]) -> None:
         for child in children:
             self._await_serving(child, deadline, should_abort)
-        return children
+        for child in children:
+            wait_until_registered(child, self.ready_info[child.name], self.redis_url, deadline, should_abort)
 
     def remove_instance(self, name: str, grace_s: float | None = None) -> ChildProcess:
         """Scale in: SIGTERM one instance (it drains), wait for its exit, stop supervising it."""
@@ -120,11 +135,10 @@ class LocalStack:
         child.start()
         self._await_serving(child, time.monotonic() + self.config.ready_timeout_s, should_abort)
 
-    def _start_gateway(self, deadline: float, should_abort: Callable[[], bool]) -> None:
+    def _spawn_gateway(self) -> None:
         ready_file = self._ready_file("gateway")
         argv = gateway_argv(self.config, self.redis_url, ready_file)
         self.gateway = self._spawn("gateway", "gateway", argv, ready_file)
-        self._await_serving(self.gateway, deadline, should_abort)
 
     def start_extra_gateway(self, name: str, extra_args: Sequence[str] = ()) -> ChildProcess:
         """Another gateway on the same Redis, on ephemeral ports, with `extra_args` after the

@@ -11,7 +11,7 @@ from shared.engine import LLM
 from shared.model.default_model import resolve_model
 from tests.e2e.shared_stacks import (
     DECODE_BLOCKS, FAULTS_DTYPE, FAULTS_STACK_ARGS, FULL_STRENGTH, HEARTBEAT_TTL_S, PREFILL_CHUNK_TOKENS,
-    SharedStack, needed_later,
+    SharedOnDemand, SharedStack, needed_later,
 )
 from tests.helpers.stack import StackHarness, make_stack_config, running_stack, running_supervised_stack
 
@@ -93,12 +93,28 @@ def disaggregated_stack(shared_disaggregated_stack, request) -> Iterator[StackHa
         shared_disaggregated_stack.stop()
 
 
-@pytest.fixture(scope="module")
-def chunked_reference(smollm2_folder) -> LLM:
+@pytest.fixture(scope="session")
+def shared_chunked_reference(smollm2_folder) -> Iterator[SharedOnDemand[LLM]]:
+    """The offline engine of `chunked_reference`, built once for the modules that use it."""
+    def start() -> Iterator[LLM]:
+        with LLM(model=str(smollm2_folder), dtype="bfloat16", num_threads=1,
+                 max_num_batched_tokens=PREFILL_CHUNK_TOKENS) as llm:
+            yield llm
+
+    shared = SharedOnDemand(start)
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture
+def chunked_reference(shared_chunked_reference, request) -> Iterator[LLM]:
     """The offline engine as the disaggregated stack's instances compute: bf16, one thread,
-    prompts in PREFILL_CHUNK_TOKENS steps (bf16 output may depend on the chunking)."""
-    return LLM(model=str(smollm2_folder), dtype="bfloat16", num_threads=1,
-               max_num_batched_tokens=PREFILL_CHUNK_TOKENS)
+    prompts in PREFILL_CHUNK_TOKENS steps (bf16 output may depend on the chunking); one for the
+    run, shut down after the last test that uses it. Its modules' prompts share no block (a
+    prefix-cache hit would change the chunks)."""
+    yield shared_chunked_reference.get()
+    if not needed_later(request, "chunked_reference"):
+        shared_chunked_reference.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,16 @@
 """Stacks that several end-to-end modules share: their settings, and their lifetime (fixtures in
 conftest.py). A shared stack starts when the first test asks for it and stops after the last
-test of the run that uses it, so that two of them are never held at once for nothing."""
+test of the run that uses it, so that two of them are never held at once for nothing. The
+offline reference engines that several modules compare with are shared the same way."""
 
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 import pytest
 
 from tests.helpers.stack import StackHarness
+
+Shared = TypeVar("Shared")
 
 # The disaggregated stack's prefill instances compute prompts in steps of this many tokens, so
 # that a cancel, a deadline or a kill lands while a long prompt is half done.
@@ -39,16 +43,17 @@ FAULTS_STACK_ARGS = {
 }
 
 
-class SharedStack:
-    """One stack started on first use by `start()` (a running_stack-style generator) and stopped
-    by `stop()` (or at the end of the session); started again if a later test needs it."""
+class SharedOnDemand(Generic[Shared]):
+    """One stack (or offline engine) started on first use by `start()` (a running_stack-style
+    generator) and stopped by `stop()` (or at the end of the session); started again if a later
+    test needs it."""
 
-    def __init__(self, start: Callable[[], Iterator[StackHarness]]):
+    def __init__(self, start: Callable[[], Iterator[Shared]]):
         self._start = start
-        self._runner: Iterator[StackHarness] | None = None
-        self._harness: StackHarness | None = None
+        self._runner: Iterator[Shared] | None = None
+        self._harness: Shared | None = None
 
-    def get(self) -> StackHarness:
+    def get(self) -> Shared:
         if self._harness is None:
             self._runner = self._start()
             self._harness = next(self._runner)
@@ -58,6 +63,9 @@ class SharedStack:
         if self._runner is not None:
             self._runner.close()  # the generator's `finally` stops every process
         self._runner = self._harness = None
+
+
+SharedStack = SharedOnDemand[StackHarness]
 
 
 def needed_later(request: pytest.FixtureRequest, fixture_name: str) -> bool:

@@ -10,6 +10,7 @@ upper-cased, '-' as '_'), else FAKE_SERVICE_MODE:
   not_serving    bind and write the ready file, never report SERVING
   die_after      exit 4 one second after becoming ready
   ignore_term    ignore SIGTERM (the launcher must SIGKILL it)
+  unregistered   name a Redis namespace in the ready file, as instances do, and never register there
 """
 
 import argparse
@@ -59,6 +60,8 @@ def main(argv: list[str]) -> int:
     status = health_pb2.HealthCheckResponse
     servicer.set("", status.NOT_SERVING if mode == "not_serving" else status.SERVING)
     ready_content = {"grpc_address": f"{args.host}:{port}", "pid": os.getpid()}
+    if mode == "unregistered":
+        ready_content.update(instance_id=args.instance_id, deployment="default", model="fake-model")
     if args.metrics_port >= 0:
         metrics_server, _ = start_http_server(args.metrics_port, addr=args.host)
         ready_content["metrics_address"] = f"{args.host}:{metrics_server.server_port}"

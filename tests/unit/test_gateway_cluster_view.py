@@ -112,3 +112,24 @@ def test_an_instance_that_drains_during_a_reconnect_leaves_routing_at_once():
         clock.now += 1
         assert ids(await view.live()) == ["d0"] and ids(view.draining()) == ["d1"]
     asyncio.run(scenario())
+
+
+def test_the_first_listing_is_made_by_the_first_request_and_has_every_instance_registered_by_then():
+    """A gateway started beside its instances lists none before a request asks (its metrics
+    read the last listing, no Redis): `pdserve up` is ready once every instance is registered,
+    so the first request's listing has them all, however soon it comes (cache_s or not)."""
+    async def scenario():
+        registry, clock = FakeRegistry(), Clock()
+        view = ClusterView(registry, prefix_index=None, cache_s=0.5, clock=clock)
+        registry.list_live = counted(registry.list_live, listings := [])
+        registry.listing = [record("d0"), record("p0", "prefill")]
+        assert listings == []
+        assert ids(await view.live()) == ["d0", "p0"] and len(listings) == 1
+    asyncio.run(scenario())
+
+
+def counted(list_live, calls: list):
+    async def listing(include_draining=False):
+        calls.append(include_draining)
+        return await list_live(include_draining)
+    return listing

@@ -12,9 +12,11 @@ import services.prefill
 from services.instance.engine_setup import engine_config
 from services.instance.flags import build_parser, env_name, flag_name, parse_settings
 from shared.engine.introspection import kv_cache_events
+from services.launcher.readiness import registered_namespace
 from services.rpc.ready_file import write_ready_file
 from services.instance.settings import DEFAULT_GRPC_PORTS, InstanceSettings
 from shared.kv_cache.block_pool import BlockPool
+from shared.cluster.keys import ClusterNamespace
 from shared.errors import ConfigurationError
 
 DECODE_ROLES = ("decode", "colocated")
@@ -119,6 +121,14 @@ def test_ready_file_is_the_json_a_launcher_reads(tmp_path):
                                             "instance_id": "decode-1", "role": "decode", "metrics_address": "",
                                             "openai_address": ""}
     assert [p.name for p in path.parent.iterdir()] == ["ready.json"]
+
+
+def test_the_ready_file_names_the_redis_namespace_the_instance_registers_in(tmp_path):
+    path = tmp_path / "ready.json"
+    write_ready_file(str(path), "127.0.0.1:5", "", "decode-1", "decode", registered_in=ClusterNamespace("prod", "m"))
+    ready = json.loads(path.read_text())
+    assert (ready["deployment"], ready["model"]) == ("prod", "m")
+    assert registered_namespace(ready) == ClusterNamespace("prod", "m")
 
 
 def _cache(pool: BlockPool, block_id: int, block_hash: bytes) -> None:

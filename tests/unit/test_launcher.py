@@ -73,6 +73,24 @@ def test_a_child_never_serving_times_out(tmp_path, monkeypatch):
     assert all(not child.is_running() for child in stack.children())
 
 
+def test_an_instance_never_registered_in_redis_times_out(tmp_path, monkeypatch):
+    """SERVING is not enough: a gateway routes only to the instances its listing of Redis shows."""
+    with_modes(monkeypatch, decode_1="unregistered")
+    stack = LocalStack(fake_config(tmp_path, ready_timeout_s=3.0))
+    with pytest.raises(StackError, match=r"decode-1 was not registered in Redis \(pdserve:default:fake-model\) in time"):
+        stack.start()
+    assert all(not child.is_running() for child in stack.children())
+
+
+def test_the_gateway_starts_beside_the_instances(tmp_path, monkeypatch):
+    """It loads its tokenizer while they load the model, not after."""
+    with_modes(monkeypatch, prefill_0="not_serving")
+    stack = LocalStack(fake_config(tmp_path, ready_timeout_s=3.0))
+    with pytest.raises(StackError, match=r"prefill-0 at .* was not SERVING in time"):
+        stack.start()
+    assert stack.gateway is not None and stack.gateway.exit_code() is not None
+
+
 def test_watch_returns_the_child_that_died(tmp_path, monkeypatch):
     with_modes(monkeypatch, decode_0="die_after")
     stack = LocalStack(fake_config(tmp_path))
