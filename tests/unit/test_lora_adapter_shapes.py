@@ -2,13 +2,14 @@
 
 The shape table covers adapters on any part of the fused projections (q, k or v alone inside
 qkv_proj, gate alone inside gate_up_proj, up with down, all seven), ranks 1, 8 and 16 under
-max_lora_rank=16, alpha unlike r, and rsLoRA. Each adapter's B is large enough that its greedy
-output leaves the base model's within 4 tokens on every prompt (checked on the reference, so no
-test here can pass by the adapter doing nothing). pdserve must give peft's merged tokens for
-each shape alone, beside base rows and the other shapes in one batch, through the engine core
-process, and with prefill and decode on two sides of a KV transfer. Adapters that peft computes
-otherwise (DoRA, QA-LoRA, aLoRA, ...) or that adapt modules other than the projections are
-refused when loaded, the error naming the option.
+max_lora_rank=16 (and two ranks inside one projection, by peft's rank_pattern), alpha unlike r,
+and rsLoRA. Each adapter's B is large enough that its greedy output leaves the base model's
+within 4 tokens on every prompt (checked on the reference, so no test here can pass by the
+adapter doing nothing). pdserve must give peft's merged tokens for each shape alone, beside
+base rows and the other shapes in one batch, through the engine core process, and with prefill
+and decode on two sides of a KV transfer. Adapters that peft computes otherwise (DoRA, QA-LoRA,
+aLoRA, ...) or that adapt modules other than the projections are refused when loaded, the
+error naming the option.
 """
 
 import asyncio
@@ -38,6 +39,9 @@ SHAPES = {
     "all-r16": AdapterSpec(rank=16, alpha=8, target_modules=ALL_MODULES, seed=57, std=0.3),
     "kv-r8-rslora": AdapterSpec(rank=8, alpha=4, use_rslora=True, target_modules=("k_proj", "v_proj"), seed=58,
                                 std=0.5),
+    # peft's rank_pattern: q at rank 1 beside v at rank 16 inside one projection.
+    "q-r1-v-r16": AdapterSpec(rank=16, alpha=8, rank_pattern=(("q_proj", 1),), target_modules=("q_proj", "v_proj"),
+                              seed=60, std=0.5),
 }
 MAX_LORA_RANK = 16
 PROMPTS = [[5, 17, 92, 3, 44, 101, 7, 8, 9, 200, 31], [11, 12, 13], list(range(20, 42))]
