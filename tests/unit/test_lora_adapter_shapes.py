@@ -6,8 +6,9 @@ max_lora_rank=16 (and two ranks inside one projection, by peft's rank_pattern), 
 and rsLoRA. Each adapter's B is large enough that its greedy output leaves the base model's
 within 4 tokens on every prompt (checked on the reference, so no test here can pass by the
 adapter doing nothing). pdserve must give peft's merged tokens for each shape alone, beside
-base rows and the other shapes in one batch, through the engine core process, and with prefill
-and decode on two sides of a KV transfer. Adapters that peft computes otherwise (DoRA, QA-LoRA,
+base rows and the other shapes in one batch, through the engine core process, with prefill and
+decode on two sides of a KV transfer, and on the GPU's delta code (the Triton kernels over
+weights zero-padded to max_lora_rank, run here by Triton's interpreter). Adapters that peft computes otherwise (DoRA, QA-LoRA,
 aLoRA, ...) or that adapt modules other than the projections are refused when loaded, the
 error naming the option.
 """
@@ -19,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from services.instance.lora_adapters import AdapterTable
+import shared.engine.loading as loading
 from shared.engine import LLM, LoRARequest, SamplingParams
 from shared.engine.core_process.client import CoreProcessClient
 from shared.engine_api.client import GenerateRequest
 from shared.engine_args import EngineArgs
 from shared.errors import InvalidRequestError
 from shared.lora import LoRAConfig
+from shared.lora.layers import attach_lora
 from tests.helpers.lora_adapters import AdapterSpec, merged_greedy, save_peft_adapter
 from tests.unit.kv_split import connected_llm, run_split
 
@@ -84,10 +87,39 @@ def tokens(outputs) -> list[list[int]]:
     return [output.token_ids for output in outputs]
 
 
+@pytest.fixture
+def on_the_triton_path(monkeypatch):
+    """Engines made in the test run the GPU's delta code: the Triton kernels over weights
+    padded to max_lora_rank (off a GPU under Triton's interpreter, tests/conftest.py)."""
+    pytest.importorskip("triton", reason="triton is not installed")
+
+    def attach_for_triton(model, step, num_slots, triton_max_rank=0, **kwargs):
+        return attach_lora(model, step, num_slots, MAX_LORA_RANK, **kwargs)
+    monkeypatch.setattr(loading, "attach_lora", attach_for_triton)
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_each_shape_alone_matches_peft_merged(tiny_llama_folder, adapters, references, name):
     llm = make_llm(tiny_llama_folder)
     assert tokens(llm.generate(PROMPTS, GREEDY, lora_request=adapters[name])) == references[name]
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_each_shape_alone_on_the_triton_path_matches_peft_merged(tiny_llama_folder, adapters, references, name,
+                                                                 on_the_triton_path):
+    llm = make_llm(tiny_llama_folder)
+    assert llm.engine.core.executor.runner.adapters.layers[0].max_rank == MAX_LORA_RANK
+    assert tokens(llm.generate(PROMPTS, GREEDY, lora_request=adapters[name])) == references[name]
+
+
+def test_shapes_beside_base_rows_on_the_triton_path_match_peft_merged(tiny_llama_folder, adapters, references,
+                                                                      on_the_triton_path):
+    """Fewer cases than on the torch path: the interpreter runs each kernel program in Python."""
+    llm = make_llm(tiny_llama_folder, max_loras=2)
+    cases = [(name, 1) for name in ("qv-r8", None, "k-r1", "q-r1-v-r16")]  # 2 slots: one is refilled
+    outputs = llm.generate([PROMPTS[p] for _, p in cases], GREEDY,
+                           lora_request=[adapters[name] if name else None for name, _ in cases])
+    assert tokens(outputs) == [references[name][p] for name, p in cases]
 
 
 def test_every_shape_beside_base_rows_and_the_others_matches_peft_merged(tiny_llama_folder, adapters, references):
