@@ -92,20 +92,37 @@ def _read_config(folder: Path) -> dict:
     return config
 
 
+# peft options under which an adapter computes more than `W x + scaling * B (A x)` on the
+# projections (or trains weights this engine never reads): each refused, naming the option.
+# DoRA rescales every output column; QA-LoRA pools the input before A; aLoRA adapts only the
+# tokens after its invocation tokens; Arrow, BD-LoRA, VeLoRA, MonteCLoRA and KaSA are other
+# variants of the layer; layer_replication repeats layers; the rest add trained weights.
+_REFUSED_OPTIONS = ("use_dora", "use_qalora", "alora_invocation_tokens", "arrow_config", "use_bdlora",
+                    "velora_config", "monteclora_config", "kasa_config", "layer_replication", "lora_bias",
+                    "modules_to_save", "trainable_token_indices", "target_parameters", "alpha_pattern",
+                    "fan_in_fan_out")
+
+
 def _check_config(folder: Path, config: dict) -> None:
-    refusals = {
-        "peft_type": config.get("peft_type", "LORA") != "LORA",
-        "bias": config.get("bias", "none") != "none",
-        "use_dora": bool(config.get("use_dora")),
-        "modules_to_save": bool(config.get("modules_to_save")),
-        "alpha_pattern": bool(config.get("alpha_pattern")),
-        "fan_in_fan_out": bool(config.get("fan_in_fan_out")),
-    }
+    refusals = {"peft_type": config.get("peft_type", "LORA") != "LORA", "bias": config.get("bias", "none") != "none",
+                **{name: bool(config.get(name)) for name in _REFUSED_OPTIONS}}
     for name, refused in refusals.items():
         if refused:
             raise InvalidRequestError(FIELD, f"{folder}: adapters with {name}={config.get(name)!r} are not supported")
     if not isinstance(config.get("lora_alpha", 8), (int, float)):
         raise InvalidRequestError(FIELD, f"{folder}: lora_alpha must be a number")
+    _check_target_modules(folder, config.get("target_modules"))
+
+
+def _check_target_modules(folder: Path, target_modules) -> None:
+    """A list of module names must name only the projections (a regex string is checked by
+    the tensors it adapted, in _pair_modules)."""
+    if not isinstance(target_modules, list):
+        return
+    unsupported = sorted(str(name) for name in target_modules if str(name).rpartition(".")[2] not in SUPPORTED_MODULES)
+    if unsupported:
+        raise InvalidRequestError(FIELD, f"{folder}: target_modules {unsupported} are not projections this engine "
+                                         f"can adapt (supported: {', '.join(SUPPORTED_MODULES)})")
 
 
 def _tensor_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -124,8 +141,8 @@ def _pair_modules(names) -> dict[ModuleKey, tuple[str, str]]:
     for name in names:
         match = _KEY.search(name)
         if match is None:
-            raise InvalidRequestError(FIELD, f"tensor {name!r} adapts a module this engine cannot adapt "
-                                             f"(supported: {', '.join(SUPPORTED_MODULES)})")
+            raise InvalidRequestError(FIELD, f"tensor {name!r} adapts a module this engine cannot adapt (target_modules "
+                                             f"supported: {', '.join(SUPPORTED_MODULES)})")
         layer, module, kind = int(match.group(1)), match.group(2), match.group(3)
         found.setdefault((layer, module), {})[kind] = name
     for key, kinds in found.items():

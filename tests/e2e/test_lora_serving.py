@@ -1,14 +1,17 @@
 """LoRA adapters served through the disaggregated stack: Redis, a gateway, one prefill and one
-decode instance (real SmolLM2, float32, KV over UCX), the adapters given by --lora-modules.
+decode instance (real SmolLM2, float32, KV over UCX), the adapters given as `pdserve up
+--lora-modules` passes them on (what `make run UP_ARGS="--lora-modules name=path"` starts).
 
 Adapters are made with peft for SmolLM2 (random, non-zero A and B; two ranks and two sets of
 target modules); the reference is peft's merged model in transformers: every generated token
 must be its argmax given the same prefix (teacher forcing), unless it sees a near-tie there.
 Proves: `model="<adapter>"` picks the adapter on gRPC and through the official OpenAI client,
-alone and concurrently with the base model and the other adapter; /v1/models lists the adapters with their parent; an unknown name gets OpenAI's 404
-naming it, a configured adapter no instance serves UNAVAILABLE naming it; no prefix is shared
-across adapters; an adapter loaded at run time over HTTP is served, and gone once unloaded.
-After every test every instance's free-block count is back at its total.
+alone and concurrently with the base model and the other adapter; the OpenAI client's greedy
+text for an adapter (and the base) is the offline API's; /v1/models lists the adapters with
+their parent; an unknown name gets OpenAI's 404 naming it, a configured adapter no instance
+serves UNAVAILABLE naming it; no prefix is shared across adapters; an adapter loaded at run
+time over HTTP is served, and gone once unloaded. After every test every instance's free-block
+count is back at its total.
 """
 
 import json
@@ -20,6 +23,9 @@ import grpc
 import openai
 import pytest
 
+from services.cli.main import build_parser
+from services.cli.up_command import config_from_args
+from shared.engine import LLM, LoRARequest, SamplingParams
 from shared.pb.pdserve.v1 import gateway_pb2
 from shared.tokenization.tokenizer import encode_prompt, load_tokenizer
 from tests.helpers.gateway_client import generate, generate_error, generate_request
@@ -56,13 +62,28 @@ def merged(smollm2_folder, adapter_folders) -> dict:
     return models
 
 
+def up_children_args(adapter_folders) -> dict[str, list[str]]:
+    """The arguments `pdserve up` gives its children for `make run UP_ARGS="--lora-modules
+    sql=<folder> chat=<folder> ..."` (the gateway also told of an adapter nobody serves)."""
+    modules = [f"{name}={adapter_folders[name]}" for name in ("sql", "chat")]
+    args = build_parser().parse_args(["up", "--lora-modules", *modules, "--instance-arg=--num-blocks",
+                                      "--instance-arg=256", "--instance-arg=--max-loras", "--instance-arg=2",
+                                      "--gateway-arg=--lora-modules", "--gateway-arg=nowhere"])
+    return config_from_args(args).extra_args
+
+
 @pytest.fixture(scope="module")
 def stack(smollm2_folder, adapter_folders, tmp_path_factory):
-    modules = [f"{name}={adapter_folders[name]}" for name in ("sql", "chat")]
     yield from running_stack(smollm2_folder, "float32", num_prefill=1, num_decode=1,
-                             run_dir=tmp_path_factory.mktemp("lora_stack"), extra_args={
-                                 "instance": ["--num-blocks", "256", "--max-loras", "2", "--lora-modules", *modules],
-                                 "gateway": ["--lora-modules", "sql", "chat", "nowhere"]})
+                             run_dir=tmp_path_factory.mktemp("lora_stack"),
+                             extra_args=up_children_args(adapter_folders))
+
+
+@pytest.fixture(scope="module")
+def offline(smollm2_folder) -> LLM:
+    """The offline API on the same model, float32 and one thread as each instance."""
+    return LLM(model=str(smollm2_folder), dtype="float32", num_threads=1, num_blocks=64, enable_lora=True,
+               max_loras=2, max_lora_rank=16)
 
 
 @pytest.fixture(autouse=True)
@@ -125,6 +146,19 @@ def test_the_openai_client_names_the_adapter_as_its_model(client, stack, prompt_
     over_grpc = generate(stack.gateway, request)
     assert completion.model == "sql"
     assert completion.choices[0].text == over_grpc.text
+
+
+@pytest.mark.parametrize("model", ["sql", "chat", ""])
+def test_the_openai_client_gets_the_offline_apis_greedy_text(client, stack, offline, adapter_folders, model):
+    """`model="<adapter>"` over HTTP gives what `LLM.generate(lora_request=...)` gives (fp32:
+    exact; a salt of its own, so no prefix computed in another batch is reused)."""
+    lora = LoRARequest(model, 1 + list(ADAPTERS).index(model), str(adapter_folders[model])) if model else None
+    [expected] = offline.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=NUM_NEW, ignore_eos=True),
+                                  lora_request=lora)
+    completion = client.completions.create(model=model or stack.model_folder.name, prompt=PROMPTS[0],
+                                           max_tokens=NUM_NEW, temperature=0,
+                                           extra_body={"ignore_eos": True, "cache_salt": f"offline-{model}"})
+    assert completion.choices[0].text == expected.text
 
 
 def test_models_lists_every_adapter_with_its_parent(client, stack):

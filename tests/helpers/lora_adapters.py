@@ -23,6 +23,9 @@ class AdapterSpec:
     target_modules: tuple[str, ...]
     seed: int
     use_rslora: bool = False
+    use_dora: bool = False
+    # (module, rank) pairs: peft's rank_pattern, those modules' rank instead of `rank`.
+    rank_pattern: tuple[tuple[str, int], ...] = ()
     # Scale of the random A and B values (peft's own random init is small for tiny models).
     std: float = 0.2
     layers: tuple[int, ...] | None = field(default=None)
@@ -31,7 +34,8 @@ class AdapterSpec:
 def save_peft_adapter(base_folder: Path, folder: Path, spec: AdapterSpec) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.target_modules),
-                        init_lora_weights=False, use_rslora=spec.use_rslora,
+                        init_lora_weights=False, use_rslora=spec.use_rslora, use_dora=spec.use_dora,
+                        rank_pattern=dict(spec.rank_pattern),
                         layers_to_transform=list(spec.layers) if spec.layers is not None else None)
     peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(spec.seed)

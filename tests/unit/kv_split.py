@@ -1,6 +1,6 @@
 """Prefill/decode splits inside one process through the in-memory KV connector (helpers)."""
 
-from shared.engine import LLM, SamplingParams
+from shared.engine import LLM, LoRARequest, SamplingParams
 from shared.engine_api.client import KVReservation, ReservationEventKind
 from shared.engine.llm_engine import LLMEngine
 from shared.kv_transfer.types import KVConnectorRole, KVSendParams, KVTransferConfig
@@ -31,9 +31,10 @@ def first_token_params(params: SamplingParams, num_resumed: int = 0) -> Sampling
 
 
 def run_prefill(engine: LLMEngine, prompt: list[int], params: SamplingParams, request_id: str,
-                send: KVSendParams, num_resumed: int = 0):
+                send: KVSendParams, num_resumed: int = 0, lora_request: LoRARequest | None = None):
     """Prefill `prompt` with its KV sent per `send`; the final output (after the send)."""
-    engine.add_request(prompt, params, request_id, num_resumed_output_tokens=num_resumed, kv_send=send)
+    engine.add_request(prompt, params, request_id, num_resumed_output_tokens=num_resumed, kv_send=send,
+                       lora_request=lora_request)
     while True:
         for output in engine.step():
             if output.request_id == request_id and output.finished:
@@ -49,11 +50,14 @@ def decode_after(engine: LLMEngine, request_id: str, first_token_id: int) -> lis
     return output.outputs[0].token_ids
 
 
-def run_split(llm: LLM, prompt: list[int], params: SamplingParams, num_resumed: int = 0) -> list[int]:
-    """Reserve on the consumer side, prefill with the KV sent there, decode: one engine, both roles."""
+def run_split(llm: LLM, prompt: list[int], params: SamplingParams, num_resumed: int = 0,
+              lora_request: LoRARequest | None = None) -> list[int]:
+    """Reserve on the consumer side, prefill with the KV sent there, decode: one engine, both
+    roles (both sides with `lora_request`'s adapter, if any)."""
     engine = llm.engine
-    reservation = engine.reserve_request(prompt, params, "d", num_resumed_output_tokens=num_resumed)
+    reservation = engine.reserve_request(prompt, params, "d", num_resumed_output_tokens=num_resumed,
+                                         lora_request=lora_request)
     prefilled = run_prefill(engine, prompt, first_token_params(params, num_resumed), "p",
-                            send_params(engine, reservation, "d"), num_resumed)
+                            send_params(engine, reservation, "d"), num_resumed, lora_request)
     assert prefilled.kv_transfer is not None, prefilled.kv_transfer_error
     return decode_after(engine, "d", prefilled.outputs[0].token_ids[-1])
