@@ -49,6 +49,7 @@ NOT_IN_THE_REPO = {
     "ZmqEventPublisher": "vLLM's KV-event publisher, whose wire format pdserve's follows",
     "vllm.distributed.kv_events.KVEventBatch": "vLLM's KV-event batch class",
     "hash_block_tokens": "vLLM's block hash function, which sha256_cbor reproduces",
+    "sys.set_int_max_str_digits": "Python's limit on integer digits, which docs/bad_input.md explains",
 }
 
 
