@@ -104,3 +104,7 @@ class KVConnectorStats:
     staging: KVStagingUsage = field(default_factory=KVStagingUsage)
     # Operations of abandoned transfers still pending in the transport (their buffers are kept).
     num_lingering: int = 0
+    # The sender's connections kept for reuse, and the receiver addresses they lead to: a receiver
+    # that died (or came back on the same address) must not leave them behind.
+    num_idle_endpoints: int = 0
+    num_idle_addresses: int = 0

@@ -105,8 +105,11 @@ class UCXConnector(KVConnector):
         pools = [end.staging for end in (self.sender, self.receiver) if end is not None]
         staging = KVStagingUsage(sum(p.num_free_buffers for p in pools), sum(p.memory_bytes for p in pools),
                                  sum(p.max_free_bytes for p in pools))
+        sender = self.sender
         return KVConnectorStats(sent=_counts(self.sender), received=_counts(self.receiver), staging=staging,
-                                num_lingering=num_lingering())
+                                num_lingering=num_lingering(),
+                                num_idle_endpoints=sender.num_idle_endpoints if sender else 0,
+                                num_idle_addresses=sender.num_idle_addresses if sender else 0)
 
     # ---- consumer ------------------------------------------------------------------------
 
