@@ -81,6 +81,11 @@ class RoleCollector(Collector):
                          "connection kept for reuse.", kv.num_idle_addresses)
         yield make.gauge("pdserve:kv_transfer_lingering_operations", "Transport operations of abandoned "
                          "KV transfers still pending (their buffers are kept until they end).", kv.num_lingering)
+        if self._handler("decode") is not None:
+            yield make.labelled_counter("pdserve:kv_transfer_late_writes_refused", "KV transfers refused because "
+                                        "they came too late: their request no longer expected (aborted, done), "
+                                        "withdrawn mid-payload, or superseded by a retry.", "reason",
+                                        sorted(kv.late_writes_refused.items()))
 
     def _handler(self, kind: str):
         handlers = self.runtime.handlers

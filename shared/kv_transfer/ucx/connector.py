@@ -109,7 +109,8 @@ class UCXConnector(KVConnector):
         return KVConnectorStats(sent=_counts(self.sender), received=_counts(self.receiver), staging=staging,
                                 num_lingering=num_lingering(),
                                 num_idle_endpoints=sender.num_idle_endpoints if sender else 0,
-                                num_idle_addresses=sender.num_idle_addresses if sender else 0)
+                                num_idle_addresses=sender.num_idle_addresses if sender else 0,
+                                late_writes_refused=_refusals(self.receiver))
 
     # ---- consumer ------------------------------------------------------------------------
 
@@ -210,3 +211,10 @@ def _counts(end) -> KVTransferCounts:
     counters: TransferCounters = end.counters if end is not None else TransferCounters()
     return KVTransferCounts(counters.num_transfers, counters.num_failed, counters.total_bytes,
                             counters.total_seconds)
+
+
+def _refusals(receiver) -> dict[str, int]:
+    if receiver is None:
+        return {}
+    refused = receiver.late_writes_refused
+    return {"not_expected": refused.not_expected, "withdrawn": refused.withdrawn, "superseded": refused.superseded}
