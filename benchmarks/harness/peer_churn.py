@@ -53,10 +53,10 @@ def transport_state(metrics_address: str) -> TransportState:
 def survivors_state(stack, survivors: list[str]) -> dict[str, TransportState]:
     """Each survivor's TransportState (its /metrics address from its current ready file)."""
     children = {child.name: child for child in stack.instances}
-    return {name: transport_state(_ready(children[name])["metrics_address"]) for name in survivors}
+    return {name: transport_state(ready_info_of(children[name])["metrics_address"]) for name in survivors}
 
 
-def _ready(child) -> dict | None:
+def ready_info_of(child) -> dict | None:
     """The child's ready file (removed at each start), None before its process has written it."""
     try:
         return json.loads(child.ready_file.read_text())
@@ -66,7 +66,7 @@ def _ready(child) -> dict | None:
 
 def addresses_of(child) -> tuple[str, str] | None:
     """(gRPC, UCX) address of the child's current process, None before it is ready."""
-    ready = _ready(child)
+    ready = ready_info_of(child)
     return (ready["grpc_address"], ready["ucx_address"]) if ready else None
 
 
