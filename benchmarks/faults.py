@@ -20,7 +20,8 @@ then decode-1, --churn-cycles times under --churn-streams streams each, every re
 same gRPC and UCX address (their ports are fixed), and report what the survivors kept: lingering
 transport operations, cached connections, RSS growth. The abort storm cancels --storm-aborts
 client calls mid-transfer (benchmarks.harness.abort_storm) while streams run, and checks the
-completed outputs (fp32), what is left held, and the late writes refused. `--scenario TEXT` (repeatable) runs only the scenarios whose name contains TEXT.
+completed outputs (fp32), what is left held, and the late writes refused. `--scenario TEXT`
+(repeatable) runs only the scenarios whose name contains TEXT.
 
 Every fault is verified (benchmarks.harness.fault_evidence, shared with bench-chaos): a SIGSTOP
 by state T for every process of the victim's tree before SIGCONT, a kill or SIGTERM by the

@@ -29,7 +29,8 @@ class StackConfig:
     `pdserve up`'s settings (services.cli.up_command.UpSettings). Raises ConfigurationError.
 
     Ports are 0 (ephemeral) for every instance listener, except the instances named in
-    `instance_ports`; the gateway's port is fixed (default 50051, 0 for an ephemeral one). `extra_args` are appended to the command line
+    `instance_ports`; the gateway's port is fixed (default 50051, 0 for an ephemeral one).
+    `extra_args` are appended to the command line
     of every child of that kind ("gateway", "prefill", "decode", "colocated", or
     "instance" for all three instance roles).
     """

@@ -12,7 +12,8 @@ from services.launcher.supervisor import RestartPolicy
 from shared.engine import LLM
 from shared.model.default_model import resolve_model
 from tests.e2e.shared_stacks import (
-    DECODE_BLOCKS, FAULTS_DTYPE, FAULTS_FIXED_ADDRESS, FAULTS_STACK_ARGS, FULL_STRENGTH, HEARTBEAT_TTL_S, PREFILL_CHUNK_TOKENS,
+    DECODE_BLOCKS, FAULTS_DTYPE, FAULTS_FIXED_ADDRESS, FAULTS_STACK_ARGS, FULL_STRENGTH, HEARTBEAT_TTL_S,
+    PREFILL_CHUNK_TOKENS,
     SharedStack, needed_later,
 )
 from tests.helpers.stack import StackHarness, make_stack_config, running_stack, running_supervised_stack
