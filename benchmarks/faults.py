@@ -15,7 +15,13 @@ blocks stranded: blocks still held on live instances once the load is over (targ
 tier off so that peers are the only source of a prefix, under two-turn chats whose second turns
 pull the first turn's KV from the decode instance that generated it; it kills that holder while
 a pull waits on it and adds the pulls that happened and whether the pulled prompt came out
-right. `--scenario TEXT` (repeatable) runs only the scenarios whose name contains TEXT.
+right. The two churn scenarios (benchmarks.harness.peer_churn, docs/chaos.md) kill -9 prefill-1,
+then decode-1, --churn-cycles times under --churn-streams streams each, every restart on the
+same gRPC and UCX address (their ports are fixed), and report what the survivors kept: lingering
+transport operations, cached connections, RSS growth. The abort storm cancels --storm-aborts
+client calls mid-transfer (benchmarks.harness.abort_storm) while streams run, and checks the
+completed outputs (fp32), what is left held, and the late writes refused. `--scenario TEXT`
+(repeatable) runs only the scenarios whose name contains TEXT.
 
 Every fault is verified (benchmarks.harness.fault_evidence, shared with bench-chaos): a SIGSTOP
 by state T for every process of the victim's tree before SIGCONT, a kill or SIGTERM by the
@@ -48,13 +54,15 @@ from benchmarks.chaos_faults import num_restarts  # noqa: E402
 from benchmarks.chaos_stack import registered_ids  # noqa: E402
 from benchmarks.fault_chat_load import ChatLoad  # noqa: E402
 from benchmarks.fault_load import StreamingLoad, StreamResult, failures  # noqa: E402
-from benchmarks.harness import fault_checks, fault_evidence, misdirect  # noqa: E402
-from benchmarks.harness.fault_evidence import FaultEvidence  # noqa: E402
+from benchmarks.harness import abort_storm, fault_checks, fault_evidence, misdirect, peer_churn  # noqa: E402
+from benchmarks.harness.fault_evidence import Check, FaultEvidence  # noqa: E402
 from benchmarks.harness.misdirect import Decoy  # noqa: E402
 from services.launcher import LocalStack, StackConfig  # noqa: E402
+from services.launcher.config import InstancePorts  # noqa: E402
+from services.launcher.ports import find_free_port  # noqa: E402
 from services.launcher.supervisor import RestartPolicy  # noqa: E402
 from shared.model.default_model import resolve_model  # noqa: E402
-from shared.pb.pdserve.v1 import gateway_pb2_grpc  # noqa: E402
+from shared.pb.pdserve.v1 import gateway_pb2_grpc, instance_pb2, instance_pb2_grpc  # noqa: E402
 from benchmarks.engine_flags import add_engine_arguments  # noqa: E402
 
 logger = logging.getLogger("benchmarks.faults")
@@ -78,6 +86,13 @@ SIGNAL_KINDS = {signal.SIGKILL: "kill -9", signal.SIGTERM: "SIGTERM", signal.SIG
 CONTROL_WAIT_S = 30.0  # a control run's wait for a restart that its misdirected kill never causes
 # Runs on its own stack (host tier off, chats); the victim is the holder the pulls used.
 PULL_SCENARIO = "holder kill -9 mid-pull"
+# Peer churn (benchmarks.harness.peer_churn): the victim killed and restarted on the same gRPC and
+# UCX address --churn-cycles times, each under --churn-streams streams; its ports are fixed.
+# Clients cancelling mid-transfer (benchmarks.harness.abort_storm) while --num-requests streams run.
+STORM_SCENARIO = "abort storm: client cancels mid-transfer"
+STORM_PROMPT_TOKENS = 200
+CHURN_SCENARIOS = {"prefill churn: kill -9 + restart on the same address": "prefill-1",
+                   "decode churn: kill -9 + restart on the same address": "decode-1"}
 
 
 @dataclass
@@ -103,6 +118,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=64)
     add_engine_arguments(parser, "dtype")
     parser.add_argument("--scenario", action="append", help="run only scenarios containing this text")
+    parser.add_argument("--storm-aborts", type=int, default=1000, help="client aborts in the abort storm")
+    parser.add_argument("--storm-concurrency", type=int, default=8, help="aborting clients at once")
+    parser.add_argument("--churn-cycles", type=int, default=10, help="restarts per churn scenario")
+    parser.add_argument("--churn-streams", type=int, default=40, help="streams running at each churn restart")
     parser.add_argument("--control-misdirect", action="store_true",
                         help="a control run: every fault aimed at a decoy process no service uses; its "
                              "verification must fail, and so must the run")
@@ -115,7 +134,9 @@ def start_stack(dtype: str, instance_args: tuple[str, ...] = (), gateway_args: t
         extra_args["gateway"] = list(gateway_args)
     config = StackConfig(num_prefill=2, num_decode=2, model=str(resolve_model(None)), dtype=dtype, num_threads=1,
                          gateway_port=0, gateway_http_port=0, run_dir=Path(tempfile.mkdtemp(prefix="bench-faults-")),
-                         extra_args=extra_args, restart_policy=RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0))
+                         extra_args=extra_args, restart_policy=RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0),
+                         instance_ports={name: InstancePorts(find_free_port(), find_free_port())
+                                         for name in CHURN_SCENARIOS.values()})
     stack = LocalStack(config)
     stack.start()
     return stack
@@ -237,6 +258,89 @@ def run_pull_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: i
                ttft, itl, fault_pull.stranded_blocks(stack), num_pulls, right, "; ".join(notes), evidence)
 
 
+def run_churn_scenario(stack: LocalStack, stub, name: str, args: argparse.Namespace, seed: int) -> Row:
+    """--churn-cycles times: --churn-streams streams start, the victim is killed once half of them
+    run and restarted on its address (verified, benchmarks.harness.peer_churn), the streams end.
+    Then the survivors' transport state and RSS against before the first cycle."""
+    victim = CHURN_SCENARIOS[name]
+    survivors = sorted(child.name for child in stack.instances if child.name != victim)
+    before, migrated_before = peer_churn.survivors_state(stack, survivors), migrations(stack)
+    evidence, results, recoveries = FaultEvidence(f"kill -9 x{args.churn_cycles}, same address", victim), [], []
+    for cycle in range(args.churn_cycles):
+        with StreamingLoad(stub, args.churn_streams, args.churn_streams, prompt_tokens=(100, 300),
+                           max_tokens=args.output_len, seed=seed * 1000 + cycle, timeout_s=600) as load:
+            load.wait_in_flight(max(1, args.churn_streams // 2), timeout_s=300)
+            started = time.monotonic()
+            cycle_evidence = peer_churn.kill_and_restart_in_place(stack, victim)
+            recoveries.append(time.monotonic() - started)
+            results += load.results()
+        evidence.checks += [Check(f"cycle {cycle + 1}: {check.what}", check.observed, check.ok)
+                            for check in cycle_evidence.checks]
+    num_stranded = fault_pull.stranded_blocks(stack)
+    after = peer_churn.survivors_state(stack, survivors)
+    num_receivers = sum(child.role == "decode" for child in stack.instances)
+    notes = peer_churn.leftovers(before, after, num_receivers) or ["survivors: no lingering transfer, no stale "
+                                                                   "cached connection"]
+    notes.append("survivors' RSS growth MiB: " + ", ".join(
+        f"{n} {growth:+.0f}" for n, growth in peer_churn.rss_growth_mib(before, after).items()))
+    notes.append("idle connections after: " + ", ".join(f"{n} {s.idle_endpoints} to {s.idle_addresses} address(es)"
+                                                      for n, s in after.items()))
+    notes += failures(results)[:3]
+    num_ok = sum(result.is_ok for result in results)
+    ttft, itl = window_latencies(results, 0.0, float("inf"))
+    return Row(name, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, max(recoveries), ttft, itl,
+               num_stranded, note="; ".join(notes), evidence=evidence)
+
+
+def run_storm_scenario(stack: LocalStack, stub, args: argparse.Namespace, seed: int) -> Row:
+    """--storm-aborts cancelled calls (benchmarks.harness.abort_storm) while --num-requests streams
+    run to completion; then the completed outputs against an offline fp32 run (fp32 only),
+    blocks and reservations left, and the late writes the decode instances refused."""
+    decode_metrics = [peer_churn.ready_info_of(child)["metrics_address"] for child in stack.instances
+                      if child.role == "decode"]
+    first_token_s = abort_storm.first_token_wait_s(stub, STORM_PROMPT_TOKENS)
+    refused_before, migrated_before = abort_storm.late_writes_refused(decode_metrics), migrations(stack)
+    started = time.monotonic()
+    with StreamingLoad(stub, args.num_requests, args.concurrency, prompt_tokens=(100, 300),
+                       max_tokens=args.output_len, seed=seed, timeout_s=1800) as load:
+        storm = abort_storm.abort_storm(stub, args.storm_aborts, args.storm_concurrency, STORM_PROMPT_TOKENS,
+                                        args.output_len, first_token_s, seed)
+        results = load.results()
+    storm_s = time.monotonic() - started
+    num_stranded = fault_pull.stranded_blocks(stack)
+    refused = abort_storm.late_writes_refused(decode_metrics) - refused_before
+    num_cancelled = storm.num_aborts - storm.num_done_before_abort - sum(storm.errors.values())
+    evidence = FaultEvidence(f"{args.storm_aborts} client aborts", "gateway clients", [
+        Check("calls cancelled by their client before they ended (gRPC CANCELLED)",
+              f"{num_cancelled} of {storm.num_aborts}; by phase {dict(storm.by_phase)}", num_cancelled > 0)])
+    if args.dtype == "float32":
+        wrong = abort_storm.wrong_outputs(abort_storm.completed_pairs(load, results), str(resolve_model(None)),
+                                          args.output_len)
+        right = f"{len(wrong)} of {sum(r.is_ok for r in results)} completed outputs differ from offline fp32"
+    else:
+        right = f"outputs not compared ({args.dtype} is not exact; use --dtype float32)"
+    notes = [right, f"late writes refused {dict(refused) or 0}", f"first token ~{first_token_s:.2f} s",
+             f"storm {storm_s:.0f} s", f"reservations held after: {reservations_held(stack)}"]
+    notes += [f"abort errors {dict(storm.errors)}"] if storm.errors else []
+    notes += failures(results)[:3]
+    num_ok = sum(result.is_ok for result in results)
+    ttft, itl = window_latencies(results, 0.0, float("inf"))
+    return Row(STORM_SCENARIO, num_ok, len(results) - num_ok, migrations(stack) - migrated_before, 0.0, ttft, itl,
+               num_stranded, note="; ".join(notes), evidence=evidence)
+
+
+def reservations_held(stack: LocalStack) -> int:
+    """Reservations still held on the decode instances (their GetStatus)."""
+    total = 0
+    for child in stack.instances:
+        if child.role != "decode" or child.name not in stack.addresses:
+            continue
+        with grpc.insecure_channel(stack.addresses[child.name]) as channel:
+            total += instance_pb2_grpc.InstanceStub(channel).GetStatus(instance_pb2.StatusRequest(),
+                                                                       timeout=10).num_reserved
+    return total
+
+
 def pull_kill_evidence(stack: LocalStack, kill: "fault_pull.PullKill", restarts_before: int) -> FaultEvidence:
     """The holder's kill, verified as chaos_faults verifies a kill -9: a new pid, a restart, registered."""
     child = next(child for child in stack.instances if child.name == kill.victim)
@@ -297,11 +401,10 @@ def main() -> None:
     from benchmarks.machine import default_model_paths, print_machine
 
     print_machine(default_model_paths(args.dtype))
-    selected = [name for name, _, _ in SCENARIOS] + [PULL_SCENARIO]
-    selected = [name for name in selected if not args.scenario or any(text in name for text in args.scenario)]
+    every = [name for name, _, _ in SCENARIOS] + [PULL_SCENARIO, *CHURN_SCENARIOS, STORM_SCENARIO]
+    selected = [name for name in every if not args.scenario or any(text in name for text in args.scenario)]
     if not selected:
-        raise SystemExit(f"no scenario matches {args.scenario}; the scenarios: "
-                         f"{[name for name, _, _ in SCENARIOS] + [PULL_SCENARIO]}")
+        raise SystemExit(f"no scenario matches {args.scenario}; the scenarios: {every}")
     with misdirect.decoy() if args.control_misdirect else contextlib.nullcontext() as decoy:
         rows, run_dirs = run_selected(args, selected, decoy)
     control = "; CONTROL RUN: every fault aimed at a decoy (--control-misdirect)" if decoy else ""
@@ -322,10 +425,20 @@ def main() -> None:
 def run_selected(args: argparse.Namespace, selected: list[str], decoy: Decoy | None) -> tuple[list[Row], list[Path]]:
     rows, run_dirs = [], []
     scenarios = [s for s in SCENARIOS if s[0] in selected]
-    if scenarios:
+    churn = [name for name in CHURN_SCENARIOS if name in selected]
+    if scenarios or churn or STORM_SCENARIO in selected:
         with running(start_stack(args.dtype), run_dirs) as (stack, stub):
             for seed, scenario in enumerate(scenarios, start=1):
                 rows.append(run_scenario(stack, stub, scenario, args, seed, decoy))
+                print_row(rows[-1])
+            for seed, name in enumerate(churn, start=len(SCENARIOS) + 2):
+                if decoy is not None:
+                    print(f"{name}: skipped in a control run (its kills are verified per cycle)")
+                    continue
+                rows.append(run_churn_scenario(stack, stub, name, args, seed))
+                print_row(rows[-1])
+            if STORM_SCENARIO in selected and decoy is None:
+                rows.append(run_storm_scenario(stack, stub, args, len(SCENARIOS) + 5))
                 print_row(rows[-1])
     if PULL_SCENARIO in selected:
         stack = start_stack(args.dtype, tuple(fault_pull.STACK_INSTANCE_ARGS), tuple(fault_pull.STACK_GATEWAY_ARGS))

@@ -45,13 +45,17 @@ def kv_events_argv(config: StackConfig, instance_index: int) -> list[str]:
 def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
                   ready_file: Path, num_threads: int | None = None, instance_index: int = 0) -> list[str]:
     """`python -m services.prefill|services.decode ...` for one engine instance (ports 0,
-    /metrics included); `num_threads` (the launcher's CPU plan) else the config's;
-    `instance_index`: its place in the stack's start order (its KV-event port)."""
+    /metrics included, gRPC and UCX fixed where `config.instance_ports` names it); `num_threads`
+    (the launcher's CPU plan) else the config's; `instance_index`: its place in the stack's start
+    order (its KV-event port)."""
     argv = [config.python, "-m", module_of(config, role)]
     if role != "prefill":
         argv += ["--role", role]
+    ports = config.instance_ports.get(name)
+    grpc_port, ucx_port = (ports.grpc_port, ports.ucx_port) if ports else (0, 0)
     argv += [
-        "--instance-id", name, "--host", config.host, "--grpc-port", "0", "--ucx-port", "0", "--metrics-port", "0",
+        "--instance-id", name, "--host", config.host, "--grpc-port", str(grpc_port), "--ucx-port", str(ucx_port),
+        "--metrics-port", "0",
         "--redis-url", redis_url, "--ready-file", str(ready_file), "--dtype", config.dtype,
         *_model_args(config),
     ]

@@ -14,13 +14,23 @@ DEFAULT_HOST = "127.0.0.1"
 CPU_LAYOUTS = ("auto", "disjoint", "shared")
 
 
+@dataclass(frozen=True)
+class InstancePorts:
+    """Fixed listeners of one instance, kept across its restarts (a restarted instance comes
+    back on the same address, as a pod behind a stable service address would)."""
+
+    grpc_port: int
+    ucx_port: int
+
+
 @dataclass
 class StackConfig:
     """A local stack: Redis, prefill + decode (or colocated) instances and one gateway; built from
     `pdserve up`'s settings (services.cli.up_command.UpSettings). Raises ConfigurationError.
 
-    Ports are 0 (ephemeral) for every instance listener; only the gateway's port is fixed
-    (default 50051, 0 for an ephemeral one). `extra_args` are appended to the command line
+    Ports are 0 (ephemeral) for every instance listener, except the instances named in
+    `instance_ports`; the gateway's port is fixed (default 50051, 0 for an ephemeral one).
+    `extra_args` are appended to the command line
     of every child of that kind ("gateway", "prefill", "decode", "colocated", or
     "instance" for all three instance roles).
     """
@@ -72,6 +82,8 @@ class StackConfig:
     # Instance k (in start order, from 0) publishes KV-cache events here with the port plus k
     # (--kv-events-endpoint; '' = none).
     kv_events_endpoint: str = ""
+    # Instances (by name, e.g. "prefill-0") whose gRPC and UCX ports are fixed: restarted on the same address.
+    instance_ports: dict[str, InstancePorts] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_decode < 1:
@@ -84,6 +96,17 @@ class StackConfig:
             raise ConfigurationError("cpu_layout", f"must be one of {', '.join(CPU_LAYOUTS)}, got {self.cpu_layout!r}")
         if self.gateway_http_port > 65535:
             raise ConfigurationError("gateway_http_port", f"must be <= 65535, got {self.gateway_http_port}")
+        self._check_instance_ports()
+
+    def _check_instance_ports(self) -> None:
+        names = {name for name, _ in self.instance_roles()}
+        for name, ports in self.instance_ports.items():
+            if name not in names:
+                raise ConfigurationError("instance_ports", f"no instance named {name!r} (the stack's: "
+                                                           f"{', '.join(sorted(names))})")
+            for port in (ports.grpc_port, ports.ucx_port):
+                if not 1 <= port <= 65535:
+                    raise ConfigurationError("instance_ports", f"{name}'s ports must be in 1..65535, got {ports}")
 
     def cpus_of(self, role: str) -> tuple[int, ...] | None:
         """The CPUs a child of this role is pinned to (colocated ones take decode's, redis the gateway's)."""

@@ -43,6 +43,7 @@ class RoleCollector(Collector):
                 ("failures", "num_failed", "KV transfers failed, by direction.")):
             yield make.labelled_counter(f"pdserve:kv_transfer_{suffix}", documentation, "direction",
                                         [(d, getattr(c, attribute)) for d, c in transfers])
+        yield from self._transport_gauges()
         decode = self._handler("decode")
         if decode is not None:
             yield make.counter("pdserve:lease_expiries", "Reservations freed because their lease ran out.",
@@ -69,6 +70,22 @@ class RoleCollector(Collector):
         if presence is not None:
             yield make.counter("pdserve:lease_mirror_failures", "Lease writes to Redis dropped or failed.",
                                presence.lease_mirror.num_failures)
+
+    def _transport_gauges(self) -> Iterator:
+        """What the KV transport holds now: reused connections and abandoned operations (a
+        restarted peer must not leave them growing)."""
+        kv, make = self.runtime.engine.latest_status().kv_transfer, self.make
+        yield make.gauge("pdserve:kv_transfer_idle_endpoints", "KV-transfer connections kept for reuse "
+                         "(sender side, every receiver address).", kv.num_idle_endpoints)
+        yield make.gauge("pdserve:kv_transfer_idle_addresses", "Receiver addresses with a KV-transfer "
+                         "connection kept for reuse.", kv.num_idle_addresses)
+        yield make.gauge("pdserve:kv_transfer_lingering_operations", "Transport operations of abandoned "
+                         "KV transfers still pending (their buffers are kept until they end).", kv.num_lingering)
+        if self._handler("decode") is not None:
+            yield make.labelled_counter("pdserve:kv_transfer_late_writes_refused", "KV transfers refused because "
+                                        "they came too late: their request no longer expected (aborted, done), "
+                                        "withdrawn mid-payload, or superseded by a retry.", "reason",
+                                        sorted(kv.late_writes_refused.items()))
 
     def _handler(self, kind: str):
         handlers = self.runtime.handlers

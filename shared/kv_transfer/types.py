@@ -104,3 +104,10 @@ class KVConnectorStats:
     staging: KVStagingUsage = field(default_factory=KVStagingUsage)
     # Operations of abandoned transfers still pending in the transport (their buffers are kept).
     num_lingering: int = 0
+    # The sender's connections kept for reuse, and the receiver addresses they lead to: a receiver
+    # that died (or came back on the same address) must not leave them behind.
+    num_idle_endpoints: int = 0
+    num_idle_addresses: int = 0
+    # Transfers the receiver refused to write, by reason ("not_expected", "withdrawn",
+    # "superseded"): late writes that would have landed in blocks perhaps reused already.
+    late_writes_refused: dict[str, int] = field(default_factory=dict)

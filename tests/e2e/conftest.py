@@ -6,12 +6,14 @@ from pathlib import Path
 import openai
 import pytest
 
+from services.launcher.config import InstancePorts
+from services.launcher.ports import find_free_port
 from services.launcher.supervisor import RestartPolicy
 from shared.engine import LLM
 from shared.model.default_model import resolve_model
 from tests.e2e.shared_stacks import (
-    DECODE_BLOCKS, FAULTS_DTYPE, FAULTS_STACK_ARGS, FULL_STRENGTH, HEARTBEAT_TTL_S, PREFILL_CHUNK_TOKENS,
-    SharedOnDemand, SharedStack, needed_later,
+    DECODE_BLOCKS, FAULTS_DTYPE, FAULTS_FIXED_ADDRESS, FAULTS_STACK_ARGS, FULL_STRENGTH, HEARTBEAT_TTL_S,
+    PREFILL_CHUNK_TOKENS, SharedOnDemand, SharedStack, needed_later,
 )
 from tests.helpers.stack import StackHarness, make_stack_config, running_stack, running_supervised_stack
 
@@ -125,6 +127,9 @@ def shared_faults_stack(smollm2_folder, tmp_path_factory) -> Iterator[SharedStac
         config = make_stack_config(smollm2_folder, FAULTS_DTYPE, run_dir=tmp_path_factory.mktemp("faults_stack"),
                                    extra_args=FAULTS_STACK_ARGS)
         config.restart_policy = RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0)
+        config.instance_ports = {name: InstancePorts(find_free_port(), find_free_port())
+                                 for name in FAULTS_FIXED_ADDRESS}
+        config.__post_init__()  # checks the names and ports
         return running_supervised_stack(config, smollm2_folder)
 
     shared = SharedStack(start)

@@ -41,6 +41,9 @@ FAULTS_STACK_ARGS = {
     "gateway": ["--lease-s", "3", "--stall-timeout-s", "3", "--health-probe-timeout-s", "10",
                 "--control-call-timeout-s", "10"],
 }
+# Instances of the fault stack on fixed gRPC and UCX ports: restarted, each comes back on the
+# same address (test_peer_churn); the others take ephemeral ports.
+FAULTS_FIXED_ADDRESS = ("prefill-1", "decode-1")
 
 
 class SharedOnDemand(Generic[Shared]):

@@ -63,6 +63,8 @@ def test_colocated_metrics_count_exactly_the_requests_served(redis_server, tiny_
             assert value(samples, "vllm:spec_decode_num_drafts_total") == 0  # no speculative decoding
             assert value(samples, "pdserve:kv_transfer_bytes_total", direction="sent") == 0
             assert value(samples, "pdserve:kv_transfer_bytes_total", direction="received") == 0
+            assert value(samples, "pdserve:kv_transfer_idle_endpoints") == 0  # a colocated instance sends nothing
+            assert value(samples, "pdserve:kv_transfer_lingering_operations") == 0
             assert labels_of(samples, "pdserve:instance_info") == [
                 {"model_name": "tiny", "role": "colocated", "instance_id": "colo-1"}]
             assert "process_resident_memory_bytes" in {name for name, _ in samples}

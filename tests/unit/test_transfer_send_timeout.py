@@ -76,7 +76,7 @@ def run_send(give_up, timeout_s: float) -> UnansweredEndpoint:
     async def scenario() -> UnansweredEndpoint:
         sender = KVSender(timeout_s=timeout_s)
         endpoint = UnansweredEndpoint()
-        sender._idle_endpoints[ADDRESS].append(endpoint)  # white box: no real connection
+        sender._idle_endpoints.setdefault(ADDRESS, []).append(endpoint)  # white box: no real connection
         task = asyncio.ensure_future(sender.send(ADDRESS, "r", LAYOUT.allocate(), LAYOUT, BLOCKS, BLOCKS))
         await give_up(task, endpoint)
         await asyncio.wait_for(drained(), 30)

@@ -105,8 +105,12 @@ class UCXConnector(KVConnector):
         pools = [end.staging for end in (self.sender, self.receiver) if end is not None]
         staging = KVStagingUsage(sum(p.num_free_buffers for p in pools), sum(p.memory_bytes for p in pools),
                                  sum(p.max_free_bytes for p in pools))
+        sender = self.sender
         return KVConnectorStats(sent=_counts(self.sender), received=_counts(self.receiver), staging=staging,
-                                num_lingering=num_lingering())
+                                num_lingering=num_lingering(),
+                                num_idle_endpoints=sender.num_idle_endpoints if sender else 0,
+                                num_idle_addresses=sender.num_idle_addresses if sender else 0,
+                                late_writes_refused=_refusals(self.receiver))
 
     # ---- consumer ------------------------------------------------------------------------
 
@@ -207,3 +211,10 @@ def _counts(end) -> KVTransferCounts:
     counters: TransferCounters = end.counters if end is not None else TransferCounters()
     return KVTransferCounts(counters.num_transfers, counters.num_failed, counters.total_bytes,
                             counters.total_seconds)
+
+
+def _refusals(receiver) -> dict[str, int]:
+    if receiver is None:
+        return {}
+    refused = receiver.late_writes_refused
+    return {"not_expected": refused.not_expected, "withdrawn": refused.withdrawn, "superseded": refused.superseded}

@@ -55,7 +55,7 @@ from shared.kv_transfer.ucx.header import (adapter_mismatch, as_numpy_bytes, che
 from shared.kv_transfer.ucx.inflight import keep_until_done
 from shared.kv_transfer.ucx.protocol import KVTransferError
 from shared.kv_transfer.ucx.staging import DEFAULT_MAX_FREE_BYTES, StagingPool
-from shared.kv_transfer.ucx.stats import TransferCounters, TransferResult, count_transfer
+from shared.kv_transfer.ucx.stats import LateWriteRefusals, TransferCounters, TransferResult, count_transfer
 from shared.pb.pdserve.v1 import kv_transfer_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class KVReceiver:
         self.staging = StagingPool(max_staging_bytes)
         self._listener = None
         self.counters = TransferCounters()
+        self.late_writes_refused = LateWriteRefusals()
 
     async def start(self) -> str:
         """Start listening; returns `address`."""
@@ -278,8 +279,10 @@ class KVReceiver:
                 if problem is not None:
                     raise KVTransferError("chunk_crc32", problem)
             if expected.is_withdrawn:
+                self.late_writes_refused.withdrawn += 1
                 raise KVTransferError("request_id", f"{header.request_id!r} was withdrawn by the receiver")
             if not expected.is_current(generation):
+                self.late_writes_refused.superseded += 1
                 raise KVTransferError("request_id", f"a newer transfer for {header.request_id!r} superseded this one")
             scatter_chunk(message, self._kv_cache, self._layout, dst_block_ids, chunk)
 
@@ -339,6 +342,7 @@ class KVReceiver:
         validate_header(header, self._layout)
         expected = self._expected.get(header.request_id)
         if expected is None:
+            self.late_writes_refused.not_expected += 1
             raise KVTransferError("request_id", f"no transfer expected for {header.request_id!r}")
         if expected.transfer_token and not hmac.compare_digest(header.transfer_token, expected.transfer_token):
             raise KVTransferError(TOKEN_FIELD, "missing or wrong for this reservation")

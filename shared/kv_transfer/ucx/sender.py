@@ -17,7 +17,6 @@ saw a rejection, an error or a timeout is aborted (the next transfer connects an
 import asyncio
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,7 +102,7 @@ class KVSender:
         self._chunk_bytes = chunk_bytes
         self._timeout_s = timeout_s
         self._max_idle_per_address = max_idle_per_address
-        self._idle_endpoints: dict[str, list] = defaultdict(list)
+        self._idle_endpoints: dict[str, list] = {}
         self.staging = StagingPool(max_staging_bytes)
         self.counters = TransferCounters()
 
@@ -136,6 +135,16 @@ class KVSender:
             self.counters.record_failure()
             raise
         return count_transfer(self.counters, header, time.perf_counter() - started, "sent", logger)
+
+    @property
+    def num_idle_endpoints(self) -> int:
+        """Connections kept for reuse, over every receiver address (read from any thread)."""
+        return sum(len(idle) for idle in list(self._idle_endpoints.values()))
+
+    @property
+    def num_idle_addresses(self) -> int:
+        """Receiver addresses with a connection kept for reuse."""
+        return sum(bool(idle) for idle in list(self._idle_endpoints.values()))
 
     async def close(self) -> None:
         """Close every idle connection (telling the receivers)."""
@@ -199,16 +208,17 @@ class KVSender:
 
     async def _checkout(self, address: str):
         """An idle live endpoint to `address`, or a new one."""
-        idle = self._idle_endpoints[address]
+        idle = self._idle_endpoints.get(address, [])
         while idle:
             endpoint = idle.pop()
             if not endpoint.closed:
                 return endpoint
+        self._idle_endpoints.pop(address, None)  # no entry kept for an address that no longer answers
         host, port = parse_address(address)
         return await ucxx.create_endpoint(host, port)
 
     def _checkin(self, address: str, endpoint) -> None:
-        idle = self._idle_endpoints[address]
+        idle = self._idle_endpoints.setdefault(address, [])
         if endpoint.closed or len(idle) >= self._max_idle_per_address:
             endpoint.abort()
         else:

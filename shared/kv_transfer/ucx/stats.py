@@ -37,6 +37,22 @@ class TransferCounters:
         self.num_failed += 1
 
 
+@dataclass
+class LateWriteRefusals:
+    """Transfers the receiver refused to write because they came too late: for a request no longer
+    expected (aborted, finished, its reservation gone), withdrawn while its payload arrived, or
+    superseded by a retry (an older generation). Each one would have written into blocks that
+    may already belong to another request."""
+
+    not_expected: int = 0
+    withdrawn: int = 0
+    superseded: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.not_expected + self.withdrawn + self.superseded
+
+
 def count_transfer(counters: TransferCounters, header: pb.KVTransferHeader, seconds: float, verb: str,
                    log: logging.Logger) -> TransferResult:
     """One completed transfer of `header`'s payload on this side: counted, logged as `verb`
