@@ -4,13 +4,15 @@ service listens (gRPC, UCX, /metrics), and where an instance registers in Redis.
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shared.cluster.keys import ClusterNamespace
+if TYPE_CHECKING:  # the container health probe reads ready files: it imports nothing of shared/
+    from shared.cluster.keys import ClusterNamespace
 
 
 def write_ready_file(path: str, grpc_address: str, ucx_address: str, instance_id: str, role: str,
                      metrics_address: str = "", openai_address: str = "",
-                     registered_in: ClusterNamespace | None = None) -> None:
+                     registered_in: "ClusterNamespace | None" = None) -> None:
     """Write atomically (temp file + rename) so a reader never sees half a file.
     `metrics_address` is "" when the instance serves no /metrics, `openai_address` when it
     serves no OpenAI HTTP API (--openai-port); `registered_in` (as "deployment" and "model") is

@@ -69,8 +69,8 @@ def test_status_lists_serving_and_draining_instances_and_leases(redis_server, ca
     rows = [line.split() for line in table.splitlines()]
     version = f"{PDSERVE_VERSION}/kv{KV_PROTOCOL_VERSION}"  # pdserve and KV wire protocol versions
     assert ["d0", "decode", "serving", "127.0.0.1:7001", "127.0.0.1:9001", "2", "3", "40/64",
-            "16/sha256/bfloat16/tp1", version] in rows
-    assert ["p0", "prefill", "draining", "127.0.0.1:7002", "-", "1", "0", "64/64", "-", version] in rows
+            "16/sha256/bfloat16/tp1", version, "-"] in rows  # "-": no KV-event endpoint
+    assert ["p0", "prefill", "draining", "127.0.0.1:7002", "-", "1", "0", "64/64", "-", version, "-"] in rows
     assert "req-9" in table
     args = build_parser().parse_args(base + ["--json"])
     assert args.run(args) == 0
