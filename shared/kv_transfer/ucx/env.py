@@ -8,6 +8,11 @@ created, so defaults must be in place before that. Defaults only fill in what is
   UCXPY_ENABLE_PYTHON_FUTURE=1   ucxx completes requests through a notifier thread. Without it
                                  every pending receive (an idle connection waiting for its next
                                  header) busy-polls the event loop: one full core per process.
+  UCX_TCP_CM_REUSEADDR=y         the KV listener binds with SO_REUSEADDR: an instance restarted
+                                 on the same address after a kill finds its port's accepted
+                                 connections in TIME_WAIT for 60 s, and without it failed to
+                                 bind ("Device is busy") until they expired. A port another
+                                 process still listens on stays refused.
 
 The notifier thread serves the event loop that was running when ucxx was first used, so one
 process uses ucxx from one event loop at a time (services do anyway; tests run a module-wide
@@ -23,7 +28,8 @@ import weakref
 
 from shared.kv_transfer.ucx.lifecycle import ucx_context
 
-DEFAULT_UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
+DEFAULT_UCX_ENV = {"UCX_TLS": "tcp,self", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCXPY_ENABLE_PYTHON_FUTURE": "1",
+                   "UCX_TCP_CM_REUSEADDR": "y"}
 
 logger = logging.getLogger(__name__)
 
