@@ -18,10 +18,13 @@ from shared.model.row_buckets import bucketed_rows
 
 @pytest.mark.skipif(not is_glibc(), reason="glibc only")
 def test_malloc_stats_see_a_large_allocation():
+    """The counts are the whole process's: other threads of the test process (services left
+    running by earlier tests) may free a little between the two reads (a CI run saw 624 bytes
+    less than the 8 MiB held), so the check leaves them half of a larger allocation."""
     before = malloc_stats()
-    held = bytearray(8 << 20)
+    held = bytearray(64 << 20)
     after = malloc_stats()
-    assert after.in_use_bytes - before.in_use_bytes >= 8 << 20
+    assert after.in_use_bytes - before.in_use_bytes >= 32 << 20
     assert after.num_arenas >= 1
     del held
 
