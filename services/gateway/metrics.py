@@ -66,6 +66,8 @@ class GatewayCollector(Collector):
         yield make.labelled_counter("pdserve:gateway_failovers", "Instances skipped after failing a call, by role.",
                                     "role", [("decode", stats.num_decode_failovers),
                                              ("colocated", stats.num_colocated_failovers)])
+        yield make.counter("pdserve:gateway_reserve_rounds_repeated", "Requests whose Reserve calls no decode "
+                           "instance answered, tried on every instance once more.", stats.num_reserve_rounds_repeated)
         yield make.counter("pdserve:gateway_releases", "Reservations given back because Decode never started.",
                            stats.num_releases)
         yield make.counter("pdserve:gateway_lease_renewals", "Decode leases renewed while the prompt was queued "

@@ -29,6 +29,13 @@ UNANSWERED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
+# Rounds of Reserve calls over the decode instances before a request fails for want of an
+# answer. A second round, on a fresh listing, saves the request when every instance missed
+# one answer and not for good: in an e2e fault run, with a prefill instance SIGSTOPped, both
+# decode instances left the Reserves of the restarted completions unanswered for the whole
+# control-call timeout once in about 20 runs, then answered again.
+RESERVE_ROUNDS = 2
+
 
 @dataclass
 class Reservation:
@@ -46,6 +53,10 @@ class DecodeLost(Exception):
         self.reason = reason  # "failure" (unreachable), "drain" (answers NOT_SERVING) or "hung" (stalled)
 
 
+class NoDecodeAnswered(GatewayError):
+    """Every decode instance tried failed or left its Reserve unanswered; none refused for room."""
+
+
 class ReservationAbandoned(Exception):
     """The prefill instance sending into the reservation hung (services.gateway.stall_watch):
     its transfer may be stuck half-way, and the decode instance would refuse a second one into
@@ -56,7 +67,25 @@ class ReservationAbandoned(Exception):
 async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                   deadline: Deadline, excluded: Collection[str] = ()) -> Reservation:
     """The first decode instance (best first, none of `excluded`, only those some prefill
-    instance can pair with) that grants a reservation."""
+    instance can pair with) that grants a reservation. When none answered at all (each failed
+    or left its Reserve unanswered; none refused for room), the instances are listed afresh and
+    tried once more while the deadline allows (RESERVE_ROUNDS)."""
+    for round_index in range(RESERVE_ROUNDS):
+        if round_index:
+            candidates = await ctx.view.candidates(sub.parent.hashes)
+        try:
+            return await _reserve_round(ctx, sub, candidates, deadline, excluded)
+        except NoDecodeAnswered as unanswered:
+            if round_index + 1 == RESERVE_ROUNDS or deadline.has_passed():
+                raise
+            ctx.stats.num_reserve_rounds_repeated += 1
+            logger.warning("request %s: %s; listing the instances again and trying once more", sub.request_id,
+                           unanswered)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _reserve_round(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                         deadline: Deadline, excluded: Collection[str]) -> Reservation:
     choice = rank(pairable_decodes(candidates), "decode", excluded=excluded)
     ctx.stats.record_route("decode", choice.reason)
     with span("gateway.reserve", {"pdserve.candidates": [c.instance_id for c in choice.ranked],
@@ -101,8 +130,8 @@ async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list
             num_refused += _note_reserve_failure(ctx, sub, decode, error, deadline)
     if num_refused:
         raise no_capacity(num_refused)
-    raise GatewayError(grpc.StatusCode.UNAVAILABLE,
-                       f"none of the {len(choice.ranked)} decode instances could be reached")
+    raise NoDecodeAnswered(grpc.StatusCode.UNAVAILABLE,
+                           f"none of the {len(choice.ranked)} decode instances could be reached")
 
 
 def release_unanswered(ctx: RelayContext, decode: Candidate, request_id: str) -> None:

@@ -18,6 +18,7 @@ class GatewayStats:
     num_prefill_retries: int = 0  # prefill attempts after a failed one
     num_decode_refusals: int = 0  # Reserve answered RESOURCE_EXHAUSTED
     num_decode_failovers: int = 0  # Reserve failed otherwise (instance unreachable)
+    num_reserve_rounds_repeated: int = 0  # no decode instance answered: all tried once more
     num_colocated_failovers: int = 0
     num_releases: int = 0  # reservations given back because Decode never started
     num_lease_renewals: int = 0  # Renew calls that extended a reservation while prefill ran

@@ -40,6 +40,7 @@ def fake_cache_settings(model_id: str, **changes) -> CacheSettings:
 class Behaviour:
     reserve_error: grpc.StatusCode | None = None
     reserve_blocks: bool = False  # Reserve waits until cancelled (a busy decode instance)
+    num_reserves_unanswered: int = 0  # so many Reserve calls wait until cancelled, later ones answer
     prefill_error: grpc.StatusCode | None = None
     prefill_request_failed: bool = False  # Prefill answers INTERNAL marked as the request's own failure
     prefill_blocks: bool = False  # Prefill waits until cancelled
@@ -112,6 +113,9 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.calls.append(("Reserve", request))
         if self.behaviour.reserve_error is not None:
             await context.abort(self.behaviour.reserve_error, f"{self.instance_id} says no")
+        if self.behaviour.num_reserves_unanswered > 0:
+            self.behaviour.num_reserves_unanswered -= 1
+            await self._wait_for_cancel()
         if self.behaviour.reserve_blocks:
             await self._wait_for_cancel()
         num_cached = self.behaviour.num_cached_prompt_tokens

@@ -11,6 +11,9 @@ how long anything took."""
 
 import asyncio
 
+import grpc
+import pytest
+
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 from tests.unit.gateway_fakes import Behaviour, FakeInstance
 from tests.unit.test_gateway_service import PROMPT_IDS, collect, gateway, generate_request, model, run  # noqa: F401
@@ -83,6 +86,36 @@ def test_a_reserve_left_unanswered_is_tried_on_the_other_decode(redis_server, mo
             await asyncio.wait_for(d0.cancelled.wait(), 5)  # the Reserve was given up, not left running
             # Its answer may have been lost after a grant: it is released, not left to its lease.
             await _wait_for(lambda: "Release" in d0.methods())
+    run(scenario)
+
+
+def test_reserves_that_no_decode_answered_are_tried_once_more_on_a_fresh_listing(redis_server, model):  # noqa: F811
+    """Every decode instance leaves one Reserve unanswered (a pause, not a hang: they answer
+    the next): the request is not failed for it, but served after a second round."""
+    async def scenario():
+        async with gateway(redis_server.url, model, **HANG) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(num_reserves_unanswered=1))
+            d1 = FakeInstance("d1", "decode", Behaviour(num_reserves_unanswered=1))
+            await gate.add(p0, d0, d1)
+            messages = await collect(gate.stub.Generate(generate_request(max_tokens=3)))
+            assert _tokens(messages) == [42, 43, 44]
+            assert [m for m, _ in d0.calls + d1.calls].count("Reserve") == 3
+            assert gate.stats.num_reserve_rounds_repeated == 1
+    run(scenario)
+
+
+def test_a_request_fails_when_no_decode_answers_in_either_round(redis_server, model):  # noqa: F811
+    async def scenario():
+        async with gateway(redis_server.url, model, **HANG) as gate:
+            p0 = FakeInstance("p0", "prefill")
+            d0 = FakeInstance("d0", "decode", Behaviour(reserve_blocks=True))
+            await gate.add(p0, d0)
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await collect(gate.stub.Generate(generate_request(max_tokens=3)))
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "could be reached" in failure.value.details()
+            assert d0.methods().count("Reserve") == 2
     run(scenario)
 
 
