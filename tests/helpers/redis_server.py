@@ -7,7 +7,6 @@ on the SAME port and empty, like a real Redis restart without persistence.
 """
 
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -16,19 +15,13 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from services.launcher.ports import find_free_port
 from services.launcher.redis_child import redis_server_argv, wait_for_ping
 
 MISSING_SERVER_MESSAGE = (
     "redis-server is not installed (needed by the cluster-state tests); "
     "run `make setup` or `apt-get install -y redis-server`"
 )
-
-
-def find_free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class RedisServer:

@@ -18,7 +18,7 @@ from shared.kv_events.log import KVEventLog
 from shared.kv_events.publisher import KVEventPublisher
 from shared.kv_events.stream import KVEventStream
 from shared.kv_events.wire import TYPES, external_hash
-from tests.helpers.redis_server import find_free_port
+from services.launcher.ports import find_free_port
 from tests.helpers.vllm_kv_events import DECODER, AllBlocksCleared, BlockRemoved, BlockStored, Subscriber
 
 WARM_UP_TRIES = 200  # 50 ms polls: a SUB socket misses what is sent before its subscription lands
