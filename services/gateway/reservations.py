@@ -70,18 +70,17 @@ async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate
     instance can pair with) that grants a reservation. When none answered at all (each failed
     or left its Reserve unanswered; none refused for room), the instances are listed afresh and
     tried once more while the deadline allows (RESERVE_ROUNDS)."""
-    for round_index in range(RESERVE_ROUNDS):
-        if round_index:
-            candidates = await ctx.view.candidates(sub.parent.hashes)
+    for _ in range(RESERVE_ROUNDS - 1):
         try:
             return await _reserve_round(ctx, sub, candidates, deadline, excluded)
         except NoDecodeAnswered as unanswered:
-            if round_index + 1 == RESERVE_ROUNDS or deadline.has_passed():
+            if deadline.has_passed():
                 raise
             ctx.stats.num_reserve_rounds_repeated += 1
             logger.warning("request %s: %s; listing the instances again and trying once more", sub.request_id,
                            unanswered)
-    raise AssertionError("unreachable")  # pragma: no cover
+        candidates = await ctx.view.candidates(sub.parent.hashes)
+    return await _reserve_round(ctx, sub, candidates, deadline, excluded)
 
 
 async def _reserve_round(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
