@@ -86,6 +86,8 @@ class EngineArgs:
     max_model_len: int = _arg(0, "longest sequence (0 = the model's limit)", ge=0)
     max_num_seqs: int = _arg(128, "most sequences running (or reserved) at once", gt=0)
     max_num_batched_tokens: int = _arg(2048, "most tokens computed by one engine step", gt=0)
+    max_num_partial_prefills: int = _arg(4, "most prompts sharing one engine step's budget (the first to arrive; "
+                                            "later ones wait their turn, a short one gets in beside them)", gt=0)
     max_prefill_chunk_tokens: int = _arg(
         ROLE_DEFAULT_CHUNK, "most prompt tokens of one request computed per engine step (chunked prefill); -1 = the "
                             f"role's default: {DECODE_PREFILL_CHUNK_TOKENS} on decode instances (local prefills share "
@@ -201,7 +203,8 @@ class EngineArgs:
         chunk = 0 if self.max_prefill_chunk_tokens == ROLE_DEFAULT_CHUNK else self.max_prefill_chunk_tokens
         return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                enable_chunked_prefill=self.enable_chunked_prefill,
-                               long_prefill_token_threshold=chunk, fair_prefill=self.fair_prefill)
+                               long_prefill_token_threshold=chunk, fair_prefill=self.fair_prefill,
+                               max_num_partial_prefills=self.max_num_partial_prefills)
 
     def _speculative_config(self) -> SpeculativeConfig:
         return SpeculativeConfig(speculative_method=self.speculative_method,

@@ -268,8 +268,8 @@ class Scheduler:
 
     def _schedule_running(self, output: SchedulerOutput, budget: int) -> tuple[int, int]:
         """Schedule the running requests, decodes first; returns the budget left and the
-        per-prompt share of it. Under fair prefill, part-way prompts leave one share for each
-        waiting request that has a slot, so new arrivals start even behind many long prompts."""
+        per-prompt share of it. Under fair prefill, part-way prompts leave room for a short
+        waiting prompt, so it starts even behind as many long prompts as may share a step."""
         scheduled: set[str] = set()
         share, held_back = None, 0
         for request in sorted(self.running, key=_running_order):
@@ -280,7 +280,7 @@ class Scheduler:
             is_prompt = request.num_tokens_to_compute > 1
             if share is None and is_prompt:
                 share = self._prompt_share(budget)
-                held_back = min(budget, share * self._num_admissible()) if share < budget else 0
+                held_back = self._room_for_a_short_prompt(share) if share < budget else 0
             limit = min(budget - held_back, share) if is_prompt else budget
             if limit <= 0:
                 continue
@@ -298,14 +298,24 @@ class Scheduler:
 
     def _prompt_share(self, budget: int) -> int:
         """The most prompt tokens one request may compute this step, `budget` being what the
-        decodes left: an equal share among the prompts that compete for it (chunked prefill)."""
+        decodes left: an equal share among the first max_num_partial_prefills prompts that
+        compete for it (chunked prefill)."""
         if not (self.config.enable_chunked_prefill and self.config.fair_prefill):
             return budget
         num_partial = sum(1 for r in self.running if r.num_tokens_to_compute > 1)
-        num_prompts = num_partial + self._num_admissible()
+        num_prompts = min(num_partial + self._num_admissible(), self.config.max_num_partial_prefills)
         if num_prompts <= 1:
             return budget
         return max(self.kv.block_size, -(-budget // num_prompts))
+
+    def _room_for_a_short_prompt(self, share: int) -> int:
+        """Tokens the part-way prompts leave for the next waiting prompt with a slot when it
+        fits in one share: a short prompt never waits behind long ones (a long one waits for
+        a part-way prompt to finish, so no more than max_num_partial_prefills share a step)."""
+        if not self._num_admissible():
+            return 0
+        num_needed = self.waiting[0].num_tokens_to_compute
+        return num_needed if num_needed <= share else 0
 
     def _num_admissible(self) -> int:
         """Waiting requests that have a sequence slot this step."""
@@ -479,8 +489,8 @@ class Scheduler:
             self.finish(request, status)
 
 
-def _running_order(request: Request) -> tuple[bool, int]:
-    """Decodes first (in running order), then part-way prompts, least computed first: a prompt
-    left out of one step's budget goes first in the next."""
+def _running_order(request: Request) -> tuple[bool, float]:
+    """Decodes first (in running order), then part-way prompts, first come first: the oldest
+    prompt's first token comes out first."""
     is_prompt = request.num_tokens_to_compute > 1
-    return is_prompt, request.num_computed_tokens if is_prompt else 0
+    return is_prompt, request.arrival_time if is_prompt else 0.0

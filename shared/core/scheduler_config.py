@@ -17,3 +17,7 @@ class SchedulerConfig:
     # Prompts competing in a step share its budget equally (see shared.core.scheduler);
     # False: first come takes all (benchmarks compare the two).
     fair_prefill: bool = True
+    # Most prompts one step's budget is shared among (fair prefill): the first ones to arrive.
+    # The rest wait their turn, so a burst's first tokens come out one group after another
+    # instead of all at the end; a short prompt still gets in beside long part-way ones.
+    max_num_partial_prefills: int = 4

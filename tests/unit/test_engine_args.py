@@ -34,6 +34,7 @@ def test_every_field_reaches_its_config_section():
     args = EngineArgs(model="/m", dtype="float32", device="cpu", attention_backend="torch", num_threads=3,
                       kv_cache_memory_gb=0.5, num_blocks=40, block_size=8, prefix_hash_algo="blake2b",
                       max_model_len=512, max_num_seqs=7, max_num_batched_tokens=99, max_prefill_chunk_tokens=32,
+                      max_num_partial_prefills=3,
                       seed=5, deterministic=True, max_grammar_bytes=100, max_grammar_nesting_depth=6,
                       grammar_compile_timeout_s=2.0, grammar_cache_size=9, enable_lora=True, max_loras=2,
                       max_lora_rank=8, max_cpu_loras=5, speculative_method="draft", num_speculative_tokens=4,
@@ -47,7 +48,8 @@ def test_every_field_reaches_its_config_section():
     assert config.cache == CacheConfig(block_size=8, kv_cache_memory_bytes=GIB // 2, num_blocks=40,
                                        enable_prefix_caching=False, prefix_hash_algo="blake2b")
     assert config.scheduler == SchedulerConfig(max_num_seqs=7, max_num_batched_tokens=99,
-                                               long_prefill_token_threshold=32, fair_prefill=False)
+                                               long_prefill_token_threshold=32, fair_prefill=False,
+                                               max_num_partial_prefills=3)
     assert config.guided == GuidedLimits(100, 6, 2.0, 9, 1)
     assert config.lora == LoRAConfig(True, 2, 8, 5)
     assert config.speculative == SpeculativeConfig("draft", 4, None, 2, ngram_max=5)

@@ -17,10 +17,11 @@ EOS = 0
 
 
 def make_scheduler(num_blocks=16, max_num_batched_tokens=64, max_num_seqs=8, prefix_caching=True,
-                   chunked=True, long_prefill_token_threshold=0) -> Scheduler:
+                   chunked=True, long_prefill_token_threshold=0, max_num_partial_prefills=4) -> Scheduler:
     kv = KVCacheManager(BlockPool(num_blocks), BLOCK_SIZE, prefix_caching)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             enable_chunked_prefill=chunked, long_prefill_token_threshold=long_prefill_token_threshold)
+                             enable_chunked_prefill=chunked, long_prefill_token_threshold=long_prefill_token_threshold,
+                             max_num_partial_prefills=max_num_partial_prefills)
     return Scheduler(config, kv, max_model_len=1024)
 
 
@@ -289,16 +290,43 @@ def test_a_prompt_alone_takes_the_whole_budget_and_waiting_without_a_slot_does_n
     assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [("long", 16)]
 
 
-def test_a_new_arrival_gets_a_share_even_behind_many_part_way_prompts():
-    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16)
+def scheduled_tokens(output) -> dict[str, int]:
+    return {item.request_id: item.num_tokens for item in output.scheduled}
+
+
+def test_a_short_arrival_gets_in_beside_as_many_long_prompts_as_may_share_a_step():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16, max_num_partial_prefills=4)
     for name in "abcd":
         scheduler.add_request(make_request(name, range(1, 41)))
-    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
-        ("a", 4), ("b", 4), ("c", 4), ("d", 4)]
+    assert scheduled_tokens(run_step(scheduler)) == {"a": 4, "b": 4, "c": 4, "d": 4}
     scheduler.add_request(make_request("short", [5, 6, 7]))
-    # 5 prompts, share 4: one share is held back for "short", so "d" waits a step...
-    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
-        ("a", 4), ("b", 4), ("c", 4), ("short", 3)]
-    # ...and, being the least computed, goes first in the next.
-    assert [(i.request_id, i.num_tokens) for i in run_step(scheduler).scheduled] == [
-        ("short", 1), ("d", 4), ("a", 4), ("b", 4), ("c", 3)]
+    # Room is held back for all of "short", so the youngest long prompt gets only what is left...
+    assert scheduled_tokens(run_step(scheduler)) == {"a": 4, "b": 4, "c": 4, "d": 1, "short": 3}
+    # ...and "short" decodes from the next step on while the long ones go on, oldest first.
+    assert scheduled_tokens(run_step(scheduler)) == {"short": 1, "a": 4, "b": 4, "c": 4, "d": 3}
+
+
+def first_token_steps(scheduler, num_steps: int) -> dict[str, int]:
+    steps = {}
+    for step in range(1, num_steps + 1):
+        for item in run_step(scheduler).scheduled:
+            if item.sampling_params is not None:
+                steps.setdefault(item.request_id, step)
+    return steps
+
+
+def test_a_burst_shares_steps_among_the_first_arrivals_so_first_tokens_come_out_in_groups():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16, max_num_partial_prefills=2)
+    for offset, name in enumerate("abcd"):
+        scheduler.add_request(make_request(name, range(100 * offset + 1, 100 * offset + 13)))
+    # Two prompts share each step (8 tokens each); the rest wait their turn instead of
+    # slowing every prompt down so that all four first tokens come out at step 3.
+    assert first_token_steps(scheduler, 4) == {"a": 2, "b": 2, "c": 3, "d": 4}
+
+
+def test_a_long_arrival_waits_while_as_many_long_prompts_as_may_share_a_step_go_on():
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=16, max_num_partial_prefills=2)
+    for offset, name in enumerate("abc"):
+        scheduler.add_request(make_request(name, range(100 * offset + 1, 100 * offset + 41)))
+    assert scheduled_tokens(run_step(scheduler)) == {"a": 8, "b": 8}
+    assert scheduled_tokens(run_step(scheduler)) == {"a": 8, "b": 8}
