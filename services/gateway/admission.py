@@ -7,7 +7,9 @@ instead of a few failing early. The gateway predicts each new request's wait
 and its own, at the measured prompt rate) and admits it when the wait is within
 `max_queue_wait_s`, or within the time left before the request's deadline when that is less. A
 request with nothing ahead of it is always admitted: waiting would not make its own prompt
-shorter. The prompt instances are the live prefill instances, or the colocated ones when no
+shorter. Nor is a request refused on a guessed rate: until a first token is measured, only a
+rate the operator gave (--prompt-tokens-per-s, --profile) can refuse one; a burst at a fresh
+gateway is admitted, and the first tokens measure the rate for the requests after it. The prompt instances are the live prefill instances, or the colocated ones when no
 prefill instance is live; with none live the request is admitted and routing answers
 UNAVAILABLE, which says more.
 
@@ -84,10 +86,10 @@ class Ticket:
 class Admission:
     def __init__(self, max_queue_wait_s: float = DEFAULT_MAX_QUEUE_WAIT_S, max_queued_per_instance: int = 0,
                  prior_tokens_per_s: float = DEFAULT_PROMPT_TOKENS_PER_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, prior_is_a_guess: bool = False):
         self.max_queue_wait_s = max_queue_wait_s  # 0: never shed on the prediction
         self.max_queued_per_instance = max_queued_per_instance  # 0: no count limit
-        self.rate = PromptRate(prior_tokens_per_s, clock)
+        self.rate = PromptRate(prior_tokens_per_s, clock, prior_is_a_guess)
         self.num_waiting = 0  # this gateway's admitted requests without a first token yet
         self.num_waiting_tokens = 0  # their prompt tokens
         self.num_shed: Counter = Counter()  # by reason: PREDICTED_WAIT, QUEUED_COUNT
@@ -115,7 +117,8 @@ class Admission:
         if seconds_left is not None:
             limits.append((seconds_left, f"the {seconds_left:.1f} s left before the request's deadline"))
         limit_s, named = min(limits, key=lambda limit: limit[0])
-        if self.max_queue_wait_s <= 0 or prediction.num_prompts_ahead == 0 or prediction.wait_s <= limit_s:
+        if (self.max_queue_wait_s <= 0 or not self.rate.is_known or prediction.num_prompts_ahead == 0
+                or prediction.wait_s <= limit_s):
             return
         retry_after_s = _bounded_retry_after(prediction.wait_s - limit_s)
         self.num_shed[PREDICTED_WAIT] += 1

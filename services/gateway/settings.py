@@ -93,6 +93,13 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
     max_queued_per_instance: int = _setting(
         0, "shed new requests too while the requests waiting for their first token reach this many per live "
            "prefill (or colocated) instance; 0 = no count limit", ge=0)
+    max_room_wait_s: float = _setting(
+        60.0, "a request that every decode instance refuses for want of free KV blocks waits its turn for room "
+              "(first come first served) this long, or until its deadline when sooner, before RESOURCE_EXHAUSTED "
+              "/ HTTP 429, seconds; 0 = refuse at once", ge=0)
+    prompt_tokens_per_s: float = _setting(
+        0.0, "prompt tokens per second one prefill (or colocated) instance computes, assumed until measured; 0 = "
+             "from --profile, else a guess on which no request is refused before a first token is measured", ge=0)
     profile: str | None = _setting(None, "a `pdserve profile` JSON from which the unset local-prefill "
                                          "thresholds are derived, and the prompt rate assumed until measured")
     ready_file: str | None = _setting(None, 'write {"grpc_address": ..., "http_address": ...} here once bound')
@@ -178,9 +185,15 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
                                 self.prefill_busy_backlog, self.profile)
 
     def admission(self) -> Admission:
-        """Load shedding by these settings; the prompt rate assumed until measured from --profile."""
-        prior = profile_prompt_rate(load_profile(self.profile)) if self.profile else DEFAULT_PROMPT_TOKENS_PER_S
-        return Admission(self.max_queue_wait_s, self.max_queued_per_instance, prior)
+        """Load shedding by these settings; the prompt rate assumed until measured is
+        --prompt-tokens-per-s, else --profile's, else a guess (services.gateway.wait_prediction)."""
+        if self.prompt_tokens_per_s > 0:
+            prior, is_a_guess = self.prompt_tokens_per_s, False
+        elif self.profile:
+            prior, is_a_guess = profile_prompt_rate(load_profile(self.profile)), False
+        else:
+            prior, is_a_guess = DEFAULT_PROMPT_TOKENS_PER_S, True
+        return Admission(self.max_queue_wait_s, self.max_queued_per_instance, prior, prior_is_a_guess=is_a_guess)
 
 
 def _check_pair(settings: GatewaySettings, first: str, second: str) -> None:

@@ -7,9 +7,10 @@ requests waiting (at most all of them), in the share of the waiting requests tha
 gateway's (the heartbeats count the other gateways' too). Prompt tokens done per busy
 instance-second is the rate. A prefix-cache hit makes a prompt cheap; the rate counts every
 prompt token, so it is the rate of prompts like the recent ones. Until measurements come, a prior
-(a `pdserve profile`, else DEFAULT_PROMPT_TOKENS_PER_S) stands for PRIOR_WEIGHT_S of them; older
-measurements, the prior's first, fade once WINDOW_S instance-seconds are counted, so the rate
-follows the load.
+stands for PRIOR_WEIGHT_S of them: a rate the operator gave (--prompt-tokens-per-s) or a
+`pdserve profile` measured, or else DEFAULT_PROMPT_TOKENS_PER_S, a guess, which the first
+measurement replaces and on which admission refuses nothing (`is_known`). Older measurements,
+the prior's first, fade once WINDOW_S instance-seconds are counted, so the rate follows the load.
 """
 
 import time
@@ -35,12 +36,15 @@ class PromptRate:
     """Prompt tokens per second per busy prompt instance, measured (see the module docstring)."""
 
     def __init__(self, prior_tokens_per_s: float = DEFAULT_PROMPT_TOKENS_PER_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, prior_is_a_guess: bool = False):
         self.prior_tokens_per_s = prior_tokens_per_s
         self.clock = clock
-        # Prompt tokens done and busy instance-seconds (the prior's first), faded alike.
-        self._num_tokens = prior_tokens_per_s * PRIOR_WEIGHT_S
-        self._busy_s = PRIOR_WEIGHT_S
+        self.is_known = not prior_is_a_guess  # a given prior, or a first token measured
+        # Measured prompt tokens and busy instance-seconds, and the seconds the prior stands
+        # for, faded alike.
+        self._num_tokens = 0.0
+        self._busy_s = 0.0
+        self._prior_s = PRIOR_WEIGHT_S
         self._num_busy = 0.0  # instances busy with this gateway's requests now
         self._since = clock()
 
@@ -52,16 +56,24 @@ class PromptRate:
     def add_done(self, num_tokens: int) -> None:
         """A request's first token came: its prompt tokens are done."""
         self._count_busy_time()
+        if not self.is_known:
+            self.is_known, self._prior_s = True, 0.0  # a guess gives way to the first measurement
         self._num_tokens += num_tokens
-        if self._busy_s > WINDOW_S:
-            fade = WINDOW_S / self._busy_s
+        total_s = self._busy_s + self._prior_s
+        if total_s > WINDOW_S:
+            fade = WINDOW_S / total_s
             self._num_tokens *= fade
             self._busy_s *= fade
+            self._prior_s *= fade
 
     def tokens_per_s(self) -> float:
         """The measured rate, the busy time so far counted (a stalled pool slows it down)."""
         self._count_busy_time()
-        return max(MIN_PROMPT_TOKENS_PER_S, self._num_tokens / self._busy_s)
+        num_tokens = self._num_tokens + self.prior_tokens_per_s * self._prior_s
+        total_s = self._busy_s + self._prior_s
+        if total_s <= 0:
+            return self.prior_tokens_per_s  # measured, but in no busy time yet
+        return max(MIN_PROMPT_TOKENS_PER_S, num_tokens / total_s)
 
     def _count_busy_time(self) -> None:
         now = self.clock()

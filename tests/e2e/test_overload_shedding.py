@@ -2,7 +2,8 @@
 
 - Its gateway runs the defaults (admission by predicted wait, --max-queue-wait-s 120, no count
   limit): a burst of 48 streaming chats, three times the old count limit of 16, all complete.
-- A second gateway with a tiny --max-queue-wait-s, the prefill instance's engine core frozen (its
+- A second gateway with a tiny --max-queue-wait-s (and a given prompt rate: on a guessed one
+  nothing is refused before a first token is measured), the prefill instance's engine core frozen (its
   service still answers health checks and heartbeats, as a busy instance does) so that the first
   request admitted waits however fast the machine is: the rest of a burst are refused with 429,
   each with a Retry-After of its message's predicted wait minus the limit; after the thaw every
@@ -60,7 +61,8 @@ def shedding_gateway(stack):
 @pytest.fixture(scope="module")
 def tiny_wait_gateway(stack):
     """A gateway that admits a request only when nothing is ahead of it (the wait limit is 1 ms)."""
-    yield from extra_gateway(stack, WAIT_GATEWAY, ["--max-queue-wait-s", str(TINY_WAIT_S)])
+    yield from extra_gateway(stack, WAIT_GATEWAY, ["--max-queue-wait-s", str(TINY_WAIT_S),
+                                                   "--prompt-tokens-per-s", "500"])
 
 
 def engine_cores(instances) -> list[SimpleNamespace]:

@@ -256,6 +256,24 @@ def test_the_settings_default_to_a_generous_wait_and_no_count_limit():
 def test_the_profile_gives_the_prompt_rate_assumed_until_measured():
     settings = GatewaySettings(profile="docs/autoscaling/profile-smollm2-cpu-fp32.json", max_queue_wait_s=30)
     assert 400.0 < settings.admission().rate.tokens_per_s() < 600.0
+    assert settings.admission().rate.is_known
+
+
+def test_a_given_prompt_rate_comes_first_and_without_one_the_rate_is_a_guess():
+    settings = GatewaySettings(profile="docs/autoscaling/profile-smollm2-cpu-fp32.json", prompt_tokens_per_s=4000)
+    assert settings.admission().rate.tokens_per_s() == 4000.0 and settings.admission().rate.is_known
+    assert not GatewaySettings().admission().rate.is_known
+
+
+def test_a_guessed_rate_refuses_nothing_and_the_first_measurement_replaces_it():
+    clock = FakeClock()
+    admission = Admission(max_queue_wait_s=5.0, prior_tokens_per_s=500.0, clock=clock, prior_is_a_guess=True)
+    tickets = [admission.admit(1000, ONE) for _ in range(512)]  # ~1,000 s at the guess: all admitted
+    assert admission.last_prediction.wait_s > 5.0 and not admission.num_shed
+    clock.now += 0.5
+    tickets[0].first_token()  # 1,000 tokens in 0.5 s of one busy instance: the guess is gone
+    assert admission.rate.is_known and admission.rate.tokens_per_s() == 2000.0
+    shed(lambda: admission.admit(1000, ONE))  # 511 ahead at 2,000 tokens/s: over 5 s
 
 
 def test_a_bad_max_queue_wait_is_refused_naming_the_setting():
@@ -266,7 +284,8 @@ def test_a_bad_max_queue_wait_is_refused_naming_the_setting():
 # ---- both front doors, on fakes --------------------------------------------------------------
 
 @pytest.mark.parametrize("limit, num_held, named, reason", [
-    ({"max_queue_wait_s": 0.001}, 1, "(max_queue_wait_s)", PREDICTED_WAIT),  # one held: the next has it ahead
+    ({"max_queue_wait_s": 0.001, "prompt_tokens_per_s": 500.0}, 1, "(max_queue_wait_s)",
+     PREDICTED_WAIT),  # one held: the next has it ahead
     ({"max_queue_wait_s": 0, "max_queued_per_instance": 2}, 2, "(max_queued_per_instance=2 per instance)",
      QUEUED_COUNT),
 ])
@@ -320,7 +339,8 @@ def test_an_admitted_request_whose_prefill_instance_leaves_completes_elsewhere_u
     p1 joins and p0 goes away: the admitted request's prefill moves to p1 and completes, never
     checked against the limit again."""
     async def scenario():
-        async with http_gateway(redis_server.url, model, max_queue_wait_s=0.001) as gate:
+        async with http_gateway(redis_server.url, model, max_queue_wait_s=0.001,
+                                prompt_tokens_per_s=500.0) as gate:
             p0, d0 = await with_pair(gate, prefill_behaviour=Behaviour(prefill_blocks=True))
             channel = grpc.aio.insecure_channel(gate.server.address)
             stub = gateway_pb2_grpc.GatewayStub(channel)
