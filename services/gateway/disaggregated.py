@@ -82,6 +82,8 @@ async def run_disaggregated(ctx: RelayContext, sub: SubRequest, candidates: list
                     raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"prefill hung {num_abandoned} times; "
                                                                     f"the last: {abandoned}") from abandoned
                 logger.warning("request %s: %s; starting over on a fresh reservation", sub.request_id, abandoned)
+            finally:
+                ctx.room.freed()  # this attempt's blocks are free (or freeing): a waiting request may try
         candidates = await ctx.view.candidates(sub.parent.hashes)  # restarts, new ones
         if is_complete(sub, streamed):
             yield final_message(sub, streamed)

@@ -68,6 +68,10 @@ class GatewayCollector(Collector):
                                              ("colocated", stats.num_colocated_failovers)])
         yield make.counter("pdserve:gateway_reserve_rounds_repeated", "Requests whose Reserve calls no decode "
                            "instance answered, tried on every instance once more.", stats.num_reserve_rounds_repeated)
+        yield make.counter("pdserve:gateway_decode_room_waits", "Requests that every decode instance refused for "
+                           "want of free KV blocks and that waited their turn for room.", relay.room.num_waited)
+        yield make.gauge("pdserve:gateway_requests_waiting_decode_room", "Requests waiting their turn for room on "
+                         "the decode pool now.", relay.room.num_waiting)
         yield make.counter("pdserve:gateway_releases", "Reservations given back because Decode never started.",
                            stats.num_releases)
         yield make.counter("pdserve:gateway_lease_renewals", "Decode leases renewed while the prompt was queued "

@@ -12,6 +12,7 @@ from shared.errors import REQUEST_FAILED_METADATA_KEY
 
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
+from services.gateway.decode_room import DecodeRoom
 from services.gateway.placement import PlacementPolicy
 from services.gateway.stats import GatewayStats
 
@@ -53,6 +54,9 @@ class RelayContext:
     prefer_colocated: bool = False
     placement: PlacementPolicy = field(default_factory=PlacementPolicy)  # conditional disaggregation
     hang: HangTimeouts = field(default_factory=HangTimeouts)
+    # Requests every decode instance refused for want of room wait their turn (at most this).
+    max_room_wait_s: float = 60.0
+    room: DecodeRoom = field(default_factory=DecodeRoom)
     background: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coroutine: Coroutine, name: str) -> asyncio.Task:

@@ -5,6 +5,7 @@ decode instance (DecodeLost) from a failed prefill instance."""
 
 import asyncio
 import logging
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -64,12 +65,50 @@ class ReservationAbandoned(Exception):
     write of the hung sender is refused), and the completion starts over on a fresh one."""
 
 
+class NoRoom(GatewayError):
+    """Every decode instance that answered refused the Reserve for want of free KV blocks."""
+
+
 async def reserve(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
                   deadline: Deadline, excluded: Collection[str] = ()) -> Reservation:
     """The first decode instance (best first, none of `excluded`, only those some prefill
-    instance can pair with) that grants a reservation. When none answered at all (each failed
-    or left its Reserve unanswered; none refused for room), the instances are listed afresh and
-    tried once more while the deadline allows (RESERVE_ROUNDS)."""
+    instance can pair with) that grants a reservation. When every one that answered refused
+    for want of room, the request waits its turn for room (services.gateway.decode_room), at
+    most ctx.max_room_wait_s and within its deadline; it joins that queue at once when others
+    wait in it already."""
+    room = ctx.room
+    turn = room.join() if room.num_waiting and ctx.max_room_wait_s > 0 else None
+    waited_since = time.monotonic()
+    try:
+        while True:
+            if turn is not None:
+                wait_s = min(deadline.seconds_left(), ctx.max_room_wait_s - (time.monotonic() - waited_since))
+                if not await room.wait_turn(turn, wait_s):
+                    raise _out_of_room_wait(ctx, time.monotonic() - waited_since)
+                candidates = await ctx.view.candidates(sub.parent.hashes)
+            try:
+                return await _reserve_answered(ctx, sub, candidates, deadline, excluded)
+            except NoRoom:
+                if ctx.max_room_wait_s <= 0:
+                    raise
+                turn = turn or room.join()
+    finally:
+        if turn is not None:
+            room.leave(turn)
+
+
+def _out_of_room_wait(ctx: RelayContext, waited_s: float) -> GatewayError:
+    return GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"no decode instance had free KV blocks for the request within the {waited_s:.1f} s it "
+                        f"waited (max_room_wait_s={ctx.max_room_wait_s:g}, or its deadline); retry later or "
+                        "with a shorter prompt or max_tokens")
+
+
+async def _reserve_answered(ctx: RelayContext, sub: SubRequest, candidates: list[Candidate],
+                            deadline: Deadline, excluded: Collection[str]) -> Reservation:
+    """One round of Reserve calls; when no instance answered at all (each failed or left its
+    Reserve unanswered; none refused for room), the instances are listed afresh and tried once
+    more while the deadline allows (RESERVE_ROUNDS)."""
     for _ in range(RESERVE_ROUNDS - 1):
         try:
             return await _reserve_round(ctx, sub, candidates, deadline, excluded)
@@ -128,7 +167,8 @@ async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list
                                          "message": (error.details() or "")[:300]})
             num_refused += _note_reserve_failure(ctx, sub, decode, error, deadline)
     if num_refused:
-        raise no_capacity(num_refused)
+        refusal = no_capacity(num_refused)
+        raise NoRoom(refusal.code, refusal.message)
     raise NoDecodeAnswered(grpc.StatusCode.UNAVAILABLE,
                            f"none of the {len(choice.ranked)} decode instances could be reached")
 

@@ -1,20 +1,20 @@
 """Failure handling end to end with real processes (Redis, gateway, 2 prefill, 2 decode: the
 disaggregated stack of tests/e2e/conftest.py, each test undoing what it did):
-decode refusal at admission, client cancellation and deadlines propagating to prefill and
+a request waiting for room on full decode instances, client cancellation and deadlines propagating to prefill and
 decode, lease expiry, and a Redis outage and restart. Prefill instances compute prompts in
 small chunks (--max-num-batched-tokens), so a cancel arrives while a prompt is half done.
 After every test every instance's free-block count is back at its total.
 """
 
-import re
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
 from shared.pb.pdserve.v1 import instance_pb2
 from tests.helpers.freeze import Frozen
+from tests.unit.metrics_scrape import scrape, value
 from tests.helpers.gateway_client import (
     FINISHED, generate, generate_error, generate_request, random_token_ids, release, reserve,
 )
@@ -50,18 +50,26 @@ def release_all(stack, decode, request_ids: list[str]) -> None:
         assert release(stack.stub(decode), request_id)
 
 
-def test_decode_instances_without_room_refuse_and_the_client_gets_resource_exhausted(stack):
+def room_waiters(stack) -> float:
+    samples = scrape(stack.stack.ready_info["gateway"]["metrics_address"])
+    return value(samples, "pdserve:gateway_requests_waiting_decode_room")
+
+
+def test_a_request_that_no_decode_instance_has_room_for_waits_its_turn_and_is_served_once_room_frees(stack):
     decodes = stack.instances("decode")
     held = {decode.name: fill(stack, decode, f"full-{decode.name}") for decode in decodes}
     try:
-        started = time.monotonic()
-        error = generate_error(stack.gateway, generate_request(text="Hello there, how are", max_tokens=4))
-        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
-        assert re.search(r"\b2\b.*refused", error.details()), "the message must say both refused"
-        assert time.monotonic() - started < 5.0, "refusal must be immediate"
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(generate, stack.gateway, generate_request(text="Hello there, how are", max_tokens=4))
+            stack.wait_for(lambda: room_waiters(stack) == 1, 60, "the request to wait for room")
+            assert not waiting.done()
+            for decode in decodes:  # room frees: the waiting request is reserved and served
+                release_all(stack, decode, held.pop(decode.name))
+            assert waiting.result(timeout=120).finish_reason in FINISHED
+        assert room_waiters(stack) == 0
     finally:
         for decode in decodes:
-            release_all(stack, decode, held[decode.name])
+            release_all(stack, decode, held.get(decode.name, []))
 
 
 def test_a_full_decode_instance_refuses_and_another_one_serves(stack):

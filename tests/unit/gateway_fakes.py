@@ -41,6 +41,7 @@ class Behaviour:
     reserve_error: grpc.StatusCode | None = None
     reserve_blocks: bool = False  # Reserve waits until cancelled (a busy decode instance)
     num_reserves_unanswered: int = 0  # so many Reserve calls wait until cancelled, later ones answer
+    num_reserves_refused: int = 0  # so many Reserve calls are refused for room, later ones answer
     prefill_error: grpc.StatusCode | None = None
     prefill_request_failed: bool = False  # Prefill answers INTERNAL marked as the request's own failure
     prefill_blocks: bool = False  # Prefill waits until cancelled
@@ -113,6 +114,9 @@ class FakeInstance(instance_pb2_grpc.InstanceServicer):
         self.calls.append(("Reserve", request))
         if self.behaviour.reserve_error is not None:
             await context.abort(self.behaviour.reserve_error, f"{self.instance_id} says no")
+        if self.behaviour.num_reserves_refused > 0:
+            self.behaviour.num_reserves_refused -= 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.instance_id}: no room")
         if self.behaviour.num_reserves_unanswered > 0:
             self.behaviour.num_reserves_unanswered -= 1
             await self._wait_for_cancel()

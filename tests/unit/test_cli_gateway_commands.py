@@ -35,7 +35,7 @@ def test_generate_streams_text_to_stdout(redis_server, model, capsys):  # noqa: 
 
 def test_generate_reports_grpc_errors(redis_server, model, capsys):  # noqa: F811
     async def scenario():
-        async with gateway(redis_server.url, model) as gate:
+        async with gateway(redis_server.url, model, max_room_wait_s=0) as gate:
             full = Behaviour(reserve_error=grpc.StatusCode.RESOURCE_EXHAUSTED)
             await gate.add(FakeInstance("p0", "prefill"), FakeInstance("d0", "decode", full))
             args = build_parser().parse_args(["generate", "--chat", "Hi", "--gateway", gate.server.address])

@@ -117,9 +117,10 @@ def test_failed_prefill_is_retried_on_the_other_instance_and_client_sees_only_to
     run(scenario)
 
 
-def test_all_decodes_refusing_is_resource_exhausted(redis_server, model):
+def test_all_decodes_refusing_is_resource_exhausted_at_once_when_requests_may_not_wait_for_room(redis_server,
+                                                                                                   model):
     async def scenario():
-        async with gateway(redis_server.url, model) as gate:
+        async with gateway(redis_server.url, model, max_room_wait_s=0) as gate:
             full = Behaviour(reserve_error=grpc.StatusCode.RESOURCE_EXHAUSTED)
             d0, d1 = FakeInstance("d0", "decode", full), FakeInstance("d1", "decode", full)
             p0 = FakeInstance("p0", "prefill")

@@ -266,7 +266,7 @@ def test_unknown_model_is_404_and_models_are_listed(redis_server, model):
 
 def test_out_of_capacity_is_429_and_no_backend_is_503_streamed_or_not(redis_server, model):
     async def scenario():
-        async with http_gateway(redis_server.url, model) as gate:
+        async with http_gateway(redis_server.url, model, max_room_wait_s=0) as gate:
             for stream in (False, True):
                 with pytest.raises(openai.InternalServerError) as caught:
                     await gate.client.completions.create(model=MODEL_NAME, prompt="Hi", stream=stream)
