@@ -55,7 +55,7 @@ class RelayContext:
     placement: PlacementPolicy = field(default_factory=PlacementPolicy)  # conditional disaggregation
     hang: HangTimeouts = field(default_factory=HangTimeouts)
     # Requests every decode instance refused for want of room wait their turn (at most this).
-    max_room_wait_s: float = 60.0
+    max_room_wait_s: float = 300.0
     room: DecodeRoom = field(default_factory=DecodeRoom)
     background: set[asyncio.Task] = field(default_factory=set)
 

@@ -94,9 +94,10 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
         0, "shed new requests too while the requests waiting for their first token reach this many per live "
            "prefill (or colocated) instance; 0 = no count limit", ge=0)
     max_room_wait_s: float = _setting(
-        60.0, "a request that every decode instance refuses for want of free KV blocks waits its turn for room "
-              "(first come first served) this long, or until its deadline when sooner, before RESOURCE_EXHAUSTED "
-              "/ HTTP 429, seconds; 0 = refuse at once", ge=0)
+        300.0, "a request that every decode instance refuses for want of free KV blocks waits its turn for room "
+               "(first come first served) this long, or until its deadline when sooner (the default is the default "
+               "deadline's: an admitted request waits), before RESOURCE_EXHAUSTED / HTTP 429, seconds; 0 = refuse "
+               "at once", ge=0)
     prompt_tokens_per_s: float = _setting(
         0.0, "prompt tokens per second one prefill (or colocated) instance computes, assumed until measured; 0 = "
              "from --profile, else a guess on which no request is refused before a first token is measured", ge=0)

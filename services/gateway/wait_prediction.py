@@ -8,8 +8,11 @@ gateway's (the heartbeats count the other gateways' too). Prompt tokens done per
 instance-second is the rate. A prefix-cache hit makes a prompt cheap; the rate counts every
 prompt token, so it is the rate of prompts like the recent ones. Until measurements come, a prior
 stands for PRIOR_WEIGHT_S of them: a rate the operator gave (--prompt-tokens-per-s) or a
-`pdserve profile` measured, or else DEFAULT_PROMPT_TOKENS_PER_S, a guess, which the first
-measurement replaces and on which admission refuses nothing (`is_known`). Older measurements,
+`pdserve profile` measured, or else DEFAULT_PROMPT_TOKENS_PER_S, a guess, on which admission
+refuses nothing (`is_known`) and which the measurements replace once they span
+GUESS_REPLACED_AFTER_S busy instance-seconds (the first few first tokens of a burst come while
+the gateway itself is busiest taking the burst in: in a burst of 512 chats on an AMX Xeon they
+measured 400 prompt tokens/s of a prefill instance that computes several thousand). Older measurements,
 the prior's first, fade once WINDOW_S instance-seconds are counted, so the rate follows the load.
 """
 
@@ -22,6 +25,7 @@ from services.cost_model.perf_profile import PerfProfile
 # About what docs/autoscaling/profile-smollm2-cpu-fp32.json measured for 256-token prompts.
 DEFAULT_PROMPT_TOKENS_PER_S = 500.0
 PRIOR_WEIGHT_S = 2.0
+GUESS_REPLACED_AFTER_S = 5.0
 WINDOW_S = 30.0
 MIN_PROMPT_TOKENS_PER_S = 1.0  # a stalled pool: waits become long, never infinite
 PROFILE_PROMPT_TOKENS = 256
@@ -39,7 +43,7 @@ class PromptRate:
                  clock: Callable[[], float] = time.monotonic, prior_is_a_guess: bool = False):
         self.prior_tokens_per_s = prior_tokens_per_s
         self.clock = clock
-        self.is_known = not prior_is_a_guess  # a given prior, or a first token measured
+        self.is_known = not prior_is_a_guess  # a given prior, or GUESS_REPLACED_AFTER_S measured
         # Measured prompt tokens and busy instance-seconds, and the seconds the prior stands
         # for, faded alike.
         self._num_tokens = 0.0
@@ -56,9 +60,9 @@ class PromptRate:
     def add_done(self, num_tokens: int) -> None:
         """A request's first token came: its prompt tokens are done."""
         self._count_busy_time()
-        if not self.is_known:
-            self.is_known, self._prior_s = True, 0.0  # a guess gives way to the first measurement
         self._num_tokens += num_tokens
+        if not self.is_known and self._busy_s >= GUESS_REPLACED_AFTER_S:
+            self.is_known, self._prior_s = True, 0.0  # the guess gives way to the measurements
         total_s = self._busy_s + self._prior_s
         if total_s > WINDOW_S:
             fade = WINDOW_S / total_s

@@ -138,6 +138,17 @@ def test_instance_command_line_carries_threads_and_deterministic(tmp_path):
     assert "--deterministic" not in instance_argv(StackConfig(), "decode-0", "decode", "redis://x", tmp_path / "r")
 
 
+def test_decode_instances_get_a_larger_pool_and_batch_that_extra_args_override(tmp_path):
+    def argv(role, **config):
+        return instance_argv(StackConfig(**config), f"{role}-0", role, "redis://x", tmp_path / "r")
+
+    decode = argv("decode")
+    assert decode[decode.index("--kv-cache-memory-gb") + 1] == "3" and decode[decode.index("--max-num-seqs") + 1] == "256"
+    assert "--max-num-seqs" not in argv("prefill") and "--max-num-seqs" not in argv("decode", decode_engine_args=())
+    overridden = argv("decode", extra_args={"decode": ["--max-num-seqs", "64"]})
+    assert overridden.index("64") > overridden.index("256")  # the last flag wins
+
+
 def test_up_deterministic_flag_reaches_the_stack_config():
     from services.cli.main import build_parser
     from services.cli.up_command import config_from_args

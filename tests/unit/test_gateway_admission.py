@@ -15,7 +15,7 @@ import pytest
 from services.gateway.admission import PREDICTED_WAIT, QUEUED_COUNT, Admission, prompt_pool
 from services.gateway.errors import GatewayError
 from services.gateway.settings import GatewaySettings
-from services.gateway.wait_prediction import PRIOR_WEIGHT_S, WINDOW_S, PromptPool, PromptRate, predict_wait
+from services.gateway.wait_prediction import GUESS_REPLACED_AFTER_S, PRIOR_WEIGHT_S, WINDOW_S, PromptPool, PromptRate, predict_wait
 from shared.cluster.instances import InstanceInfo, InstanceLoad
 from shared.pb.pdserve.v1 import gateway_pb2 as gw
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
@@ -270,10 +270,14 @@ def test_a_guessed_rate_refuses_nothing_and_the_first_measurement_replaces_it():
     admission = Admission(max_queue_wait_s=5.0, prior_tokens_per_s=500.0, clock=clock, prior_is_a_guess=True)
     tickets = [admission.admit(1000, ONE) for _ in range(512)]  # ~1,000 s at the guess: all admitted
     assert admission.last_prediction.wait_s > 5.0 and not admission.num_shed
-    clock.now += 0.5
-    tickets[0].first_token()  # 1,000 tokens in 0.5 s of one busy instance: the guess is gone
-    assert admission.rate.is_known and admission.rate.tokens_per_s() == 2000.0
-    shed(lambda: admission.admit(1000, ONE))  # 511 ahead at 2,000 tokens/s: over 5 s
+    clock.now += 1.0
+    tickets[0].first_token()  # 1,000 tokens in 1 s: too little measured to replace the guess
+    assert not admission.rate.is_known
+    admission.admit(1000, ONE)
+    clock.now += GUESS_REPLACED_AFTER_S
+    tickets[1].first_token()  # 2,000 tokens in 6 s of one busy instance: the guess is gone
+    assert admission.rate.is_known and admission.rate.tokens_per_s() == 2000 / (1.0 + GUESS_REPLACED_AFTER_S)
+    shed(lambda: admission.admit(1000, ONE))  # 511 ahead at 333 tokens/s: over 5 s
 
 
 def test_a_bad_max_queue_wait_is_refused_naming_the_setting():
