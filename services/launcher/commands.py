@@ -67,8 +67,7 @@ def instance_argv(config: StackConfig, name: str, role: str, redis_url: str,
     if config.deterministic:
         argv.append("--deterministic")
     argv += kv_events_argv(config, instance_index)
-    if role == "decode":
-        argv += config.decode_engine_args
+    argv += config.instance_engine_args
     return argv + tracing_argv(config) + config.extra_args.get("instance", []) + config.extra_args.get(role, [])
 
 

@@ -58,12 +58,12 @@ class StackConfig:
     # SIGTERM makes instances and the gateway drain (20 s by default); SIGKILL after this.
     stop_grace_s: float = 30.0
     python: str = sys.executable
-    # Engine flags of every decode instance, before `extra_args` (which win): a KV pool and a
-    # batch the size of vLLM's CPU serving defaults (256 sequences; about 3.6 GiB of KV at
-    # --gpu-memory-utilization 0.15 of 24 GiB), so that a burst decodes 256 at a time instead
-    # of waiting for room 128 at a time (docs/benchmarks.md, saturation). () = the engine's
-    # defaults (1 GiB, 128), as the tests' stacks run.
-    decode_engine_args: tuple[str, ...] = ("--kv-cache-memory-gb", "3", "--max-num-seqs", "256")
+    # Engine flags of every instance, before `extra_args` (which win): a KV pool and a batch the
+    # size of vLLM's CPU serving defaults (256 sequences; about 3.6 GiB of KV at
+    # --gpu-memory-utilization 0.15 of 24 GiB), so that a burst is prefilled and decoded 256 at
+    # a time instead of waiting for room 128 at a time (docs/benchmarks.md, saturation). () =
+    # the engine's defaults (1 GiB, 128), as the tests' stacks run.
+    instance_engine_args: tuple[str, ...] = ("--kv-cache-memory-gb", "3", "--max-num-seqs", "256")
     extra_args: dict[str, list[str]] = field(default_factory=dict)
     # Extra environment variables for every child (on top of the launcher's own).
     env: dict[str, str] = field(default_factory=dict)

@@ -225,7 +225,7 @@ def make_stack_config(model_folder: Path, dtype: str, num_prefill: int = 2, num_
     return StackConfig(
         num_prefill=num_prefill, num_decode=num_decode, model=str(model_folder), dtype=dtype,
         num_threads=1, gateway_port=0, gateway_http_port=0, run_dir=run_dir, ready_timeout_s=300.0,
-        decode_engine_args=(),
+        instance_engine_args=(),
         stop_grace_s=10.0, extra_args=extra_args, otlp_traces_endpoint=otlp_traces_endpoint,
         kv_events_endpoint=kv_events_endpoint,
         env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",

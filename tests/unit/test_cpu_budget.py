@@ -138,13 +138,14 @@ def test_instance_command_line_carries_threads_and_deterministic(tmp_path):
     assert "--deterministic" not in instance_argv(StackConfig(), "decode-0", "decode", "redis://x", tmp_path / "r")
 
 
-def test_decode_instances_get_a_larger_pool_and_batch_that_extra_args_override(tmp_path):
+def test_instances_get_a_larger_pool_and_batch_that_extra_args_override(tmp_path):
     def argv(role, **config):
         return instance_argv(StackConfig(**config), f"{role}-0", role, "redis://x", tmp_path / "r")
 
-    decode = argv("decode")
-    assert decode[decode.index("--kv-cache-memory-gb") + 1] == "3" and decode[decode.index("--max-num-seqs") + 1] == "256"
-    assert "--max-num-seqs" not in argv("prefill") and "--max-num-seqs" not in argv("decode", decode_engine_args=())
+    for role in ("prefill", "decode"):
+        line = argv(role)
+        assert line[line.index("--kv-cache-memory-gb") + 1] == "3" and line[line.index("--max-num-seqs") + 1] == "256"
+    assert "--max-num-seqs" not in argv("decode", instance_engine_args=())
     overridden = argv("decode", extra_args={"decode": ["--max-num-seqs", "64"]})
     assert overridden.index("64") > overridden.index("256")  # the last flag wins
 
