@@ -7,10 +7,11 @@ instead of a few failing early. The gateway predicts each new request's wait
 and its own, at the measured prompt rate) and admits it when the wait is within
 `max_queue_wait_s`, or within the time left before the request's deadline when that is less. A
 request with nothing ahead of it is always admitted: waiting would not make its own prompt
-shorter. Nor is a request refused on a guessed rate: until a first token is measured, only a
-rate the operator gave (--prompt-tokens-per-s, --profile) can refuse one; a burst at a fresh
-gateway is admitted, and the first tokens measure the rate for the requests after it. The prompt instances are the live prefill instances, or the colocated ones when no
-prefill instance is live; with none live the request is admitted and routing answers
+shorter. Nor is a request refused on a guessed rate: until the gateway's measurements span a
+few busy seconds, only a rate the operator gave (--prompt-tokens-per-s, --profile) can refuse
+one; a burst at a fresh gateway is admitted, and its first tokens measure the rate for the
+requests after it. The prompt instances are the live prefill instances, or the colocated ones
+when no prefill instance is live; with none live the request is admitted and routing answers
 UNAVAILABLE, which says more.
 
 A request over the limit fails at once with RESOURCE_EXHAUSTED (HTTP 429), a message naming the

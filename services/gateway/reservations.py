@@ -167,8 +167,7 @@ async def _reserve_on_first(ctx: RelayContext, sub: SubRequest, candidates: list
                                          "message": (error.details() or "")[:300]})
             num_refused += _note_reserve_failure(ctx, sub, decode, error, deadline)
     if num_refused:
-        refusal = no_capacity(num_refused)
-        raise NoRoom(refusal.code, refusal.message)
+        raise no_capacity(num_refused, error_class=NoRoom)
     raise NoDecodeAnswered(grpc.StatusCode.UNAVAILABLE,
                            f"none of the {len(choice.ranked)} decode instances could be reached")
 

@@ -119,7 +119,8 @@ class GatewayServer:
         self.state.relay = RelayContext(
             view, self.channels, max_prefill_retries=self.settings.max_prefill_retries, lease_s=self.settings.lease_s,
             prefer_colocated=self.settings.prefer_colocated, placement=self.settings.placement_policy(),
-            max_room_wait_s=self.settings.max_room_wait_s, hang=HangTimeouts(self.settings.control_call_timeout_s, self.settings.stall_timeout_s,
+            max_room_wait_s=self.settings.max_room_wait_s,
+            hang=HangTimeouts(self.settings.control_call_timeout_s, self.settings.stall_timeout_s,
                               self.settings.health_probe_timeout_s))
         logger.info("prefill placement: %s", self.state.relay.placement)
         self.state.model = model

@@ -100,7 +100,8 @@ class GatewaySettings(RequestLimits, TracingSettings, RedisClientSettings):
                "at once", ge=0)
     prompt_tokens_per_s: float = _setting(
         0.0, "prompt tokens per second one prefill (or colocated) instance computes, assumed until measured; 0 = "
-             "from --profile, else a guess on which no request is refused before a first token is measured", ge=0)
+             "from --profile, else a guess on which no request is refused until 5 busy instance-seconds are "
+             "measured", ge=0)
     profile: str | None = _setting(None, "a `pdserve profile` JSON from which the unset local-prefill "
                                          "thresholds are derived, and the prompt rate assumed until measured")
     ready_file: str | None = _setting(None, 'write {"grpc_address": ..., "http_address": ...} here once bound')

@@ -12,8 +12,9 @@ stands for PRIOR_WEIGHT_S of them: a rate the operator gave (--prompt-tokens-per
 refuses nothing (`is_known`) and which the measurements replace once they span
 GUESS_REPLACED_AFTER_S busy instance-seconds (the first few first tokens of a burst come while
 the gateway itself is busiest taking the burst in: in a burst of 512 chats on an AMX Xeon they
-measured 400 prompt tokens/s of a prefill instance that computes several thousand). Older measurements,
-the prior's first, fade once WINDOW_S instance-seconds are counted, so the rate follows the load.
+measured 400 prompt tokens/s of a prefill instance that computes several thousand). Older
+measurements, the prior's first, fade once WINDOW_S instance-seconds are counted, so the rate
+follows the load.
 """
 
 import time
@@ -74,9 +75,9 @@ class PromptRate:
         """The measured rate, the busy time so far counted (a stalled pool slows it down)."""
         self._count_busy_time()
         num_tokens = self._num_tokens + self.prior_tokens_per_s * self._prior_s
+        # Never zero: the prior's seconds only fade, and the guess goes once measurements span
+        # GUESS_REPLACED_AFTER_S.
         total_s = self._busy_s + self._prior_s
-        if total_s <= 0:
-            return self.prior_tokens_per_s  # measured, but in no busy time yet
         return max(MIN_PROMPT_TOKENS_PER_S, num_tokens / total_s)
 
     def _count_busy_time(self) -> None:
