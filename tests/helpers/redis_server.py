@@ -91,8 +91,15 @@ def start_redis_server() -> RedisServer:
     return server
 
 
+# A stopped server refuses connections at once, so outage tests do not wait on these; a live
+# server on a busy machine can take over a second to accept (CI failed on a 1 s connect
+# timeout, 2026-12-08), so they are generous.
+CLIENT_TIMEOUT_S = 10.0
+
+
 def connect_async(url: str) -> redis.asyncio.Redis:
-    """Async client that fails fast (no retries, 1 s timeouts), so outage tests stay quick."""
+    """Async client with no retries, so an outage shows as an error at once."""
     return redis.asyncio.Redis.from_url(
-        url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
+        url, socket_timeout=CLIENT_TIMEOUT_S, socket_connect_timeout=CLIENT_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
     )
