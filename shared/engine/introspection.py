@@ -10,6 +10,7 @@ from shared.engine_api.client import (
 )
 from shared.kv_cache.block_pool import BlockPool
 from shared.kv_tier.manager import KVTierManager
+from shared.kv_tier.patient_lock import ArenaBusy
 from shared.kv_transfer.types import KVConnectorStats
 from shared.memory.engine_memory import grammar_cache_usage, kv_pool_bytes, weight_bytes
 
@@ -82,10 +83,16 @@ def kv_cache_events(pool: BlockPool, snapshot: bool = False, tiers: KVTierManage
 
 
 def _tier_events(tiers: KVTierManager, snapshot: bool) -> dict:
+    """No tier events this time when a tier's lock stays held (a stopped process of the host
+    holds it); the next call sends a snapshot instead."""
     events = tiers.drain_events()
-    if snapshot or events.overflowed:
-        return {"tier_stored": tuple(tiers.held_hashes()), "is_tier_snapshot": True}
-    stored, removed = _netted(events.stored, events.removed, tiers.held_hashes)
+    try:
+        if snapshot or events.overflowed:
+            return {"tier_stored": tuple(tiers.held_hashes()), "is_tier_snapshot": True}
+        stored, removed = _netted(events.stored, events.removed, tiers.held_hashes)
+    except ArenaBusy:
+        tiers.resend_all_events()
+        return {}
     return {"tier_stored": stored, "tier_removed": removed}
 
 

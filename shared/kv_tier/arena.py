@@ -9,7 +9,8 @@ tier, so blocks of another model, dtype, block size or layout never meet). In th
     slot data        page-aligned, `slot_bytes` per slot
 
 Every operation holds an exclusive lock (a threading lock inside the process, `flock` across
-processes), so the index is never seen half-changed and a reader never copies a block being
+processes; taken with patience, see patient_lock.py: `ArenaBusy` when a stopped process holds
+it), so the index is never seen half-changed and a reader never copies a block being
 written: a store claims its slots under the lock (WRITING: neither findable nor claimable),
 fills them without it, and publishes them (bytes and CRC-32 in place) under it again. A
 process that dies while changing the index leaves the dirty flag set and the next locker
@@ -22,7 +23,6 @@ disk; a later opener with the same fingerprint adopts the existing geometry and 
 """
 
 import contextlib
-import fcntl
 import logging
 import mmap
 import os
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from shared.kv_tier.patient_lock import DEFAULT_PATIENCE_S, ArenaBusy, PatientLock
 
 try:
     from isal.isal_zlib import crc32 as _crc32
@@ -105,14 +107,18 @@ def _layout(geometry: ArenaGeometry) -> dict[str, int]:
 class KVArena:
     """One arena file, mapped. Thread-safe and process-safe; see the module docstring."""
 
-    def __init__(self, path: Path, fingerprint: bytes, geometry: ArenaGeometry):
+    def __init__(self, path: Path, fingerprint: bytes, geometry: ArenaGeometry,
+                 lock_patience_s: float = DEFAULT_PATIENCE_S):
         if len(fingerprint) != HASH_BYTES:
             raise ValueError(f"fingerprint must be {HASH_BYTES} bytes")
         self.path = Path(path)
-        self._thread_lock = threading.Lock()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock = PatientLock(self._fd, lock_patience_s)
+        # Slots a store filled but could not publish (ArenaBusy): published at the next lock.
+        self._unpublished: list[tuple[int, bytes, tuple[int, ...], int]] = []
+        self._unpublished_lock = threading.Lock()
         try:
-            with self._file_lock():
+            with self._lock.blocking():
                 self.geometry = self._open_or_create(fingerprint, geometry)
             self._map()
         except BaseException:
@@ -179,35 +185,35 @@ class KVArena:
 
     def close(self) -> None:
         """Unmap and close (the file and its content stay for other processes)."""
-        with self._thread_lock:
+        with self._lock.thread_lock:
             if self._fd < 0:
                 return
             for name in ("_header", "_hashes", "_last_used", "_crc", "_state", "_tokens", "_table", "_data"):
                 setattr(self, name, None)
             self._mmap.close()
             os.close(self._fd)
-            self._fd = -1
+            self._fd = self._lock.fd = -1
 
     # ---- locking ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Both locks; the index is rebuilt first if a process died while changing it."""
-        with self._thread_lock:
-            if self._fd < 0:
-                raise RuntimeError(f"KV arena {self.path} is closed")
-            with self._file_lock():
-                if self._header["is_dirty"][0]:
-                    self._rebuild_index()
-                yield
+        """Both locks (ArenaBusy when they stay held past the patience); the index is rebuilt
+        first if a process died while changing it, and stores left unpublished are published."""
+        with self._lock.held():
+            if self._header["is_dirty"][0]:
+                self._rebuild_index()
+            if self._unpublished:
+                with self._unpublished_lock:
+                    filled, self._unpublished = self._unpublished, []
+                with self._changing():
+                    self._publish_all(filled)
+            yield
+
+    @property
+    def num_lock_timeouts(self) -> int:
+        """Operations given up because the lock stayed held past the patience."""
+        return self._lock.num_gave_up
 
     @contextlib.contextmanager
     def _changing(self) -> Iterator[None]:
@@ -343,12 +349,20 @@ class KVArena:
         for index, slot in zip(new, slots):
             copy_in(index, self._data[slot])
             checksums.append(_crc32(self._data[slot]) if crcs is None else crcs[index])
-        stored = []
-        with self._locked(), self._changing():
-            for index, slot, crc in zip(new, slots, checksums):
-                if self._publish(slot, block_hashes[index], token_ids[index], crc):
-                    stored.append(block_hashes[index])
+        filled = [(slot, block_hashes[index], tuple(token_ids[index]), crc)
+                  for index, slot, crc in zip(new, slots, checksums)]
+        try:
+            with self._locked(), self._changing():
+                stored = self._publish_all(filled)
+        except ArenaBusy:
+            with self._unpublished_lock:  # the claimed slots are not lost: published later
+                self._unpublished.extend(filled)
+            stored = []
         return PutResult(tuple(stored), tuple(evicted))
+
+    def _publish_all(self, filled: Sequence[tuple[int, bytes, tuple[int, ...], int]]) -> list[bytes]:
+        return [block_hash for slot, block_hash, tokens, crc in filled
+                if self._publish(slot, block_hash, tokens, crc)]
 
     def _mark_present(self, block_hashes: Sequence[bytes]) -> list[int]:
         """Indices of the blocks to write (absent, first occurrence); touches present ones."""

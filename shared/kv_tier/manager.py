@@ -34,6 +34,7 @@ from shared.kv_tier.block_copy import copy_block_to_slot, copy_slot_to_block
 from shared.kv_tier.config import DEFAULT_COMPUTE_SECONDS_PER_TOKEN, DEFAULT_LOAD_SECONDS_PER_BLOCK, KVTierConfig
 from shared.kv_tier.cost import CostModel
 from shared.kv_tier.identity import arena_path, tier_id
+from shared.kv_tier.patient_lock import ArenaBusy
 from shared.kv_tier.stats import KVTierStats, TierCounters
 
 logger = logging.getLogger(__name__)
@@ -120,8 +121,12 @@ class KVTierManager:
         def copy_in(index: int, slot) -> None:
             copy_block_to_slot(source, layout, source_ids[index], slot)
 
-        result = top.arena.put([h for _, h, _ in blocks], [t for _, _, t in blocks], copy_in,
-                               on_evict=self._demote if len(self.levels) > 1 else None)
+        try:
+            result = top.arena.put([h for _, h, _ in blocks], [t for _, _, t in blocks], copy_in,
+                                   on_evict=self._demote if len(self.levels) > 1 else None)
+        except ArenaBusy:
+            top.counters.num_busy_skips += 1  # a cache: the blocks are simply not kept
+            return
         top.counters.num_stores += len(result.stored)
         top.counters.num_evictions += len(result.evicted)
         self._record(self._events.stored, result.stored)
@@ -137,7 +142,11 @@ class KVTierManager:
         def copy_in(index: int, slot) -> None:
             slot[:] = data
 
-        result = lower.arena.put([block_hash], [token_ids], copy_in, crcs=[crc])
+        try:
+            result = lower.arena.put([block_hash], [token_ids], copy_in, crcs=[crc])
+        except ArenaBusy:
+            lower.counters.num_busy_skips += 1  # the block leaves the host tier without a copy below
+            return
         lower.counters.num_stores += len(result.stored)
         lower.counters.num_evictions += len(result.evicted)
         self._record(self._events.removed, result.evicted)
@@ -180,7 +189,11 @@ class KVTierManager:
         while position < len(hashes):
             progress = False
             for level in self.levels:
-                count = level.arena.count_run(hashes[position:], tokens[position:])
+                try:
+                    count = level.arena.count_run(hashes[position:], tokens[position:])
+                except ArenaBusy:
+                    level.counters.num_busy_skips += 1  # looked up as a miss
+                    continue
                 level.counters.num_hits += count
                 if (level.name, position) not in looked_up:
                     looked_up.add((level.name, position))
@@ -238,8 +251,12 @@ class KVTierManager:
                 copy_slot_to_block(slot, kv_cache, layout, block_ids[first + index])
 
             started = time.perf_counter()
-            num_copied, num_corrupt = level.arena.load_run(hashes[first:first + count],
-                                                           tokens[first:first + count], copy_out)
+            try:
+                num_copied, num_corrupt = level.arena.load_run(hashes[first:first + count],
+                                                               tokens[first:first + count], copy_out)
+            except ArenaBusy:
+                level.counters.num_busy_skips += 1  # the rest is computed
+                return first
             self._record_load(level, num_copied, num_corrupt, time.perf_counter() - started)
             if num_corrupt:
                 self._record(self._events.removed, [hashes[first + num_copied]])
@@ -286,8 +303,13 @@ class KVTierManager:
         events, self._events = self._events, TierEvents()
         return events
 
+    def resend_all_events(self) -> None:
+        """Events drained but not delivered (a level was busy): the next drain asks for a snapshot."""
+        self._events = TierEvents(overflowed=True)
+
     def held_hashes(self) -> list[bytes]:
-        """Every block some level of this host holds (a snapshot for the prefix index)."""
+        """Every block some level of this host holds (a snapshot for the prefix index);
+        ArenaBusy when a level's lock stays held."""
         found: dict[bytes, None] = {}
         for level in self.levels:
             found.update(dict.fromkeys(level.arena.hashes()))

@@ -3,8 +3,11 @@
 Blocks here are 64-byte slots whose bytes are a pattern derived from their hash, so any torn
 or misplaced copy shows."""
 
+import fcntl
 import hashlib
+import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,7 +15,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from shared.kv_tier import patient_lock
 from shared.kv_tier.arena import ArenaFormatError, ArenaGeometry, KVArena, WRITING
+from shared.kv_tier.patient_lock import ArenaBusy
 
 SLOT_BYTES = 64
 BLOCK_SIZE = 4
@@ -196,3 +201,55 @@ def test_a_block_stored_by_another_process_during_a_copy_is_kept_once(tmp_path):
     assert len(first.hashes()) == 1
     first.close()
     second.close()
+
+
+_LOCK_HOLDER = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); " \
+               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"
+
+
+def test_a_process_stopped_while_holding_the_lock_costs_one_wait_not_a_stall(tmp_path, monkeypatch):
+    """A lookup gives up after the patience (ArenaBusy: the manager takes it as a miss); later
+    tries do not wait at all while the holder stays stopped; once it is gone, all works."""
+    path = tmp_path / "stopped.host"
+    arena = KVArena(path, FINGERPRINT, ArenaGeometry(SLOT_BYTES, 8, BLOCK_SIZE), lock_patience_s=0.05)
+    hashes = [block_hash(i) for i in range(3)]
+    put(arena, hashes)
+    holder = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGSTOP)
+        with pytest.raises(ArenaBusy):
+            arena.count_run(hashes, [tokens_of(h) for h in hashes])
+        sleeps = []
+        monkeypatch.setattr(patient_lock.time, "sleep", sleeps.append)
+        for attempt in (lambda: load(arena, hashes), lambda: put(arena, [block_hash(9)]), arena.hashes):
+            with pytest.raises(ArenaBusy):
+                attempt()
+        assert sleeps == []  # one try each, no waiting
+        assert arena.num_lock_timeouts == 4
+    finally:
+        holder.kill()  # a killed process's flock is released
+        holder.wait()
+    monkeypatch.undo()
+    assert load(arena, hashes)[:2] == (3, 0)
+    assert put(arena, [block_hash(9)]).stored == (block_hash(9),)
+    arena.close()
+
+
+def test_a_store_whose_publish_finds_the_lock_held_is_published_at_the_next_lock(tmp_path):
+    path = tmp_path / "late.host"
+    arena = KVArena(path, FINGERPRINT, ArenaGeometry(SLOT_BYTES, 4, BLOCK_SIZE), lock_patience_s=0.01)
+    other_fd = os.open(path, os.O_RDWR)  # its own open file: its own flock, as another process's
+    h = block_hash(5)
+
+    def copy_while_another_takes_the_lock(index, slot):
+        fcntl.flock(other_fd, fcntl.LOCK_EX)
+        slot[:] = pattern(h)
+
+    assert arena.put([h], [tokens_of(h)], copy_while_another_takes_the_lock).stored == ()
+    fcntl.flock(other_fd, fcntl.LOCK_UN)
+    os.close(other_fd)
+    num, corrupt, copied = load(arena, [h])  # the slot was kept WRITING, then published here
+    assert (num, corrupt) == (1, 0) and np.array_equal(copied[0], pattern(h))
+    assert arena.num_valid == 1
+    arena.close()

@@ -4,6 +4,8 @@ the same as computing it; a corrupt block or a costlier load is computed again i
 block returns to the pool."""
 
 import dataclasses
+import fcntl
+import os
 
 import pytest
 
@@ -104,6 +106,27 @@ def test_a_corrupt_block_is_computed_again(tiny_llama_folder, tmp_path, referenc
     assert_pool_is_whole(llm)
 
 
+def test_a_tier_whose_lock_another_process_holds_is_passed_over(tiny_llama_folder, tmp_path, reference):
+    """As when a process of the host is stopped while it holds the host tier's lock: lookups,
+    loads and stores give up after the patience (counted), and the prompt is computed."""
+    llm = tiered_llm(tiny_llama_folder, tmp_path)
+    llm.generate([PROMPT_A], GREEDY)
+    evict_prompt_a(llm)
+    arena = llm.engine.core.tiers.manager.levels[0].arena
+    arena._lock.patience_s = 0.01
+    held_elsewhere = os.open(arena.path, os.O_RDWR)  # its own flock, as another process's
+    fcntl.flock(held_elsewhere, fcntl.LOCK_EX)
+    try:
+        again = llm.generate([PROMPT_A], GREEDY)[0]
+    finally:
+        os.close(held_elsewhere)
+    assert again.outputs[0].token_ids == reference and again.num_cached_tokens == 0
+    assert tier_stats(llm).num_busy_skips >= 2  # the lookup, the store when its blocks were freed
+    assert_pool_is_whole(llm)
+    evict_prompt_a(llm)
+    assert llm.generate([PROMPT_A], GREEDY)[0].num_cached_tokens == 64  # the lock free again: loaded
+
+
 def test_a_load_measured_costlier_than_computing_is_not_done(tiny_llama_folder, tmp_path, reference):
     llm = tiered_llm(tiny_llama_folder, tmp_path, host_load_seconds_per_block=10.0)
     llm.generate([PROMPT_A], GREEDY)
@@ -166,3 +189,22 @@ def test_kv_events_name_the_tier_each_block_enters_and_leaves(tiny_llama_folder,
               and event.medium == "GPU" and event.parent_block_hash is None]
     assert loaded[0].block_hashes == [external_hash(digest) for digest in hashes_of_a(llm)]
     assert loaded[0].token_ids == PROMPT_A[:64]
+
+
+def test_tier_events_a_busy_lock_holds_back_come_as_a_snapshot_next_time(tiny_llama_folder, tmp_path):
+    from shared.engine.introspection import kv_cache_events
+    llm = tiered_llm(tiny_llama_folder, tmp_path)
+    core = llm.engine.core
+    kv_cache_events(core.block_pool, tiers=core.tiers.manager)  # start from no pending events
+    llm.generate([PROMPT_A], GREEDY)  # stores A's blocks (write-through)
+    arena = core.tiers.manager.levels[0].arena
+    arena._lock.patience_s = 0.01
+    held_elsewhere = os.open(arena.path, os.O_RDWR)
+    fcntl.flock(held_elsewhere, fcntl.LOCK_EX)
+    try:
+        held_back = kv_cache_events(core.block_pool, snapshot=True, tiers=core.tiers.manager)
+    finally:
+        os.close(held_elsewhere)
+    assert held_back.tier_stored == () and not held_back.is_tier_snapshot
+    following = kv_cache_events(core.block_pool, tiers=core.tiers.manager)
+    assert following.is_tier_snapshot and set(hashes_of_a(llm)) <= set(following.tier_stored)
