@@ -9,7 +9,13 @@ export TOKENIZERS_PARALLELISM := false
 PYTHON := .venv/bin/python
 PDSERVE := .venv/bin/pdserve
 PYTEST_FLAGS ?= -q -ra --durations=10
-TEST_DIRS := $(wildcard tests/unit tests/e2e)
+# `make test` runs two pytest processes side by side (scripts/test_lanes.sh): the unit tests
+# with these end-to-end modules (each starts what it needs), and the other end-to-end modules
+# (the shared and fault stacks). PDSERVE_TEST_LANES=1 runs them in one process.
+E2E_BESIDE_UNIT := test_deterministic_stack test_engine_vs_transformers test_spec_decode test_default_model \
+	test_disaggregated_parallel test_parallel_smollm2
+TEST_LANE_1 := $(wildcard tests/unit) $(wildcard $(E2E_BESIDE_UNIT:%=tests/e2e/%.py))
+TEST_LANE_2 := $(if $(wildcard tests/e2e),tests/e2e $(E2E_BESIDE_UNIT:%=--ignore=tests/e2e/%.py))
 DEMO_PROMPT ?= Explain in two sentences why the sky is blue.
 BENCH_ARGS ?=
 # `make run` flags for `pdserve up` (e.g. UP_ARGS="--num-prefill 2 --num-decode 2").
@@ -67,7 +73,7 @@ setup:
 	@bash scripts/setup.sh
 
 test: setup
-	@$(call run_pytest,$(TEST_DIRS))
+	@bash scripts/test_lanes.sh "$(PYTHON)" "$(PYTEST_FLAGS)" "$(TEST_LANE_1)" "$(TEST_LANE_2)"
 
 test-unit: setup
 	@$(call run_pytest,$(wildcard tests/unit))

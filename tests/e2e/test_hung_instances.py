@@ -11,11 +11,14 @@ one. Redis stopped: nothing fails. A second gateway stopped: the first serves on
 stopped one's reservations and streams on the instances are freed while it is still stopped.
 """
 
+import fcntl
+import os
 
 import grpc
 import pytest
 
 from benchmarks.fault_load import StreamingLoad, failures
+from benchmarks.fault_pull import metric_sum, scrape
 from services.launcher.child import stop_children
 from shared.pb.pdserve.v1 import gateway_pb2_grpc
 from tests.e2e.test_pool_faults import gateway_count, start_second_gateway
@@ -100,6 +103,29 @@ def test_a_prefill_stopped_mid_prompt_has_its_prompts_moved(stack):
             results = load.results()
     assert failures(results) == []
     assert gateway_count(stack, "pdserve:gateway_hung_instances_total") > hung
+
+
+def test_a_host_tier_lock_held_by_a_stopped_process_holds_up_no_request(stack):
+    """As when an instance is stopped while it holds the host tier's lock (`flock`): the others
+    pass the tier over once its patience runs out (a miss, a skipped store; counted) instead of
+    waiting for the lock. Before, both decode instances answered no Reserve for 40 s while a
+    prefill instance was stopped (2026-12-08)."""
+    local = stack.stack
+    [arena_file] = (local.run_dir / "kv-tier").glob("*.host")
+    skipped_before = tier_busy_skips(local)
+    held_by_the_test = os.open(arena_file, os.O_RDWR)  # its own flock, as a stopped process's
+    fcntl.flock(held_by_the_test, fcntl.LOCK_EX)
+    try:
+        with StreamingLoad(stack.gateway, 4, 4, seed=27, max_tokens=8, timeout_s=120) as load:
+            results = load.results()
+    finally:
+        os.close(held_by_the_test)
+    assert failures(results) == []
+    assert tier_busy_skips(local) > skipped_before
+
+
+def tier_busy_skips(local) -> float:
+    return sum(metric_sum(scrape(local, child.name), "pdserve:kv_tier_busy_skips") for child in local.instances)
 
 
 def test_redis_stopped_under_load_loses_no_request(stack):
