@@ -103,7 +103,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.attn_backend = attn_backend or TorchPagedAttention(
             config.num_heads, config.num_kv_heads, config.head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Weights come from the checkpoint (the model is built on the meta device): no random
+        # init. Embedding's would call normal_, whose meta path imports torch._dynamo, 1.5 s of
+        # every engine process's start.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, self.attn_backend) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
