@@ -9,7 +9,6 @@ Services drive it from one thread; the offline `LLM` wraps it in a loop. No tran
 import logging
 
 from shared.config import EngineConfig
-from shared.core.remote_kv import RemoteKVState
 from shared.core.request import Request, RequestStatus
 from shared.engine.core_outputs import EngineCoreOutput
 from shared.engine.engine_core import EngineCore
@@ -112,14 +111,6 @@ class LLMEngine:
         self.output_processor.add_group(request_id, token_ids, params, num_resumed_output_tokens)
         return reservation
 
-    def renew_reserved(self, request_id: str, lease_s: float) -> bool:
-        """Decode role: move a reservation's deadline to `lease_s` from now; False if it ended."""
-        return self.core.renew_reserved(request_id, lease_s)
-
-    def reservation_state(self, request_id: str) -> RemoteKVState | None:
-        """Where a reservation stands (shared.core.remote_kv); None once it ended."""
-        return self.core.reservation_state(request_id)
-
     def start_reserved(self, request_id: str, first_token_id: int,
                        first_logprobs: SampledLogprobs | None = None) -> list[RequestOutput]:
         """Decode role: the prompt's KV arrived into the reserved blocks; start decoding after
@@ -140,17 +131,9 @@ class LLMEngine:
         self.output_processor.abort_group(request_id)
         return True
 
-    def seconds_to_next_deadline(self) -> float:
-        """How long an idle loop may wait before a reservation times out (math.inf: none)."""
-        return self.core.seconds_to_next_deadline()
-
     def send_cached(self, send: CachedSend) -> int:
         """Holder of a peer pull: send the prefix's blocks it holds (shared.engine.peer_sends)."""
         return self.core.send_cached(send)
-
-    def poll_kv_transfers(self) -> list[RequestOutput]:
-        """Apply the transfers the connector finished (see EngineCore.poll_kv_transfers)."""
-        return self._process(self.core.poll_kv_transfers())
 
     def drain_reservation_events(self) -> list[ReservationEvent]:
         """What happened to reservations since the last call (see EngineCore)."""
