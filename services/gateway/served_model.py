@@ -8,11 +8,10 @@ learns from each instance's registered cache settings, not from its own flags.
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from shared.model.config import ModelConfig
-from shared.model.default_model import DEFAULT_MODEL_NAME, resolve_model
+from shared.model.default_model import DEFAULT_MODEL_NAME, model_folder
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +28,6 @@ class ServedModel:
     def accepts(self, requested: str) -> bool:
         """An empty name means the served model."""
         return requested in ("", self.name) or requested in self.aliases
-
-
-def model_folder(model: str | None) -> Path:
-    """An existing folder as is (weights not needed); otherwise `resolve_model`."""
-    if model and Path(model).expanduser().is_dir():
-        return Path(model).expanduser()
-    return resolve_model(model or None)
 
 
 def load_served_model(model: str | None, served_model_name: str | None,

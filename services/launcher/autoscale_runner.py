@@ -36,7 +36,7 @@ class AutoscaleRunner:
         self._started = threading.Event()
 
     def _build_service(self, client: redis.asyncio.Redis) -> PlannerService:
-        from services.gateway.served_model import model_folder
+        from shared.model.default_model import model_folder
 
         namespace = ClusterNamespace("default", model_folder(self.stack.config.model).name)
         gateway_metrics = self.stack.ready_info["gateway"]["metrics_address"]

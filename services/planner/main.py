@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 def model_key_of(settings: PlannerServiceSettings) -> str:
     if settings.model_key:
         return settings.model_key
-    from services.gateway.served_model import model_folder
+    from shared.model.default_model import model_folder
     return model_folder(settings.model or None).name
 
 

@@ -67,6 +67,14 @@ def resolve_model(model: str | None, cache_dir: Path | None = None) -> Path:
     )
 
 
+def model_folder(model: str | None) -> Path:
+    """The folder whose tokenizer and config describe `model`: an existing folder as is (weights
+    not needed: the gateway and the planner read only those), otherwise `resolve_model`."""
+    if model and Path(model).expanduser().is_dir():
+        return Path(model).expanduser()
+    return resolve_model(model or None)
+
+
 def validate_hf_folder(folder: Path) -> Path:
     """Return `folder` when it holds `config.json` and at least one `*.safetensors` file."""
     if not (folder / "config.json").is_file():
