@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import grpc
 
@@ -21,33 +21,18 @@ from shared.logging_setup import bind_request_id
 from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 from shared.tracing import record_failure, span
 
-from services.gateway.admission import Admission, Ticket, prompt_pool
+from services.gateway.admission import Ticket, prompt_pool
 from services.gateway.cluster_view import live_adapters
 from services.gateway.deadline import Deadline, client_deadline
 from services.gateway.errors import GatewayError, from_exception
-from services.gateway.limits import RequestLimits
-from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import relay_request
 from services.gateway.relay_context import RelayContext
 from services.gateway.request_prep import prepare_request
 from services.gateway.request_timer import RequestTimer
 from services.gateway.served_model import ServedModel
+from services.gateway.state import GatewayState, require_ready
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GatewayState:
-    """Filled in once the model is loaded and the cluster view built."""
-
-    default_deadline_s: float
-    model: ServedModel | None = None
-    relay: RelayContext | None = None
-    metrics: GatewayMetrics | None = None  # set by GatewayServer
-    limits: RequestLimits = RequestLimits()
-    # LoRA adapters the gateway was told of (--lora-modules), served by instances or not yet.
-    lora_modules: tuple[str, ...] = ()
-    admission: Admission = field(default_factory=Admission)  # load shedding
 
 
 async def known_adapters(state: GatewayState) -> list[str]:
@@ -55,13 +40,6 @@ async def known_adapters(state: GatewayState) -> list[str]:
     instance serves (a configured one no instance serves fails UNAVAILABLE, naming it)."""
     _, relay = require_ready(state)
     return sorted(set(state.lora_modules) | live_adapters(await relay.view.live()))
-
-
-def require_ready(state: GatewayState) -> tuple[ServedModel, RelayContext]:
-    """The model and relay context; UNAVAILABLE while the gateway is still starting."""
-    if state.model is None or state.relay is None:
-        raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the gateway is starting; retry shortly")
-    return state.model, state.relay
 
 
 async def generate_stream(state: GatewayState, message: gateway_pb2.GenerateRequest,

@@ -16,7 +16,7 @@ Served at `GET /metrics` on the HTTP API, and on `--metrics-port` when given.
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter as PromCounter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -32,13 +32,23 @@ from services.gateway.admission import SHED_REASONS
 if TYPE_CHECKING:
     from services.gateway.admission import Admission
     from services.gateway.access import AccessControl
-    from services.gateway.generation import GatewayState
+    from services.gateway.relay_context import RelayContext
+    from services.gateway.served_model import ServedModel
 
 ROLES = ("prefill", "decode", "colocated")
 
 
+class ServingState(Protocol):
+    """What the collector reads, at each scrape, of the gateway's state (services/gateway/state.py,
+    which holds these metrics in turn)."""
+
+    model: "ServedModel | None"
+    relay: "RelayContext | None"
+    admission: "Admission"
+
+
 class GatewayCollector(Collector):
-    def __init__(self, state: "GatewayState", access: "AccessControl | None" = None):
+    def __init__(self, state: ServingState, access: "AccessControl | None" = None):
         self.state = state
         self.access = access
 
@@ -160,7 +170,7 @@ def _draining_instances_family(make: FamilyMaker, view) -> GaugeMetricFamily:
 class GatewayMetrics:
     """One per GatewayServer; GatewayState.metrics points at it for RequestTimer."""
 
-    def __init__(self, state: "GatewayState", access: "AccessControl | None" = None):
+    def __init__(self, state: ServingState, access: "AccessControl | None" = None):
         self.registry = new_registry()
         self.registry.register(GatewayCollector(state, access))
         labels = ["model_name"]

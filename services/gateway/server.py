@@ -42,7 +42,8 @@ from services.gateway.limits import RequestLimits, check_fits_internal_hops
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay_context import HangTimeouts, RelayContext
 from services.gateway.served_model import ServedModel, load_served_model
-from services.gateway.servicer import GatewayServicer, GatewayState
+from services.gateway.servicer import GatewayServicer
+from services.gateway.state import GatewayState
 from services.gateway.security_setup import (
     access_control, instance_channel_credentials, public_credentials)
 from services.gateway.settings import GatewaySettings

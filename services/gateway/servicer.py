@@ -12,7 +12,8 @@ import grpc
 from shared.pb.pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.gateway.errors import GatewayError
-from services.gateway.generation import GatewayState, generate_stream, known_adapters
+from services.gateway.generation import generate_stream, known_adapters
+from services.gateway.state import GatewayState
 from services.gateway.lora_admin import load_adapter_everywhere, unload_adapter_everywhere
 from services.gateway.rate_limits import retry_after_header
 from services.gateway.relay_context import RelayContext
@@ -21,7 +22,7 @@ from services.gateway.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GatewayServicer", "GatewayState"]
+__all__ = ["GatewayServicer"]
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):

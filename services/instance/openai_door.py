@@ -26,7 +26,7 @@ from shared.metrics.registry import CONTENT_TYPE_LATEST, render
 
 from services.gateway.channels import InstanceChannels
 from services.gateway.cluster_view import ClusterView
-from services.gateway.generation import GatewayState
+from services.gateway.state import GatewayState
 from services.gateway.http.app import OpenAIEndpoints, openai_app
 from services.gateway.http.server import HttpFrontDoor
 from services.gateway.http.tool_choice import ToolOptions

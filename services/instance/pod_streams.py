@@ -22,7 +22,8 @@ from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 
 from services.gateway.cluster_view import ClusterView
 from services.gateway.errors import GatewayError
-from services.gateway.generation import GatewayState, generate_stream
+from services.gateway.generation import generate_stream
+from services.gateway.state import GatewayState
 from services.gateway.http.flow import merge_tagged
 from services.gateway.http.sse import Tagged
 from services.gateway.router import Candidate

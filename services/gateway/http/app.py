@@ -19,7 +19,8 @@ from shared.metrics.registry import CONTENT_TYPE_LATEST, render
 from shared.tracing import is_enabled as tracing_is_enabled
 
 from services.gateway.errors import GatewayError
-from services.gateway.generation import GatewayState, known_adapters, require_ready
+from services.gateway.generation import known_adapters
+from services.gateway.state import GatewayState, require_ready
 from services.gateway.lora_admin import load_adapter_everywhere, unload_adapter_everywhere
 from services.gateway.health import GatewayHealth
 from services.gateway.http.chat_builder import ChatBuilder

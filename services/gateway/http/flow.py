@@ -19,7 +19,8 @@ from shared.pb.pdserve.v1 import gateway_pb2, generation_pb2
 
 from services.gateway.errors import GatewayError
 from services.gateway.fanout import merge_streams
-from services.gateway.generation import GatewayState, generate_stream
+from services.gateway.generation import generate_stream
+from services.gateway.state import GatewayState
 from services.gateway.http.builder import ResponseBuilder
 from services.gateway.http.errors import gateway_error_response
 from services.gateway.http.sse import EventStreamResponse, Tagged, sse_events
