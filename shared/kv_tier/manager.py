@@ -124,8 +124,7 @@ class KVTierManager:
         try:
             result = top.arena.put([h for _, h, _ in blocks], [t for _, _, t in blocks], copy_in,
                                    on_evict=self._demote if len(self.levels) > 1 else None)
-        except ArenaBusy:
-            top.counters.num_busy_skips += 1  # a cache: the blocks are simply not kept
+        except ArenaBusy:  # a cache: the blocks are simply not kept (the arena counts it)
             return
         top.counters.num_stores += len(result.stored)
         top.counters.num_evictions += len(result.evicted)
@@ -144,8 +143,7 @@ class KVTierManager:
 
         try:
             result = lower.arena.put([block_hash], [token_ids], copy_in, crcs=[crc])
-        except ArenaBusy:
-            lower.counters.num_busy_skips += 1  # the block leaves the host tier without a copy below
+        except ArenaBusy:  # the block leaves the host tier without a copy below
             return
         lower.counters.num_stores += len(result.stored)
         lower.counters.num_evictions += len(result.evicted)
@@ -191,8 +189,7 @@ class KVTierManager:
             for level in self.levels:
                 try:
                     count = level.arena.count_run(hashes[position:], tokens[position:])
-                except ArenaBusy:
-                    level.counters.num_busy_skips += 1  # looked up as a miss
+                except ArenaBusy:  # looked up as a miss
                     continue
                 level.counters.num_hits += count
                 if (level.name, position) not in looked_up:
@@ -254,8 +251,7 @@ class KVTierManager:
             try:
                 num_copied, num_corrupt = level.arena.load_run(hashes[first:first + count],
                                                                tokens[first:first + count], copy_out)
-            except ArenaBusy:
-                level.counters.num_busy_skips += 1  # the rest is computed
+            except ArenaBusy:  # the rest is computed
                 return first
             self._record_load(level, num_copied, num_corrupt, time.perf_counter() - started)
             if num_corrupt:
@@ -316,5 +312,6 @@ class KVTierManager:
         return list(found)
 
     def stats(self) -> tuple[KVTierStats, ...]:
-        return tuple(level.counters.frozen(level.arena.num_valid, level.arena.geometry.num_slots, self.block_bytes)
+        return tuple(level.counters.frozen(level.arena.num_valid, level.arena.geometry.num_slots, self.block_bytes,
+                                           level.arena.num_lock_timeouts)
                      for level in self.levels)

@@ -21,7 +21,7 @@ class KVTierStats:
     recompute_avoided_tokens: int = 0   # prompt tokens loaded instead of computed
     num_load_decisions: int = 0         # runs loaded because loading was measured cheaper
     num_recompute_decisions: int = 0    # runs computed again because that was measured cheaper
-    num_busy_skips: int = 0             # lookups, loads and stores given up: another process held the lock
+    num_busy_skips: int = 0             # arena operations given up: another process held the lock
 
     @property
     def num_bytes(self) -> int:
@@ -40,11 +40,12 @@ class TierCounters:
         self.tier = tier
         self.num_hits = self.num_misses = self.num_loads = self.num_stores = 0
         self.num_evictions = self.num_corrupt = self.recompute_avoided_tokens = 0
-        self.num_load_decisions = self.num_recompute_decisions = self.num_busy_skips = 0
+        self.num_load_decisions = self.num_recompute_decisions = 0
         self.load_seconds = 0.0
 
-    def frozen(self, num_blocks: int = 0, capacity_blocks: int = 0, block_bytes: int = 0) -> KVTierStats:
+    def frozen(self, num_blocks: int = 0, capacity_blocks: int = 0, block_bytes: int = 0,
+               num_busy_skips: int = 0) -> KVTierStats:
         return KVTierStats(self.tier, num_blocks, capacity_blocks, block_bytes, self.num_hits, self.num_misses,
                            self.num_loads, self.num_stores, self.num_evictions, self.num_corrupt,
                            self.load_seconds, self.recompute_avoided_tokens, self.num_load_decisions,
-                           self.num_recompute_decisions, self.num_busy_skips)
+                           self.num_recompute_decisions, num_busy_skips)

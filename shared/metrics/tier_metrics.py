@@ -19,8 +19,9 @@ _COUNTERS = (
     ("pdserve:kv_tier_stores", "Blocks this instance wrote into the tier.", "num_stores"),
     ("pdserve:kv_tier_evictions", "Blocks this instance's stores pushed out of the tier.", "num_evictions"),
     ("pdserve:kv_tier_corrupt_blocks", "Blocks that failed their checksum (dropped and recomputed).", "num_corrupt"),
-    ("pdserve:kv_tier_busy_skips", "Lookups, loads and stores given up because another process held the "
-     "tier's lock past its patience (a stopped process of the host).", "num_busy_skips"),
+    ("pdserve:kv_tier_busy_skips", "Tier operations (lookups, loads, stores, publishes, listings) given up "
+     "because another process held the tier's lock past its patience (a stopped process of the host).",
+     "num_busy_skips"),
     ("pdserve:kv_tier_load_seconds", "Seconds spent loading blocks from the tier.", "load_seconds"),
     ("pdserve:kv_tier_recompute_avoided_tokens", "Prompt tokens loaded from the tier instead of computed.",
      "recompute_avoided_tokens"),
