@@ -29,12 +29,9 @@ COMPOSE_ARGS ?=
 
 # Tests never depend on `proto`: the drift test checks the committed stubs, and
 # regenerating them before testing would hide drift.
-# Runs pytest on the given dirs; exit 5 ("no tests collected") is reported, not failed.
-define run_pytest
-	rc=0; $(PYTHON) -m pytest $(PYTEST_FLAGS) $(1) || rc=$$?; \
-	if [[ $$rc -eq 5 ]]; then echo "pytest: no tests collected in $(1)"; rc=0; fi; \
-	exit $$rc
-endef
+# Runs pytest on lane 1's paths and, when given, lane 2's beside it; exit 5 ("no tests
+# collected") is reported, not failed.
+RUN_TESTS := bash scripts/test_lanes.sh "$(PYTHON)" "$(PYTEST_FLAGS)"
 
 .PHONY: help setup test test-unit test-e2e image test-compose run demo bench bench-vllm-serve bench-saturation bench-offline bench-step-overhead bench-attention bench-transfer bench-guided bench-spec bench-lora bench-faults bench-multiturn bench-hol bench-autoscale bench-sim-validate bench-soak bench-chaos bench-tracing gpu-check convert proto clean
 
@@ -73,13 +70,13 @@ setup:
 	@bash scripts/setup.sh
 
 test: setup
-	@bash scripts/test_lanes.sh "$(PYTHON)" "$(PYTEST_FLAGS)" "$(TEST_LANE_1)" "$(TEST_LANE_2)"
+	@$(RUN_TESTS) "$(TEST_LANE_1)" "$(TEST_LANE_2)"
 
 test-unit: setup
-	@$(call run_pytest,$(wildcard tests/unit))
+	@$(RUN_TESTS) "$(wildcard tests/unit)" ""
 
 test-e2e: setup
-	@$(call run_pytest,$(wildcard tests/e2e))
+	@$(RUN_TESTS) "$(wildcard tests/e2e)" ""
 
 # The service image, built here without any image registry (scripts/image.sh): Docker from
 # Debian's packages, a Debian base made with debootstrap (once), pip configured as on this machine.

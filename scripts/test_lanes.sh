@@ -9,7 +9,8 @@
 # Lane 1 prints as it runs; lane 2 writes to a log printed once lane 1 is done (two streams of
 # dots in one terminal would be unreadable). Each lane is a whole pytest session with its own
 # fixtures and summary; the exit status is the first failing lane's ("no tests collected" is
-# not a failure). PDSERVE_TEST_LANES=1 runs both lanes' paths in one process instead.
+# not a failure). PDSERVE_TEST_LANES=1 runs both lanes' paths in one process instead, as does an
+# empty lane (`make test-unit` and `make test-e2e` pass one).
 set -uo pipefail
 
 python=$1 flags=$2 lane_1=$3 lane_2=$4
