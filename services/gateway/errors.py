@@ -49,7 +49,8 @@ def no_instances(why: str) -> GatewayError:
     return GatewayError(grpc.StatusCode.UNAVAILABLE, f"{why}, and no live colocated instance is registered")
 
 
-def no_capacity(num_refused: int, role: str = "decode", error_class: type[GatewayError] = GatewayError) -> GatewayError:
+def no_capacity(num_refused: int, role: str = "decode",
+                error_class: type[GatewayError] = GatewayError) -> GatewayError:
     return error_class(grpc.StatusCode.RESOURCE_EXHAUSTED,
                        f"every {role} instance that answered ({num_refused}) refused the request for "
                        "lack of free KV blocks; retry later or with a shorter prompt or max_tokens")

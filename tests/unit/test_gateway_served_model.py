@@ -10,11 +10,21 @@ from tests.unit.conftest import TINY_LLAMA
 from tests.unit.conftest_tokenizer import smollm2_tokenizer  # noqa: F401 - fixture
 
 
-def test_weightless_folder_is_enough(tmp_path, smollm2_tokenizer):  # noqa: F811
+def weightless_folder(tmp_path, tokenizer, tokenizer_class: str | None = None):
+    """A model folder with config.json and the tokenizer only (no weights)."""
     folder = tmp_path / "my-model"
-    smollm2_tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     (folder / "config.json").write_text(json.dumps({
         **TINY_LLAMA, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152}))
+    if tokenizer_class is not None:
+        config_path = folder / "tokenizer_config.json"
+        declared = {**json.loads(config_path.read_text()), "tokenizer_class": tokenizer_class}
+        config_path.write_text(json.dumps(declared))
+    return folder
+
+
+def test_weightless_folder_is_enough(tmp_path, smollm2_tokenizer):  # noqa: F811
+    folder = weightless_folder(tmp_path, smollm2_tokenizer)
     model = load_served_model(str(folder), None, max_model_len=100)
     assert (model.name, model.model_key) == ("my-model", "my-model")
     assert (model.vocab_size, model.max_model_len) == (49152, 100)  # min(config's 128, 100)
@@ -24,17 +34,6 @@ def test_weightless_folder_is_enough(tmp_path, smollm2_tokenizer):  # noqa: F811
     renamed = load_served_model(str(folder), "public-name")
     assert (renamed.name, renamed.model_key, renamed.max_model_len) == ("public-name", "my-model", 128)
     assert renamed.accepts("my-model")
-
-
-def weightless_folder(tmp_path, tokenizer, tokenizer_class: str | None = None):
-    folder = tmp_path / "my-model"
-    tokenizer.save_pretrained(folder)
-    (folder / "config.json").write_text(json.dumps({
-        **TINY_LLAMA, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152}))
-    if tokenizer_class is not None:
-        config_path = folder / "tokenizer_config.json"
-        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "tokenizer_class": tokenizer_class}))
-    return folder
 
 
 def test_the_gateway_reads_a_generic_fast_tokenizer_without_importing_torch(tmp_path, smollm2_tokenizer):  # noqa: F811
